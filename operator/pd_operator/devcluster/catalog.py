@@ -9,8 +9,11 @@ CRDs are converted from their manifests by :func:`crd_resources`.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Any
 
+import attrs
 import kmock
 
 SERVED_SUBRESOURCES = {"status"}
@@ -38,9 +41,20 @@ BUILTINS: dict[str, set[str]] = {
 
 
 def builtin_resources() -> kmock.ResourcesArray:
-    bundled = kmock.ResourcesArray()
-    bundled.load_bundled()
+    """A fresh (mutable) registry of the built-in kinds; CRDs get added to it at runtime."""
     result = kmock.ResourcesArray()
+    for res, info in _bundled_builtins().items():
+        result[res] = attrs.evolve(info, subresources=set(info.subresources))
+    return result
+
+
+@functools.cache
+def _bundled_builtins() -> dict[kmock.resource, kmock.ResourceInfo]:
+    bundled = kmock.ResourcesArray()
+    with warnings.catch_warnings():  # kmock 0.8 uses the deprecated importlib.resources.read_binary
+        warnings.simplefilter("ignore", DeprecationWarning)
+        bundled.load_bundled()
+    result = {}
     for res in bundled:
         group_version = f"{res.group}/{res.version}" if res.group else res.version
         if res.plural in BUILTINS.get(group_version, ()):

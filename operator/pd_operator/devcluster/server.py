@@ -18,7 +18,8 @@ What is replaced, and why:
   ``timeoutSeconds``, ``sendInitialEvents`` (with the initial-events-end bookmark), and report
   an expired resourceVersion as an in-stream ERROR 410 event, as the real server does.
   ``allowWatchBookmarks`` is accepted; no periodic bookmarks are sent.
-* ``_serve_version``: kmock reports the core group as ``groupVersion: "/v1"``.
+* ``_serve_version``: kmock reports the core group as ``groupVersion: "/v1"``; ``_serve_api``:
+  kmock omits ``serverAddressByClientCIDRs``, which the official client requires.
 
 DELETE always answers 200 with the object (its last state, or the finalizing state), which every
 client type-map accepts. Not served: subresources other than ``/status`` (scale, log, exec,
@@ -136,7 +137,11 @@ class ApiHandler(kmock.KubernetesEmulator):
         k8s = parse_path(raw_request.path)
         method = kmock.method(raw_request.method)
         query = dict(raw_request.query)
-        resource = None if k8s.group is None else kmock.resource(group=k8s.group, version=k8s.version, plural=k8s.plural)
+        resource = (
+            None
+            if k8s.group is None
+            else kmock.resource(group=k8s.group, version=k8s.version, plural=k8s.plural)
+        )
         return rendering.Request(
             id=id,
             raw_request=raw_request,
@@ -348,6 +353,15 @@ class ApiHandler(kmock.KubernetesEmulator):
             self.store.unwatch(watch)
 
     # -- discovery --------------------------------------------------------------------------------
+
+    async def _serve_api(self, request: rendering.Request) -> rendering.Payload:
+        # kmock omits serverAddressByClientCIDRs, which the official client's model requires.
+        address = request._raw_request.host if request._raw_request else ""
+        return {
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}],
+        }
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         assert request.resource is not None

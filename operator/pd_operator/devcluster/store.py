@@ -270,9 +270,10 @@ class Store:
                         "the namespace of the provided object does not match "
                         "the namespace sent on the request",
                     )
-                if rt.bucket != ("", "namespaces") and (None, namespace) not in self._objects[
-                    ("", "namespaces")
-                ]:
+                if (
+                    rt.bucket != ("", "namespaces")
+                    and (None, namespace) not in self._objects[("", "namespaces")]
+                ):
                     raise api_error(
                         404,
                         "NotFound",
@@ -552,7 +553,10 @@ class Store:
                 if orphan:
                     kept = [ref for ref in refs if ref.get("uid") != owner_uid]
                     new = copy.deepcopy(child)
-                    new["metadata"]["ownerReferences"] = kept
+                    if kept:
+                        new["metadata"]["ownerReferences"] = kept
+                    else:
+                        del new["metadata"]["ownerReferences"]
                     self._update(bucket_rt, child, new, None, None, "Update")
                 elif (child["metadata"].get("namespace"), child["metadata"]["name"]) in objs:
                     self._delete(bucket_rt, child, "Background")
