@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,6 +45,11 @@ def cluster() -> Iterator[DevCluster]:
     with DevCluster(namespaces=("default", "other")) as running:
         running.register_crd(WIDGET_CRD)
         yield running
+
+
+@pytest.fixture
+def widget_crd() -> dict[str, Any]:
+    return copy.deepcopy(WIDGET_CRD)
 
 
 @pytest.fixture

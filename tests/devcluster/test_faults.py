@@ -35,6 +35,7 @@ def test_500_on_list_only(cluster, core):
     assert cluster.requests[-2].fault == "500" and cluster.requests[-2].status == 500
     cluster.faults.off()
     assert core.list_namespaced_config_map("default").items
+    assert [r.status for r in cluster.requests.by_verb("list")] == [500, 200]
 
 
 def test_resource_filter_and_409(cluster, core):

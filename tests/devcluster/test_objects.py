@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import kubernetes
 import pytest
 from kubernetes.client.rest import ApiException
 
@@ -286,3 +287,16 @@ def test_direct_store_api(cluster):
     cluster.delete("v1", "Pod", "default", "p")
     assert cluster.get("v1", "Pod", "default", "p") is None
     assert cluster.requests.count_writes() == 0  # nothing went over HTTP
+
+
+def test_crd_posted_over_http_is_served(api, custom, widget_crd):
+    crd = {**widget_crd, "metadata": {"name": "gadgets.test.pd.dev"}}
+    crd["spec"] = {**crd["spec"], "scope": "Cluster", "names": {"plural": "gadgets", "kind": "Gadget"}}
+    kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    gadget = {"apiVersion": "test.pd.dev/v1", "kind": "Gadget", "metadata": {"name": "g"}, "spec": {}}
+    created = custom.create_cluster_custom_object("test.pd.dev", "v1", "gadgets", gadget)
+    assert created["metadata"]["uid"] and "namespace" not in created["metadata"]
+    kubernetes.client.ApiextensionsV1Api(api).delete_custom_resource_definition("gadgets.test.pd.dev")
+    with pytest.raises(ApiException) as err:
+        custom.list_cluster_custom_object("test.pd.dev", "v1", "gadgets")
+    assert err.value.status == 404

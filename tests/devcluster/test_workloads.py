@@ -32,6 +32,10 @@ def sts(replicas: int) -> dict:
     }
 
 
+def status_of(cluster, kind: str) -> dict:
+    return (cluster.get("apps/v1", kind, "default", "w") or {}).get("status", {})
+
+
 def pod_names(cluster) -> list[str]:
     return sorted(p["metadata"]["name"] for p in cluster.list("v1", "Pod", "default", label_selector="app=w"))
 
@@ -39,12 +43,7 @@ def pod_names(cluster) -> list[str]:
 def test_statefulset_pods_and_status(cluster, apps):
     cluster.run_workload_controllers()
     apps.create_namespaced_stateful_set("default", sts(3))
-    eventually(
-        lambda: (
-            (apps.read_namespaced_stateful_set("w", "default").status or {})
-            and apps.read_namespaced_stateful_set("w", "default").status.ready_replicas == 3
-        )
-    )
+    eventually(lambda: status_of(cluster, "StatefulSet").get("readyReplicas") == 3)
     assert pod_names(cluster) == ["w-0", "w-1", "w-2"]
     pod = cluster.get("v1", "Pod", "default", "w-1")
     assert pod["status"]["phase"] == "Running" and pod["status"]["podIP"].startswith("10.")
@@ -99,12 +98,7 @@ def test_deployment_pods_and_status_with_unready_pods(cluster, apps):
     eventually(lambda: len(pod_names(cluster)) == 2)
     names = pod_names(cluster)
     assert all(n.startswith("w-") and n.rsplit("-", 1)[1] in ("0", "1") for n in names)
-    eventually(
-        lambda: (
-            (apps.read_namespaced_deployment("w", "default").status or {})
-            and apps.read_namespaced_deployment("w", "default").status.replicas == 2
-        )
-    )
+    eventually(lambda: status_of(cluster, "Deployment").get("replicas") == 2)
     status = apps.read_namespaced_deployment("w", "default").status
     assert not status.ready_replicas and status.updated_replicas == 2
     assert {c.type: c.status for c in status.conditions}["Available"] == "False"
@@ -133,3 +127,21 @@ def test_controllers_are_quiet_when_converged(cluster, apps):
     rv = cluster.store.resource_version
     time.sleep(0.2)
     assert cluster.store.resource_version == rv
+
+
+def test_a_squatted_pod_name_does_not_stop_the_controllers(cluster, apps):
+    cluster.create(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w-0", "namespace": "default"}, "spec": {}}
+    )
+    cluster.run_workload_controllers()
+    apps.create_namespaced_stateful_set("default", sts(1))
+    deploy = {
+        "metadata": {"name": "d"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "d"}},
+            "template": {**TEMPLATE, "metadata": {"labels": {"app": "d"}}},
+        },
+    }
+    apps.create_namespaced_deployment("default", deploy)
+    eventually(lambda: len(cluster.list("v1", "Pod", "default", label_selector="app=d")) == 1)

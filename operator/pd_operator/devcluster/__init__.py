@@ -20,7 +20,9 @@ PUT 404                                     ``ApiHandler._serve_replace`` (409 o
 POST 200 (not 201); dup POST reason         ``ApiHandler._serve_create``; 409 AlreadyExists
 ``GET /api/v1/namespaces`` 500              ``server.parse_path``
 core discovery ``groupVersion: "/v1"``      ``ApiHandler._serve_version``
-no finalizer-aware deletion of children     finalizers honoured by GC and namespace deletion
+``/api`` lacks serverAddressByClientCIDRs   ``ApiHandler._serve_api`` (the client requires it)
+list answers ``resourceVersion: "..."``     real counter; items sorted by namespace/name
+json-patch ``test`` failure not a 422       ``patching.json_patch`` (kopf relies on the 422)
 state only reachable in the server loop     thread-safe direct API on ``DevCluster``
 global aiohttp DNS patch in kmock.Server    ``DevCluster`` uses ``RawTestServer`` directly
 ==========================================  =====================================================
@@ -29,13 +31,23 @@ Gaps left (documented in the modules): no admission/validation/defaulting (excep
 phase), no schema pruning, no field-ownership conflicts in SSA, no ``$retainKeys`` /
 ``$setElementOrder`` in strategic merge, no pagination, no dry-run, no subresources but
 ``/status``, no periodic watch bookmarks, Foreground deletion acts as Background, namespaces are
-deleted at once (no Terminating phase), no authn/authz (any token is accepted).
+deleted at once (no Terminating phase), PUT never creates, the preferred version of a
+multi-version CRD group is arbitrary, no authn/authz (any token is accepted).
 
 Usage::
 
     with DevCluster(crd_paths=["crds/x.yaml"]) as cluster:
-        kubernetes.config.load_kube_config(config_file=cluster.kubeconfig_path)
+        config = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=cluster.kubeconfig_path, client_configuration=config)
+        cluster.run_workload_controllers()  # optional: StatefulSet/Deployment pods and status
         ...
+
+Pointing kopf at it: either ``@kopf.on.login()`` returning
+``kopf.ConnectionInfo(server=cluster.url, insecure=True)``, or ``kopf.login_via_client(**kwargs)``
+with the kubeconfig made the client's default -- the ``kubernetes`` package reads ``$KUBECONFIG``
+once at import, so set it before importing, or patch
+``kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION`` (see tests/devcluster/test_kopf.py).
+Run kopf with ``--standalone`` (no peering CRDs are served unless you register them).
 """
 
 from .cluster import DevCluster

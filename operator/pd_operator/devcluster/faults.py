@@ -28,7 +28,13 @@ class _Config:
 
 
 class FaultInjector:
-    """``configure()`` arms it, ``off()`` disarms it, ``injected`` counts what was injected by kind."""
+    """``configure()`` arms it, ``off()`` disarms it, ``injected`` counts what was injected by kind.
+
+    ``configure()`` replaces the previous configuration and re-seeds the RNG; the counters keep
+    accumulating until cleared (``faults.injected.clear()``). A request that matches gets a fault
+    with probability ``rate``, its kind drawn uniformly among the configured kinds that apply
+    ("410" applies to watches only).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

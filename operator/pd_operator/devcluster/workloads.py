@@ -25,11 +25,16 @@ import asyncio
 import copy
 import hashlib
 import json
+import logging
 import zlib
 from typing import Any
 
+import kmock
+
 from . import patching
 from .store import END, Obj, ResourceType, Store
+
+logger = logging.getLogger(__name__)
 
 RELEVANT = {("apps", "statefulsets"), ("apps", "deployments"), ("", "pods")}
 
@@ -67,14 +72,27 @@ class WorkloadControllers:
             self.store.unwatch(watch)
 
     def reconcile_all(self) -> None:
-        for sts in self.store.list(self.sts, None)[0]:
-            if not sts["metadata"].get("deletionTimestamp"):
-                self._reconcile(sts, self.sts, _sts_pod_names(sts), revision=_sts_revision(sts))
+        work = [
+            (sts, self.sts, _sts_pod_names(sts), _sts_revision(sts))
+            for sts in self.store.list(self.sts, None)[0]
+        ]
         for deploy in self.store.list(self.deploys, None)[0]:
-            if not deploy["metadata"].get("deletionTimestamp"):
-                rev = _template_hash(deploy)
-                names = [f"{deploy['metadata']['name']}-{rev}-{i}" for i in range(_replicas(deploy))]
-                self._reconcile(deploy, self.deploys, names, revision=rev)
+            rev = _template_hash(deploy)
+            names = [f"{deploy['metadata']['name']}-{rev}-{i}" for i in range(_replicas(deploy))]
+            work.append((deploy, self.deploys, names, rev))
+        for owner, rt, names, revision in work:
+            if owner["metadata"].get("deletionTimestamp"):
+                continue
+            try:
+                self._reconcile(owner, rt, names, revision)
+            except kmock.KubernetesError as e:  # e.g. a foreign pod squats a name: report, keep going
+                logger.warning(
+                    "Cannot reconcile %s %s/%s: %s",
+                    rt.kind,
+                    owner["metadata"]["namespace"],
+                    owner["metadata"]["name"],
+                    e.message,
+                )
 
     def _reconcile(self, owner: Obj, rt: ResourceType, names: list[str], revision: str) -> None:
         ns, uid = owner["metadata"]["namespace"], owner["metadata"]["uid"]
