@@ -1,0 +1,160 @@
+"""Per-rank page geometry of every cache group of one side, for a given engine block size.
+
+The layout is the one the serving image uses: one tensor per layer and cache group; within a
+block, dense attention is HND (K heads then V heads, each head's tokens contiguous); MLA and the
+indexer hold one replicated head; a state group occupies one padded slot per request, holding its
+tensors back to back, each part-major then head-major.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pd_operator.kv.dtypes import dtype_bytes, is_fp8, resolve_cache_dtype
+from pd_operator.kv.model import AttentionGroup, IndexerGroup, MLAGroup, StateGroup
+from pd_operator.kv.side import Side
+
+
+class LayoutError(ValueError):
+    """A shape that cannot be laid out on this side (for example heads not divisible by TP)."""
+
+    def __init__(self, code: str, group: str, message: str, field: str):
+        super().__init__(message)
+        self.code, self.group, self.field = code, group, field
+
+
+@dataclass(frozen=True)
+class HeadPart:
+    """One concatenated part of a state tensor on one rank."""
+
+    heads_total: int
+    heads_local: int
+    chunk_bytes: int
+    """Bytes of one head's state."""
+    offset: int
+    """Byte offset of this part inside the request's state slot on this rank."""
+
+
+@dataclass(frozen=True)
+class TokenGroupLayout:
+    """A token-paged cache group (attention, MLA, indexer) on one rank."""
+
+    name: str
+    kind: str
+    num_layers: int
+    heads_total: int
+    heads_local: int
+    kv_parts: int
+    """2 for dense attention (K and V), 1 otherwise."""
+    entry_bytes: int
+    """Bytes of one entry of one head (an entry is one token, or compressRatio tokens)."""
+    tokens_per_entry: int
+    entries_per_block: int
+    tp: int
+
+    @property
+    def replicated(self) -> bool:
+        """MLA and the indexer always are; dense attention when there are fewer kv heads than ranks."""
+        return self.kind != "attention" or self.heads_total < self.tp
+
+    @property
+    def head_bytes_per_block(self) -> int:
+        return self.entries_per_block * self.entry_bytes
+
+    @property
+    def page_bytes(self) -> int:
+        return self.kv_parts * self.heads_local * self.head_bytes_per_block
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.kv_parts * self.heads_local * self.entry_bytes / self.tokens_per_entry
+
+    def heads_of(self, tp_rank: int) -> range:
+        """Global head indices held by a rank; kv heads fewer than TP are replicated."""
+        if self.kind != "attention":
+            return range(0, 1)
+        if self.heads_total >= self.tp:
+            per = self.heads_total // self.tp
+            return range(tp_rank * per, tp_rank * per + per)
+        first = tp_rank * self.heads_total // self.tp
+        return range(first, first + 1)
+
+
+@dataclass(frozen=True)
+class StateGroupLayout:
+    name: str
+    num_layers: int
+    tensors: tuple[tuple[str, tuple[HeadPart, ...]], ...]
+    state_bytes: int
+    """Unpadded state bytes of one layer on one rank, per request."""
+    slot_bytes: int
+    """The padded slot (one main-class page)."""
+
+    kind = "state"
+    replicated = False
+
+    @property
+    def page_bytes(self) -> int:
+        return self.slot_bytes
+
+
+def _kv_dtype(group, side: Side) -> str:
+    return resolve_cache_dtype(group.dtype, side.model.dtype) if group.dtype else side.cache_dtype
+
+
+def token_group_layout(group, side: Side, block: int) -> TokenGroupLayout:
+    tp = side.tensor_parallel
+    width = dtype_bytes(_kv_dtype(group, side))
+    if isinstance(group, MLAGroup):
+        return TokenGroupLayout(group.name, "mla", group.num_layers, 1, 1, 1,
+                                (group.kv_lora_rank + group.qk_rope_head_dim) * width, 1, block, tp)
+    if isinstance(group, IndexerGroup):
+        if is_fp8(_kv_dtype(group, side)):
+            entry = group.head_dim + group.head_dim // group.quant_block_size * 4
+        else:
+            entry = group.head_dim * width
+        return TokenGroupLayout(group.name, "indexer", group.num_layers, 1, 1, 1, entry,
+                                group.compress_ratio, block // group.compress_ratio, tp)
+    assert isinstance(group, AttentionGroup)
+    heads = group.num_kv_heads
+    if heads >= tp and heads % tp:
+        raise LayoutError("HeadsNotDivisibleByTP", group.name,
+                          f"{heads} kv heads of group {group.name} cannot be split over TP {tp}; "
+                          f"use a TP that divides {heads}.", side.field("tensorParallelSize"))
+    if heads < tp and tp % heads:
+        raise LayoutError("HeadsNotDivisibleByTP", group.name,
+                          f"TP {tp} is not a multiple of the {heads} kv heads of group {group.name}, "
+                          "so the heads cannot be replicated evenly; use a TP that divides or is a "
+                          f"multiple of {heads}.", side.field("tensorParallelSize"))
+    local = max(1, heads // tp)
+    return TokenGroupLayout(group.name, "attention", group.num_layers, heads, local, 2,
+                            group.head_size * width, 1, block, tp)
+
+
+def state_bytes_per_rank(group: StateGroup, side: Side) -> int:
+    return sum(part.chunk_bytes * part.heads_local for _, parts in _state_parts(group, side) for part in parts)
+
+
+def _state_parts(group: StateGroup, side: Side) -> list[tuple[str, tuple[HeadPart, ...]]]:
+    tp = side.tensor_parallel
+    out = []
+    offset = 0
+    for tensor in group.tensors:
+        chunk = tensor.elements_per_head(side.num_speculative_tokens) * dtype_bytes(tensor.dtype)
+        parts = []
+        for heads in tensor.head_groups:
+            if heads % tp:
+                raise LayoutError("HeadsNotDivisibleByTP", group.name,
+                                  f"state tensor {tensor.name} of group {group.name} has {heads} heads, "
+                                  f"which TP {tp} does not divide; state is sharded by head, so use a "
+                                  f"TP that divides {heads}.", side.field("tensorParallelSize"))
+            parts.append(HeadPart(heads, heads // tp, chunk, offset))
+            offset += chunk * (heads // tp)
+        out.append((tensor.name, tuple(parts)))
+    return out
+
+
+def state_group_layout(group: StateGroup, side: Side, slot_bytes: int) -> StateGroupLayout:
+    tensors = tuple(_state_parts(group, side))
+    used = sum(p.chunk_bytes * p.heads_local for _, parts in tensors for p in parts)
+    return StateGroupLayout(group.name, group.num_layers, tensors, used, max(slot_bytes, used))

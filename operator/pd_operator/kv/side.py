@@ -1,0 +1,37 @@
+"""One side of a pairing (prefill or decode): the model, its parallel shape and cache settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pd_operator.kv.dtypes import resolve_cache_dtype
+from pd_operator.kv.model import ModelKV
+
+Role = Literal["prefill", "decode"]
+
+# Ascend attention kernels page KV in 128-token kernel blocks (facts.md section 1).
+ASCEND_KERNEL_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class Side:
+    role: Role
+    model: ModelKV
+    tensor_parallel: int
+    data_parallel: int = 1
+    pipeline_parallel: int = 1
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    """vLLM's --block-size: a request; hybrid unification may raise it."""
+    kernel_block_size: int = ASCEND_KERNEL_BLOCK
+    num_speculative_tokens: int = 0
+    path: str = ""
+    """Manifest path of this role, e.g. `spec.prefill`, used in findings."""
+
+    @property
+    def cache_dtype(self) -> str:
+        return resolve_cache_dtype(self.kv_cache_dtype, self.model.dtype)
+
+    def field(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
