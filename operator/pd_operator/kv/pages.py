@@ -1,9 +1,9 @@
 """Per-rank page geometry of every cache group of one side, for a given engine block size.
 
-The layout is the one the serving image uses: one tensor per layer and cache group; within a
-block, dense attention is HND (K heads then V heads, each head's tokens contiguous); MLA and the
-indexer hold one replicated head; a state group occupies one padded slot per request, holding its
-tensors back to back, each part-major then head-major.
+The layout is the one the serving image uses: one tensor per layer and cache component; within a
+block, heads are outermost (HND: each head's tokens contiguous), K and V are separate tensors, MLA
+and the indexer hold one replicated head; a state group occupies one padded slot per request,
+holding its tensors back to back, each part-major then head-major.
 """
 
 from __future__ import annotations
@@ -37,18 +37,23 @@ class HeadPart:
 
 @dataclass(frozen=True)
 class TokenGroupLayout:
-    """A token-paged cache group (attention, MLA, indexer) on one rank."""
+    """A token-paged cache group (attention, MLA, indexer) on one rank.
+
+    Each component is its own tensor per layer, `[num_blocks, heads_local, entries_per_block,
+    entry_bytes]`: dense attention has `k` and `v`, MLA has `nope` (latent) and `rope`, the indexer
+    has `keys`. A component of zero bytes (NoPE MLA rope) is kept in the description but holds and
+    moves nothing.
+    """
 
     name: str
     kind: str
     num_layers: int
     heads_total: int
     heads_local: int
-    kv_parts: int
-    """2 for dense attention (K and V), 1 otherwise."""
-    entry_bytes: int
-    """Bytes of one entry of one head (an entry is one token, or compressRatio tokens)."""
+    components: tuple[tuple[str, int], ...]
+    """(component name, bytes of one entry of one head)."""
     tokens_per_entry: int
+    """1, or the compress ratio of a compressed indexer."""
     entries_per_block: int
     tp: int
 
@@ -58,16 +63,22 @@ class TokenGroupLayout:
         return self.kind != "attention" or self.heads_total < self.tp
 
     @property
-    def head_bytes_per_block(self) -> int:
-        return self.entries_per_block * self.entry_bytes
+    def entry_bytes(self) -> int:
+        """Bytes of one entry of one head over all components."""
+        return sum(width for _, width in self.components)
+
+    def stride(self, component: str) -> int:
+        """Bytes of one block of one component tensor on this rank."""
+        width = dict(self.components)[component]
+        return self.heads_local * self.entries_per_block * width
 
     @property
     def page_bytes(self) -> int:
-        return self.kv_parts * self.heads_local * self.head_bytes_per_block
+        return self.heads_local * self.entries_per_block * self.entry_bytes
 
     @property
     def bytes_per_token(self) -> float:
-        return self.kv_parts * self.heads_local * self.entry_bytes / self.tokens_per_entry
+        return self.heads_local * self.entry_bytes / self.tokens_per_entry
 
     def heads_of(self, tp_rank: int) -> range:
         """Global head indices held by a rank; kv heads fewer than TP are replicated."""
@@ -89,6 +100,7 @@ class StateGroupLayout:
     """Unpadded state bytes of one layer on one rank, per request."""
     slot_bytes: int
     """The padded slot (one main-class page)."""
+    tp: int
 
     kind = "state"
     replicated = False
@@ -106,14 +118,14 @@ def token_group_layout(group, side: Side, block: int) -> TokenGroupLayout:
     tp = side.tensor_parallel
     width = dtype_bytes(_kv_dtype(group, side))
     if isinstance(group, MLAGroup):
-        return TokenGroupLayout(group.name, "mla", group.num_layers, 1, 1, 1,
-                                (group.kv_lora_rank + group.qk_rope_head_dim) * width, 1, block, tp)
+        parts = (("nope", group.kv_lora_rank * width), ("rope", group.qk_rope_head_dim * width))
+        return TokenGroupLayout(group.name, "mla", group.num_layers, 1, 1, parts, 1, block, tp)
     if isinstance(group, IndexerGroup):
         if is_fp8(_kv_dtype(group, side)):
             entry = group.head_dim + group.head_dim // group.quant_block_size * 4
         else:
             entry = group.head_dim * width
-        return TokenGroupLayout(group.name, "indexer", group.num_layers, 1, 1, 1, entry,
+        return TokenGroupLayout(group.name, "indexer", group.num_layers, 1, 1, (("keys", entry),),
                                 group.compress_ratio, block // group.compress_ratio, tp)
     assert isinstance(group, AttentionGroup)
     heads = group.num_kv_heads
@@ -127,8 +139,8 @@ def token_group_layout(group, side: Side, block: int) -> TokenGroupLayout:
                           "so the heads cannot be replicated evenly; use a TP that divides or is a "
                           f"multiple of {heads}.", side.field("tensorParallelSize"))
     local = max(1, heads // tp)
-    return TokenGroupLayout(group.name, "attention", group.num_layers, heads, local, 2,
-                            group.head_size * width, 1, block, tp)
+    parts = (("k", group.head_size * width), ("v", group.head_size * width))
+    return TokenGroupLayout(group.name, "attention", group.num_layers, heads, local, parts, 1, block, tp)
 
 
 def state_bytes_per_rank(group: StateGroup, side: Side) -> int:
@@ -157,4 +169,5 @@ def _state_parts(group: StateGroup, side: Side) -> list[tuple[str, tuple[HeadPar
 def state_group_layout(group: StateGroup, side: Side, slot_bytes: int) -> StateGroupLayout:
     tensors = tuple(_state_parts(group, side))
     used = sum(p.chunk_bytes * p.heads_local for _, parts in tensors for p in parts)
-    return StateGroupLayout(group.name, group.num_layers, tensors, used, max(slot_bytes, used))
+    return StateGroupLayout(group.name, group.num_layers, tensors, used, max(slot_bytes, used),
+                            side.tensor_parallel)

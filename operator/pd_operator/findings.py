@@ -1,0 +1,129 @@
+"""Findings: what the validator says about a deployment, one record per problem.
+
+Every check in the project (KV compatibility, ports, names, schema) reports through this one type,
+so the CLI, the admission webhook and the controller print the same words. The catalog below is
+the single list of codes; the README's table is generated from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning", "info"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: Severity
+    path: str
+    """Manifest field path the finding is about, e.g. `spec.decode.tensorParallelSize`."""
+    group: str
+    """Cache group or layer name, or '' when the finding is not about one."""
+    message: str
+    """What is wrong and what to change, as sentences."""
+
+    def __post_init__(self) -> None:
+        if self.code not in CATALOG:
+            raise ValueError(f"finding code {self.code!r} is not in the catalog")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        where = f"{self.path}" + (f" [{self.group}]" if self.group else "")
+        return f"{self.severity}: {self.code} at {where}: {self.message}"
+
+
+def errors(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "error"]
+
+
+def is_compatible(findings: Iterable[Finding]) -> bool:
+    return not errors(findings)
+
+
+# code -> (severity, what it means, what to do). Severity here is the default the checks use.
+CATALOG: dict[str, tuple[Severity, str, str]] = {
+    "InvalidSpec": (
+        "error", "The manifest does not match the PDDeployment schema.",
+        "Fix the named field; `kubectl explain pdd.spec` documents every field."),
+    "UnknownModel": (
+        "error", "The model is neither a built-in preset nor a readable config or description.",
+        "Use a preset from `pdctl models`, an HF config.json, or an explicit `kv` description."),
+    "UnsupportedArchitecture": (
+        "error", "The Hugging Face config's architecture has no KV description rule.",
+        "Give an explicit `spec.model.kv` description of the cache groups."),
+    "HeadsNotDivisibleByTP": (
+        "error", "A sharded cache's head count cannot be split evenly over the tensor parallel size.",
+        "Choose a tensorParallelSize that divides the head count (or is a multiple of it for kv heads)."),
+    "BlockSizeNotKernelAligned": (
+        "error", "A side's engine block size is not a multiple of the backend kernel block.",
+        "Pick a blockSize that is a multiple of the kernel block (128 on Ascend)."),
+    "BlockNotDivisibleByCompressRatio": (
+        "error", "The logical block size is not divisible by a compressed indexer's ratio.",
+        "Pick a blockSize that is a multiple of the compress ratio."),
+    "SegmentSplitsCompressedEntry": (
+        "error", "The gcd of the two block sizes cannot carry whole compressed indexer entries.",
+        "Align the two block sizes so their gcd is a multiple of the compress ratio, "
+        "for example by overriding blockSize on one side."),
+    "CrossTPBlockSizesUnsupported": (
+        "error", "The two sides' block sizes differ and the connector pairs blocks index by index.",
+        "Use MooncakeConnectorV2 (cross-TP token runs) or make both block sizes equal."),
+    "ShardedTPIncompatible": (
+        "error", "A sharded cache needs one side's TP to divide the other's.",
+        "Choose tensor parallel sizes where one divides the other (for example 8 and 4)."),
+    "DecodePipelineParallel": (
+        "error", "Decode does not support pipeline parallel > 1 with the Mooncake connector.",
+        "Set the decode pipeline parallel size to 1; use tensor or data parallel instead."),
+    "ModelMismatch": (
+        "error", "Prefill and decode serve different models.",
+        "Serve the same model on both roles."),
+    "DTypeMismatch": (
+        "error", "Prefill and decode use different model dtypes.",
+        "Use the same dtype on both roles."),
+    "KVCacheDTypeMismatch": (
+        "error", "Prefill and decode store the KV cache in different dtypes.",
+        "Use the same kvCacheDtype on both roles."),
+    "StateShapeMismatch": (
+        "error", "The per-request state tensors differ in shape between the roles.",
+        "Use the same numSpeculativeTokens on both roles (it lengthens the conv state)."),
+    "SmallTransferRuns": (
+        "warning", "The mean byte run of the transfer is small, which slows Mooncake transfers.",
+        "Make the block sizes equal or multiples of each other so runs merge into larger ones."),
+    "PortOverlap": (
+        "error", "Two port ranges of the same pod overlap.",
+        "Move kvTransfer.kvPort (or the named port) so the ranges are disjoint."),
+    "PortInAscendDirectRange": (
+        "error", "A port falls in the range the AscendDirect transport listens on.",
+        "Raise kvTransfer.kvPort above 20000 + 1000 x NPUs per node (28000 for 8 NPUs)."),
+    "PortInHandshakeRange": (
+        "error", "A port falls in Mooncake's random P2P handshake RPC range (15000-17000).",
+        "Move the port outside 15000-17000."),
+    "PortOutOfRange": (
+        "error", "A port range runs past 65535.",
+        "Lower kvTransfer.kvPort."),
+    "DuplicateEngineId": (
+        "error", "Two instances would publish the same KV engine id.",
+        "Shorten the PDDeployment name so instance names stay distinct."),
+    "NameTooLong": (
+        "error", "A generated child name would exceed the Kubernetes limit.",
+        "Shorten metadata.name."),
+    "EnvOverride": (
+        "error", "User env sets a variable the operator owns.",
+        "Remove the variable from env; set it through the named spec field instead."),
+    "ArgOverride": (
+        "error", "Extra engine args repeat a flag the operator renders.",
+        "Remove the flag from extraArgs; set it through the named spec field instead."),
+    "NodeTooSmall": (
+        "error", "An instance's ranks do not divide evenly into nodes.",
+        "Make tensorParallelSize x dataParallelSize fit one node or a whole number of nodes."),
+    "ImmutableField": (
+        "error", "An update changes a field that would break the running prefill/decode pairing.",
+        "Create a new PDDeployment for the new shape, or change both roles together."),
+    "HostNetwork": (
+        "warning", "The pods use the host network, so the NetworkPolicy does not isolate them.",
+        "Only use hostNetwork for RDMA setups that need it."),
+}
