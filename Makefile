@@ -4,9 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# vLLM's own config code in a separate venv (facts.md section 6): CPU torch, no GPU stack.
+VLLM_VENV := .vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test test-fast demo crds plan bench lint verify clean
+.PHONY: install system-deps vllm-env test test-fast demo crds plan bench bench-transfer lint verify clean
 
 # Mooncake's wheel links libibverbs even on machines without RDMA hardware.
 system-deps:
@@ -24,7 +27,21 @@ $(STAMP): pyproject.toml
 
 install: system-deps $(STAMP)
 
-test: install
+# vLLM 0.34.0 with full dependencies cannot install; this small set is enough for its config
+# classes and `vllm serve` argument parser. The stamp keeps the target idempotent.
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 packaging 'pydantic>=2.12' regex numpy psutil \
+	  'pyzmq>=25' 'requests>=2.33' 'aiohttp>=3.14.4' 'transformers>=5.16.1,<5.23.0' pillow pybase64 \
+	  cachetools cbor2 msgspec cloudpickle uvloop py-cpuinfo 'prometheus_client>=0.18' \
+	  'llguidance>=1.7,<1.8' apache-tvm-ffi==0.1.11 'fastapi[standard]>=0.133,<0.137' 'openai>=2.25' \
+	  openai-harmony partial-json-parser orjson einops compressed-tensors==0.17.0
+	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/python -m pip install -q --no-deps xgrammar==0.2.8 vllm==0.34.0
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+test: install vllm-env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
@@ -38,6 +55,10 @@ plan: install
 
 bench: install
 	$(PY) bench/plan.py
+	$(PY) bench/transfer.py
+
+bench-transfer: install
+	$(PY) bench/transfer.py
 
 lint: install
 	$(VENV)/bin/ruff check operator tests bench

@@ -33,8 +33,8 @@ class Finding:
         return asdict(self)
 
     def line(self) -> str:
-        where = f"{self.path}" + (f" [{self.group}]" if self.group else "")
-        return f"{self.severity}: {self.code} at {where}: {self.message}"
+        where = (f" at {self.path}" if self.path else "") + (f" [{self.group}]" if self.group else "")
+        return f"{self.severity}: {self.code}{where}: {self.message}"
 
 
 def errors(findings: Iterable[Finding]) -> list[Finding]:
@@ -90,6 +90,9 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "StateShapeMismatch": (
         "error", "The per-request state tensors differ in shape between the roles.",
         "Use the same numSpeculativeTokens on both roles (it lengthens the conv state)."),
+    "CrossTPSegments": (
+        "info", "The two sides' engine block sizes differ; replicated caches move as token runs.",
+        "Nothing to do: MooncakeConnectorV2 in the serving image moves the runs."),
     "SmallTransferRuns": (
         "warning", "The mean byte run of the transfer is small, which slows Mooncake transfers.",
         "Make the block sizes equal or multiples of each other so runs merge into larger ones."),

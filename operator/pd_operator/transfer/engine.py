@@ -1,0 +1,65 @@
+"""One Mooncake TransferEngine per process, opened the way the serving pods open it.
+
+Facts this relies on (facts.md sections 3-4, observed with mooncake-transfer-engine-non-cuda
+0.3.13.post1): engine calls return 0 or -1 and never raise; with `P2PHANDSHAKE` a peer's segment
+is named `host:rpc_port` (the rpc port is random in MC_MIN_RPC_PORT..MC_MAX_RPC_PORT); with a
+metadata server (`http://...`, `etcd://...`) the segment is the `local_hostname` given to
+`initialize`, which must then be unique per process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+P2P = "P2PHANDSHAKE"
+
+
+class EngineError(RuntimeError):
+    """The engine could not be opened or memory could not be registered."""
+
+
+def quiet_logs() -> None:
+    # "No RDMA devices found" and similar start-up lines are harmless on tcp.
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+
+
+@dataclass
+class Engine:
+    raw: Any
+    """mooncake.engine.TransferEngine"""
+    segment: str
+    """The name peers use to reach this engine."""
+    metadata_server: str
+
+    def register(self, addr: int, nbytes: int) -> None:
+        if nbytes <= 0:
+            return  # degenerate storage of an empty component is never registered
+        if self.raw.register_memory(addr, nbytes) != 0:
+            raise EngineError(f"register_memory({addr:#x}, {nbytes}) failed on {self.segment}")
+
+    def first_buffer(self, segment: str) -> int:
+        """Base address of a peer's first registered buffer, learnt through metadata discovery."""
+        return int(self.raw.get_first_buffer_address(segment))
+
+    def read(self, segment: str, local: list[int], remote: list[int], lengths: list[int]) -> int:
+        return int(self.raw.batch_transfer_sync_read(segment, local, remote, lengths))
+
+
+def open_engine(local_hostname: str, metadata_server: str = P2P, protocol: str = "tcp",
+                device: str = "") -> Engine:
+    """local_hostname: an IP for P2PHANDSHAKE; `ip:n` (unique) with a metadata server."""
+    quiet_logs()
+    from mooncake.engine import TransferEngine  # lazy: only engine-hosting processes need it
+
+    raw = TransferEngine()
+    if raw.initialize(local_hostname, metadata_server, protocol, device) != 0:
+        raise EngineError(f"TransferEngine.initialize({local_hostname!r}, {metadata_server!r}, "
+                          f"{protocol!r}) failed")
+    if metadata_server == P2P:
+        host = local_hostname.rsplit(":", 1)[0] if local_hostname.count(":") == 1 else local_hostname
+        segment = f"{host}:{raw.get_rpc_port()}"
+    else:
+        segment = local_hostname
+    return Engine(raw, segment, metadata_server)
