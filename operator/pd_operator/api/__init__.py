@@ -1,0 +1,1 @@
+"""The PDDeployment API: pydantic models (`types`) and the CRD generated from them (`crd`)."""

@@ -1,0 +1,115 @@
+"""Validate a custom resource against the CRD's openAPIV3Schema, as the API server would.
+
+kubernetes-validate only warns on custom resources, so this does it: JSON Schema for the
+structural part (with the Kubernetes extensions `x-kubernetes-int-or-string`,
+`x-kubernetes-preserve-unknown-fields` and `nullable` translated) and the CEL rules
+(`x-kubernetes-validations`) evaluated with cel-python. Errors come back as (field path, message).
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from typing import Any
+
+import celpy
+import jsonschema
+
+from pd_operator.api.crd import openapi_schema
+
+Problem = tuple[str, str]
+
+
+def _to_jsonschema(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _to_jsonschema(v) for k, v in node.items()
+           if k not in ("x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields",
+                        "x-kubernetes-int-or-string", "nullable")}
+    if node.get("x-kubernetes-int-or-string"):
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        # Structural schemas prune unknown fields; a manifest that carries them has a typo we report.
+        out.setdefault("additionalProperties", False)
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+@cache
+def _crd_schema() -> dict:
+    return openapi_schema()
+
+
+@cache
+def _validator() -> jsonschema.Draft7Validator:
+    schema = _to_jsonschema(_crd_schema())
+    schema["properties"]["metadata"] = {"type": "object"}
+    return jsonschema.Draft7Validator(schema)
+
+
+@cache
+def _program(rule: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def _path(parts) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _cel_problems(schema: dict, value: Any, path: list) -> list[Problem]:
+    out: list[Problem] = []
+    if value is None:
+        return out
+    for rule in schema.get("x-kubernetes-validations", []):
+        message = rule["message"]
+        try:
+            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+        except celpy.CELEvalError as err:
+            result, message = err, f"{message} (the rule could not be evaluated: {err.args[0]})"
+        if isinstance(result, celpy.CELEvalError) or not bool(result):
+            out.append((_path(path) or "(root)", message))
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                out += _cel_problems(sub, value[key], [*path, key])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, item in value.items():
+                out += _cel_problems(extra, item, [*path, key])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            out += _cel_problems(schema["items"], item, [*path, index])
+    return out
+
+
+def with_defaults(schema: dict, value: Any) -> Any:
+    """The object as the API server stores it: schema defaults filled in where a field is absent
+    and its parent present (CEL rules see defaulted objects)."""
+    if isinstance(value, dict) and "properties" in schema:
+        out = dict(value)
+        for key, sub in schema["properties"].items():
+            if key not in out and "default" in sub:
+                out[key] = copy.deepcopy(sub["default"])
+            if key in out:
+                out[key] = with_defaults(sub, out[key])
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [with_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def schema_problems(doc: dict) -> list[Problem]:
+    """Every way `doc` fails the CRD schema; CEL rules run only on structurally valid documents,
+    as in the API server (a rule over a wrongly typed field would only repeat the type error)."""
+    problems = [(_path(err.absolute_path) or "(root)", err.message)
+                for err in sorted(_validator().iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+    if problems:
+        return problems
+    return _cel_problems(_crd_schema(), with_defaults(_crd_schema(), doc), [])

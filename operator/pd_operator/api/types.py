@@ -1,0 +1,321 @@
+"""The PDDeployment API (`pd.serving.dev/v1alpha1`), defined once.
+
+These pydantic models are the single source of truth: `make crds` generates the CRD's
+openAPIV3Schema from them (field docstrings become `kubectl explain` text), the validator parses
+manifests with them, and the renderer reads them. Cross-field rules that CEL can express are
+declared here too (`cel(...)`), so the API server enforces them even without the webhook.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from pd_operator.kv.model import DType, ModelKV
+from pd_operator.schema import ApiModel, cel, preserve_unknown
+
+GROUP = "pd.serving.dev"
+VERSION = "v1alpha1"
+KIND = "PDDeployment"
+PLURAL = "pddeployments"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+Port = Annotated[int, Field(ge=1024, le=65535)]
+DNSLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+FreeObject = Annotated[dict[str, Any], Field(json_schema_extra=preserve_unknown())]
+
+ASCEND_NPU = "huawei.com/Ascend910"
+DEFAULT_KV_PORT = 36000
+
+
+def _exactly_one(obj: ApiModel, fields: tuple[str, ...], where: str) -> None:
+    given = [f for f in fields if getattr(obj, f) is not None]
+    if len(given) != 1:
+        aliases = [obj.model_fields[f].alias or f for f in fields]
+        raise ValueError(f"{where} needs exactly one of {', '.join(aliases)}; "
+                         f"{'none' if not given else ', '.join(given)} given")
+
+
+class ConfigMapKeyRef(ApiModel):
+    """A key of a ConfigMap in the PDDeployment's namespace."""
+
+    name: DNSLabel
+    key: str = Field(default="config.json", min_length=1, max_length=253)
+
+
+class PVCWeights(ApiModel):
+    claim_name: str = Field(min_length=1, max_length=253)
+    """PersistentVolumeClaim holding the weights (mounted read-only)."""
+    sub_path: str | None = Field(default=None, max_length=1024)
+
+
+class HostPathWeights(ApiModel):
+    path: str = Field(min_length=1, max_length=1024, pattern=r"^/")
+    """Directory on every NPU node that holds the weights (mounted read-only)."""
+
+
+@cel("[has(self.pvc), has(self.hostPath), has(self.image)].filter(x, x).size() == 1",
+     "weights needs exactly one of pvc, hostPath or image")
+class WeightsSpec(ApiModel):
+    """Where the model weights come from: a PVC, a node directory, or baked into the image."""
+
+    pvc: PVCWeights | None = None
+    host_path: HostPathWeights | None = None
+    image: bool | None = None
+    """True when the serving image already contains the weights at `spec.model.name`."""
+    mount_path: str = Field(default="/models", pattern=r"^/", max_length=1024)
+    """Where pvc or hostPath weights are mounted in the serving pods."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WeightsSpec:
+        _exactly_one(self, ("pvc", "host_path", "image"), "spec.model.weights")
+        return self
+
+
+@cel("[has(self.preset), has(self.hfConfig), has(self.hfConfigMap), has(self.kv)]"
+     ".filter(x, x).size() == 1",
+     "model needs exactly one KV description source: preset, hfConfig, hfConfigMap or kv")
+class ModelSpec(ApiModel):
+    """The model to serve and the description of its KV caches."""
+
+    name: str = Field(min_length=1, max_length=1024)
+    """What `vllm serve` loads: a path (under weights.mountPath for pvc/hostPath) or a model id."""
+    served_model_name: str | None = Field(default=None, max_length=253)
+    """Name clients use in requests; defaults to `name`."""
+    preset: str | None = Field(default=None, max_length=63)
+    """A built-in KV description (`pdctl models` lists them), for example `glm-5.3-flash`."""
+    hf_config: FreeObject | None = None
+    """The model's Hugging Face `config.json`, inline."""
+    hf_config_map: ConfigMapKeyRef | None = None
+    """A ConfigMap key holding the model's `config.json` (read by the controller)."""
+    kv: ModelKV | None = None
+    """An explicit description of the model's KV cache groups."""
+    dtype: DType | None = None
+    """Model dtype (`--dtype`); defaults to the KV description's dtype."""
+    kv_cache_dtype: str = Field(default="auto", pattern=r"^(auto|bfloat16|float16|fp8|fp8_e4m3|fp8_e5m2)$")
+    """KV cache dtype (`--kv-cache-dtype`); `auto` follows the model dtype."""
+    weights: WeightsSpec
+    max_model_len: int | None = Field(default=None, ge=1, le=10_000_000)
+    """`--max-model-len` on both roles."""
+
+    @model_validator(mode="after")
+    def _one_description(self) -> ModelSpec:
+        _exactly_one(self, ("preset", "hf_config", "hf_config_map", "kv"), "spec.model")
+        return self
+
+
+class ImageSpec(ApiModel):
+    """The serving image: vllm-ascend with the patched MooncakeConnectorV2 (images/vllm-ascend)."""
+
+    name: str = Field(min_length=1, max_length=512)
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    pull_secrets: list[DNSLabel] = Field(default_factory=list, max_length=16)
+
+
+@cel("self.mode != 'etcd' || has(self.etcdEndpoint)", "metadata mode etcd needs etcdEndpoint")
+class MetadataSpec(ApiModel):
+    """How Mooncake transfer engines find each other's metadata."""
+
+    mode: Literal["P2PHANDSHAKE", "http", "etcd"] = "P2PHANDSHAKE"
+    """`P2PHANDSHAKE`: peers exchange metadata directly (no server). `http`: the operator deploys a
+    Mooncake HTTP metadata server. `etcd`: use the etcd at etcdEndpoint."""
+    etcd_endpoint: str | None = Field(default=None, max_length=253, pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$")
+    """`host:port` of the etcd to use with mode etcd."""
+    server_port: Port = 8080
+    """Port of the HTTP metadata server (mode http)."""
+
+    @model_validator(mode="after")
+    def _etcd_needs_endpoint(self) -> MetadataSpec:
+        if self.mode == "etcd" and not self.etcd_endpoint:
+            raise ValueError("spec.kvTransfer.metadata.etcdEndpoint is required with mode etcd")
+        return self
+
+
+class TimeoutSpec(ApiModel):
+    abort_request_seconds: int = Field(default=480, ge=1, le=86_400)
+    """How long prefill keeps a request's KV for decode to pull (VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT)."""
+    transfer_seconds: int | None = Field(default=None, ge=1, le=3600)
+    """ASCEND_TRANSFER_TIMEOUT."""
+    connect_seconds: int | None = Field(default=None, ge=1, le=3600)
+    """ASCEND_CONNECT_TIMEOUT."""
+
+
+class KVTransferSpec(ApiModel):
+    """How KV moves from prefill to decode."""
+
+    connector: Literal["MooncakeConnectorV2", "MooncakeConnectorV1"] = "MooncakeConnectorV2"
+    """V2 (pull mode, Model Runner V2) moves caches across unequal block sizes; V1 pairs blocks."""
+    protocol: Literal["ascend", "tcp", "rdma"] = "ascend"
+    metadata: MetadataSpec = Field(default_factory=MetadataSpec)
+    kv_port: Port = DEFAULT_KV_PORT
+    """Base port of the connector: worker handshake ports and the scheduler side channel follow it."""
+    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    load_failure_policy: Literal["recompute", "fail"] | None = None
+    """What decode does when a KV pull fails (vLLM kv_load_failure_policy)."""
+
+
+class EnvVar(ApiModel):
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str | None = None
+    value_from: FreeObject | None = None
+
+
+class Resources(ApiModel):
+    """Extra container resources; the NPU request is set by the operator from the shape."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class RoleSpec(ApiModel):
+    replicas: int = Field(default=1, ge=0, le=512)
+    """Instances of this role; each is one vLLM engine (TP x DP x PP NPUs)."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    data_parallel_size: int = Field(default=1, ge=1, le=256)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=16)
+    """Prefill only: decode must be 1 (the Mooncake connector pulls into one stage)."""
+    npus_per_node: int = Field(default=8, ge=1, le=64)
+    """NPUs one node offers; instances larger than this span several pods."""
+    npu_resource_name: str = Field(default=ASCEND_NPU, max_length=253)
+    block_size: int | None = Field(default=None, ge=1, le=1_048_576)
+    """Requested `--block-size`; hybrid models may get a larger engine block (see status.kvLayout)."""
+    kernel_block_size: int = Field(default=128, ge=1, le=65_536)
+    """Smallest block the attention kernels support (128 on Ascend)."""
+    num_speculative_tokens: int = Field(default=0, ge=0, le=64)
+    """MTP/speculative tokens; they lengthen the conv state of linear-attention layers."""
+    extra_args: list[str] = Field(default_factory=list, max_length=128)
+    """Extra `vllm serve` flags; flags the operator renders are refused (finding ArgOverride)."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    """Extra environment; variables the operator sets are refused (finding EnvOverride)."""
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[FreeObject] = Field(default_factory=list)
+    affinity: FreeObject | None = None
+    host_network: bool = False
+    """Use the host network (RDMA setups); the NetworkPolicy cannot isolate such pods."""
+    startup_timeout_seconds: int = Field(default=3600, ge=60, le=86_400)
+    """How long a pod may take to load the model before it is restarted."""
+
+    @property
+    def npus_per_instance(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size * self.pipeline_parallel_size
+
+
+@cel("self.pipelineParallelSize == 1",
+     "decode pipelineParallelSize must be 1: the Mooncake connector pulls KV into one stage")
+class DecodeSpec(RoleSpec):
+    """The decode role."""
+
+
+class PrefillSpec(RoleSpec):
+    """The prefill role."""
+
+
+class ProxySpec(ApiModel):
+    """The routing proxy: each request goes to a prefill instance, then to a decode instance."""
+
+    enabled: bool = True
+    replicas: int = Field(default=1, ge=0, le=64)
+    port: Port = 8000
+    image: str | None = Field(default=None, max_length=512)
+    """Defaults to the serving image, which carries vllm-ascend's proxy script."""
+    script: str = Field(
+        default="/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/"
+                "load_balance_proxy_server_example.py", max_length=1024)
+    """Path of the proxy script inside the proxy image."""
+    resources: Resources = Field(default_factory=Resources)
+
+
+class PDDeploymentSpec(ApiModel):
+    model: ModelSpec
+    image: ImageSpec
+    kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
+    prefill: PrefillSpec
+    decode: DecodeSpec
+    proxy: ProxySpec = Field(default_factory=ProxySpec)
+    serving_port: Port = 8000
+    """Port of each engine's OpenAI-compatible HTTP server (`vllm serve --port`)."""
+
+    @model_validator(mode="after")
+    def _decode_single_stage(self) -> PDDeploymentSpec:
+        # The CEL rule says the same to the API server; this keeps pdctl and the webhook in step.
+        if self.decode.pipeline_parallel_size != 1:
+            raise ValueError("spec.decode.pipelineParallelSize must be 1: the Mooncake connector "
+                             "pulls KV into one pipeline stage")
+        return self
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata the operator reads; the rest is kept as the API server has it."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+    name: str = Field(min_length=1, max_length=253)
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Condition(ApiModel):
+    """A Kubernetes API condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+    observed_generation: int | None = None
+    last_transition_time: str | None = None
+
+
+class RoleStatus(ApiModel):
+    desired_instances: int = 0
+    ready_instances: int = 0
+    shape: str = ""
+    """For `kubectl get`: instances x DP x TP (x PP), e.g. `2xDP2xTP4`."""
+
+
+class KVLayoutStatus(ApiModel):
+    prefill_block_size: int
+    decode_block_size: int
+    segment_tokens: int
+    """Token runs replicated caches move in: gcd of the two block sizes."""
+    hash: str
+    """What must match between paired prefill and decode instances (label pd.serving.dev/kv-layout)."""
+
+
+class PDDeploymentStatus(ApiModel):
+    model_config = ApiModel.model_config | {"extra": "allow"}
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    prefill: RoleStatus | None = None
+    decode: RoleStatus | None = None
+    kv_layout: KVLayoutStatus | None = None
+    proxy_endpoint: str | None = None
+    """`host:port` of the proxy Service inside the cluster."""
+
+
+class PDDeployment(ApiModel):
+    """Prefill/decode disaggregated vLLM serving with Mooncake KV transfer, KV-checked before start."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+    api_version: Literal["pd.serving.dev/v1alpha1"] = API_VERSION
+    kind: Literal["PDDeployment"] = KIND
+    metadata: ObjectMeta
+    spec: PDDeploymentSpec
+    status: PDDeploymentStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace
+
+    def role(self, role: str) -> RoleSpec:
+        return self.spec.prefill if role == "prefill" else self.spec.decode
+
+
+ROLES: tuple[Literal["prefill"], Literal["decode"]] = ("prefill", "decode")

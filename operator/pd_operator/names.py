@@ -1,0 +1,64 @@
+"""Deterministic names of everything rendered for one PDDeployment, and their length limits.
+
+A StatefulSet's pods carry the label `controller-revision-hash: <name>-<10 chars>`, a label value
+of at most 63 characters, so StatefulSet names stay within 52; Service and pod names are DNS
+labels (63). The validator checks every name before anything is rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DNS_LABEL_MAX = 63
+STATEFULSET_MAX = 52
+
+
+@dataclass(frozen=True)
+class Names:
+    deployment: str
+    namespace: str
+
+    def instance(self, role: str, index: int) -> str:
+        """The StatefulSet and headless Service of one role instance."""
+        return f"{self.deployment}-{role}-{index}"
+
+    def pod(self, role: str, index: int, ordinal: int) -> str:
+        return f"{self.instance(role, index)}-{ordinal}"
+
+    def pod_host(self, role: str, index: int, ordinal: int) -> str:
+        """Stable DNS name of a pod through its instance's headless Service."""
+        return f"{self.pod(role, index, ordinal)}.{self.instance(role, index)}.{self.namespace}.svc"
+
+    def engine_id(self, role: str, index: int) -> str:
+        """Unique KV engine id of an instance (vllm-ascend asserts one is set)."""
+        return f"{self.namespace}.{self.instance(role, index)}"
+
+    @property
+    def proxy(self) -> str:
+        return f"{self.deployment}-proxy"
+
+    @property
+    def metadata_server(self) -> str:
+        return f"{self.deployment}-metadata"
+
+    @property
+    def mooncake_config(self) -> str:
+        return f"{self.deployment}-mooncake"
+
+    @property
+    def network_policy(self) -> str:
+        return f"{self.deployment}-kv"
+
+    def disruption_budget(self, role: str) -> str:
+        return f"{self.deployment}-{role}"
+
+    def limits(self, replicas: dict[str, int], pods_per_instance: dict[str, int]) -> list[tuple[str, int]]:
+        """(longest name of each kind, its limit) for the names this deployment renders."""
+        out = [(self.proxy, DNS_LABEL_MAX), (self.metadata_server, DNS_LABEL_MAX),
+               (self.mooncake_config, DNS_LABEL_MAX), (self.network_policy, DNS_LABEL_MAX)]
+        for role, count in replicas.items():
+            last = max(count - 1, 0)
+            out.append((self.instance(role, last), STATEFULSET_MAX))
+            out.append((self.pod(role, last, max(pods_per_instance[role] - 1, 0)), DNS_LABEL_MAX))
+            out.append((self.disruption_budget(role), DNS_LABEL_MAX))
+        return out

@@ -1,0 +1,63 @@
+"""What the operator sets on serving pods itself, so user env and extraArgs cannot silently change it.
+
+The renderer sets exactly these; the validator reports a user value for any of them (EnvOverride,
+ArgOverride) and names the spec field that controls it instead.
+"""
+
+from __future__ import annotations
+
+# Env var -> the spec field (or reason) that controls it.
+OWNED_ENV: dict[str, str] = {
+    "VLLM_USE_V2_MODEL_RUNNER": "always 1: MooncakeConnectorV2 needs Model Runner V2",
+    "VLLM_HOST_IP": "the pod IP (status.podIP)",
+    "HCCL_IF_IP": "the pod IP (status.podIP)",
+    "GLOO_SOCKET_IFNAME": "the pod network interface",
+    "TP_SOCKET_IFNAME": "the pod network interface",
+    "HCCL_SOCKET_IFNAME": "the pod network interface",
+    "MOONCAKE_CONFIG_PATH": "spec.kvTransfer.metadata",
+    "MC_MIN_RPC_PORT": "the operator's port plan",
+    "MC_MAX_RPC_PORT": "the operator's port plan",
+    "VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": "spec.kvTransfer.timeouts.abortRequestSeconds",
+    "ASCEND_TRANSFER_TIMEOUT": "spec.kvTransfer.timeouts.transferSeconds",
+    "ASCEND_CONNECT_TIMEOUT": "spec.kvTransfer.timeouts.connectSeconds",
+    "PD_ROLE": "the role of the pod",
+    "PD_INSTANCE": "the instance of the pod",
+}
+
+# Defaults the user may override through env without a finding.
+DEFAULT_ENV: dict[str, str] = {
+    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+    "OMP_NUM_THREADS": "1",
+    "HCCL_BUFFSIZE": "1024",
+    "MC_LOG_LEVEL": "WARNING",
+}
+
+# vllm serve flag (and its aliases) -> the spec field that controls it (`{role}`: the pod's role).
+OWNED_FLAGS: dict[str, str] = {
+    "--tensor-parallel-size": "spec.{role}.tensorParallelSize",
+    "-tp": "spec.{role}.tensorParallelSize",
+    "--data-parallel-size": "spec.{role}.dataParallelSize",
+    "-dp": "spec.{role}.dataParallelSize",
+    "--pipeline-parallel-size": "spec.{role}.pipelineParallelSize",
+    "-pp": "spec.{role}.pipelineParallelSize",
+    "--data-parallel-size-local": "the operator's pod plan",
+    "--data-parallel-start-rank": "the operator's pod plan",
+    "--data-parallel-address": "the operator's pod plan",
+    "--data-parallel-rpc-port": "the operator's port plan",
+    "--headless": "the operator's pod plan",
+    "--block-size": "spec.{role}.blockSize",
+    "--kv-transfer-config": "spec.kvTransfer",
+    "--port": "spec.servingPort",
+    "--host": "the operator (all interfaces)",
+    "--dtype": "spec.model.dtype",
+    "--kv-cache-dtype": "spec.model.kvCacheDtype",
+    "--served-model-name": "spec.model.servedModelName",
+    "--max-model-len": "spec.model.maxModelLen",
+}
+
+
+def flag_name(arg: str) -> str | None:
+    """`--block-size=128` -> `--block-size`; values and positional words -> None."""
+    if not arg.startswith("-"):
+        return None
+    return arg.split("=", 1)[0]

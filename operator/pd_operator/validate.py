@@ -1,0 +1,226 @@
+"""The one validator: `pdctl validate`, the admission webhook and the controller all call `validate`.
+
+It never raises on user input. Every problem becomes a Finding with the manifest field path, in
+the order a person would fix them: the document's shape (CRD schema and CEL rules, then the
+pydantic model), then the model description, then each role's topology, ports and overrides,
+then KV compatibility of the pair.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from pd_operator.api.schema_check import schema_problems
+from pd_operator.api.types import API_VERSION, KIND, ROLES, ModelSpec, PDDeployment, RoleSpec
+from pd_operator.findings import Finding, is_compatible
+from pd_operator.kv import presets
+from pd_operator.kv.compat import PairReport, check_pair
+from pd_operator.kv.hf_config import ConfigError, model_from_hf_config
+from pd_operator.kv.model import ModelKV
+from pd_operator.kv.side import Side
+from pd_operator.names import Names
+from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, flag_name
+from pd_operator.ports import port_findings
+from pd_operator.topology import PodPlan, TopologyError, pod_plan
+
+ConfigMapReader = Callable[[str, str], str | None]
+"""(configmap name, key) -> the value, or None when the ConfigMap or key does not exist."""
+
+
+@dataclass(frozen=True)
+class Validation:
+    findings: list[Finding]
+    deployment: PDDeployment | None = None
+    """The parsed manifest, when its shape is valid."""
+    model: ModelKV | None = None
+    report: PairReport | None = None
+    pod_plans: dict[str, PodPlan] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.deployment is not None and is_compatible(self.findings)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+
+def _invalid(path: str, message: str) -> Finding:
+    return Finding("InvalidSpec", "error", path, "", message)
+
+
+def _sentence(text: str) -> str:
+    text = text.removeprefix("Value error, ")
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def _pydantic_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "tagged-union") or "[" in str(part):
+            continue  # pydantic's own markers inside unions and validators, not fields
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _shape_findings(doc: Any) -> list[Finding]:
+    if not isinstance(doc, dict):
+        return [_invalid("(root)", "The document must be a mapping with apiVersion, kind, metadata and spec.")]
+    out = []
+    if doc.get("apiVersion") != API_VERSION:
+        out.append(_invalid("apiVersion", f"apiVersion must be {API_VERSION}, not {doc.get('apiVersion')!r}."))
+    if doc.get("kind") != KIND:
+        out.append(_invalid("kind", f"kind must be {KIND}, not {doc.get('kind')!r}."))
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta.get("name"):
+        out.append(_invalid("metadata.name", "metadata.name is required."))
+    if out:
+        return out
+    return [_invalid(path, _sentence(message)) for path, message in schema_problems(doc)]
+
+
+def parse(doc: Any) -> tuple[PDDeployment | None, list[Finding]]:
+    """The manifest as the API model, or the reasons it is not one."""
+    findings = _shape_findings(doc)
+    if findings:
+        return None, findings
+    try:
+        return PDDeployment.model_validate(doc), []
+    except ValidationError as err:
+        return None, [_invalid(_pydantic_path(e["loc"]), _sentence(e["msg"])) for e in err.errors()]
+
+
+def resolve_model(spec: ModelSpec, namespace: str, read_config_map: ConfigMapReader | None
+                  ) -> tuple[ModelKV | None, list[Finding]]:
+    name = spec.served_model_name or spec.name
+    try:
+        if spec.preset is not None:
+            model = presets.get(spec.preset)
+        elif spec.kv is not None:
+            model = spec.kv
+        elif spec.hf_config is not None:
+            model = model_from_hf_config(spec.hf_config, name)
+        else:
+            ref = spec.hf_config_map
+            assert ref is not None
+            if read_config_map is None:
+                return None, [Finding(
+                    "KVCheckDeferred", "warning", "spec.model.hfConfigMap", "",
+                    f"The model config is in ConfigMap {ref.name}; the controller reads it and reports "
+                    "KV compatibility in the KVCompatible condition.")]
+            text = read_config_map(ref.name, ref.key)
+            if text is None:
+                return None, [Finding("ConfigMapNotFound", "error", "spec.model.hfConfigMap", "",
+                                      f"ConfigMap {namespace}/{ref.name} has no key {ref.key!r}; create it "
+                                      "with the model's config.json.")]
+            try:
+                data = json.loads(text)
+            except ValueError as err:
+                raise ConfigError(f"key {ref.key!r} of ConfigMap {ref.name} is not JSON: {err}") from None
+            model = model_from_hf_config(data, name)
+    except KeyError as err:
+        return None, [Finding("UnknownModel", "error", "spec.model.preset", "", f"{err.args[0]}.")]
+    except ConfigError as err:
+        where = "spec.model.hfConfigMap" if spec.hf_config_map else "spec.model.hfConfig"
+        code = "UnsupportedArchitecture" if "no KV description rule" in str(err) else "UnknownModel"
+        return None, [Finding(code, "error", where, "", f"{err}.")]
+    if spec.dtype is not None:
+        model = model.model_copy(update={"dtype": spec.dtype})
+    return model, []
+
+
+def side_of(role: str, spec: RoleSpec, model: ModelKV, kv_cache_dtype: str) -> Side:
+    return Side(role=role, model=model, tensor_parallel=spec.tensor_parallel_size,  # type: ignore[arg-type]
+                data_parallel=spec.data_parallel_size, pipeline_parallel=spec.pipeline_parallel_size,
+                kv_cache_dtype=kv_cache_dtype, block_size=spec.block_size,
+                kernel_block_size=spec.kernel_block_size,
+                num_speculative_tokens=spec.num_speculative_tokens, path=f"spec.{role}")
+
+
+def _override_findings(role: str, spec: RoleSpec) -> list[Finding]:
+    out = []
+    for i, env in enumerate(spec.env):
+        if env.name in OWNED_ENV:
+            out.append(Finding("EnvOverride", "error", f"spec.{role}.env[{i}]", "",
+                               f"{env.name} is set by the operator ({OWNED_ENV[env.name]}); remove it "
+                               "from env."))
+    for i, arg in enumerate(spec.extra_args):
+        flag = flag_name(arg)
+        if flag in OWNED_FLAGS:
+            owner = OWNED_FLAGS[flag].format(role=role)
+            out.append(Finding("ArgOverride", "error", f"spec.{role}.extraArgs[{i}]", "",
+                               f"{flag} is rendered by the operator from {owner}; remove it from "
+                               "extraArgs and set that instead."))
+    return out
+
+
+def _role_findings(dep: PDDeployment, role: str) -> tuple[PodPlan | None, list[Finding]]:
+    spec = dep.role(role)
+    out = _override_findings(role, spec)
+    if spec.host_network:
+        out.append(Finding("HostNetwork", "warning", f"spec.{role}.hostNetwork", "",
+                           f"{role} pods use the host network, so the NetworkPolicy cannot keep other "
+                           "pods away from their KV ports; use it only for RDMA setups that need it."))
+    try:
+        plan = pod_plan(spec, f"spec.{role}")
+    except TopologyError as err:
+        return None, [*out, Finding("NodeTooSmall", "error", err.field, "", str(err))]
+    kv = dep.spec.kv_transfer
+    out += port_findings(role, kv.kv_port, dep.spec.serving_port, plan, spec.npus_per_node, kv.protocol)
+    return plan, out
+
+
+def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Finding]:
+    names = Names(dep.name, dep.namespace)
+    replicas = {role: dep.role(role).replicas for role in ROLES}
+    pods = {role: plans[role].pods if role in plans else 1 for role in ROLES}
+    out = []
+    for name, limit in names.limits(replicas, pods):
+        if len(name) > limit:
+            out.append(Finding("NameTooLong", "error", "metadata.name", "",
+                               f"The child name {name!r} would be {len(name)} characters, over the "
+                               f"limit of {limit}; shorten metadata.name by {len(name) - limit}."))
+            break
+    ids = [names.engine_id(role, i) for role in ROLES for i in range(replicas[role])]
+    if len(set(ids)) != len(ids):
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        out.append(Finding("DuplicateEngineId", "error", "metadata.name", "",
+                           f"Instances would share KV engine ids {', '.join(dupes)}; rename the "
+                           "PDDeployment."))
+    return out
+
+
+def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Validation:
+    """Validate one PDDeployment manifest. `read_config_map` lets the controller resolve
+    `spec.model.hfConfigMap`; without it (pdctl, the webhook) that check is deferred."""
+    dep, findings = parse(doc)
+    if dep is None:
+        return Validation(findings)
+    plans: dict[str, PodPlan] = {}
+    for role in ROLES:
+        plan, role_findings = _role_findings(dep, role)
+        findings += role_findings
+        if plan is not None:
+            plans[role] = plan
+    findings += _name_findings(dep, plans)
+    model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
+    findings += model_findings
+    if model is None:
+        return Validation(findings, dep, None, None, plans)
+    cache_dtype = dep.spec.model.kv_cache_dtype
+    report = check_pair(side_of("prefill", dep.spec.prefill, model, cache_dtype),
+                        side_of("decode", dep.spec.decode, model, cache_dtype),
+                        connector=dep.spec.kv_transfer.connector)
+    return Validation([*findings, *report.findings], dep, model, report, plans)
