@@ -80,9 +80,10 @@ def port_findings(role: str, kv_port: int, serving_port: int, plan: PodPlan, npu
                     "spec.kvTransfer.kvPort.")
             for b in ranges[i + 1:]:
                 if a.overlaps(b.start, b.end):
-                    add("PortOverlap", a.field if a.field.startswith("spec") else b.field,
-                        f"On {role} pods the {a} overlap the {b}; move "
-                        f"{a.field if a.field.startswith('spec') else b.field} so they are disjoint.")
+                    movable = [f for f in dict.fromkeys((a.field, b.field)) if f.startswith("spec.")]
+                    add("PortOverlap", movable[0] if movable else a.field,
+                        f"On {role} pods the {a} overlap the {b}; move {' or '.join(movable)} so "
+                        "they are disjoint.")
             if a.overlaps(*HANDSHAKE_RPC):
                 add("PortInHandshakeRange", a.field,
                     f"The {role} {a} fall in Mooncake's P2P handshake RPC range "

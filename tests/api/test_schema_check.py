@@ -1,0 +1,65 @@
+"""The CRD schema checker: structural errors and CEL rules, on defaulted objects like the API server."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pd_operator.api.schema_check import schema_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+GLM = yaml.safe_load((ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml").read_text())
+
+
+def edited(**paths):
+    doc = copy.deepcopy(GLM)
+    for dotted, value in paths.items():
+        *parents, leaf = dotted.split("__")
+        node = doc
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return doc
+
+
+def test_example_passes():
+    assert schema_problems(GLM) == []
+
+
+@pytest.mark.parametrize(("doc", "path", "words"), [
+    (edited(spec__prefill__tensorParallelSize="eight"), "spec.prefill.tensorParallelSize", "not of type"),
+    (edited(spec__prefill__tensorParallelSize=0), "spec.prefill.tensorParallelSize", "minimum"),
+    (edited(spec__decode__typo=1), "spec.decode", "typo"),
+    (edited(spec__kvTransfer__protocol="udp"), "spec.kvTransfer.protocol", "udp"),
+    (edited(spec__kvTransfer__kvPort=80), "spec.kvTransfer.kvPort", "minimum"),
+    (edited(spec__model__hfConfig={"architectures": ["LlamaForCausalLM"]}), "spec.model", "exactly one"),
+    (edited(spec__model__weights={"pvc": {"claimName": "a"}, "image": True}), "spec.model.weights",
+     "exactly one"),
+    (edited(spec__kvTransfer__metadata={"mode": "etcd"}), "spec.kvTransfer.metadata", "etcdEndpoint"),
+    (edited(spec__decode__pipelineParallelSize=2), "spec.decode", "pipelineParallelSize must be 1"),
+])
+def test_problems_name_the_field(doc, path, words):
+    problems = schema_problems(doc)
+    assert any(p == path and words in m for p, m in problems), problems
+
+
+def test_cel_sees_defaults_like_the_api_server():
+    # pipelineParallelSize is absent on decode: the server defaults it to 1 before the rule runs.
+    doc = edited(spec__decode__pipelineParallelSize=None)
+    assert schema_problems(doc) == []
+
+
+def test_cel_rule_per_cache_group_kind():
+    kv = {"name": "m", "groups": [{"kind": "mla", "name": "mla", "numLayers": 2, "kvLoraRank": 512,
+                                   "headSize": 4}]}
+    doc = edited(spec__model__preset=None, spec__model__kv=kv)
+    problems = schema_problems(doc)
+    assert any(p == "spec.model.kv.groups[0]" and "kind mla does not take" in m for p, m in problems)
+    kv["groups"][0].pop("headSize")
+    assert schema_problems(edited(spec__model__preset=None, spec__model__kv=kv)) == []
