@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -17,6 +17,7 @@ import yaml
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import side_layout
 from pd_operator.kv.compat import DEFAULT_PROMPT_TOKENS, PairReport, check_pair
+from pd_operator.kv.dtypes import DTYPES
 from pd_operator.kv.hf_config import model_from_hf_config
 from pd_operator.kv.pages import LayoutError
 from pd_operator.kv.plan import plan_transfer
@@ -120,8 +121,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         prompt_tokens=args.prompt_tokens, connector_path=connector_path)
     findings = [replace(f, path=flag_path(f.path)) for f in [*pair.findings, *report.findings]]
     report = replace(report, findings=findings)
-    data = report_json(report, naive_entries=_naive_entries(report, args.prompt_tokens))
-    print(json.dumps(data, indent=2) if args.output == "json" else report_table(data))
+    if args.output == "json":
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        print(report_table(report, naive_entries=_naive_entries(report, args.prompt_tokens)))
     return EXIT_OK if report.compatible else EXIT_FINDINGS
 
 
@@ -146,10 +149,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict] = []
     for name in presets.names():
         model = presets.get(name)
-        blocks = {}
+        blocks: dict[int, int | None] = {}
         for tp in (1, 2, 4, 8):
             try:
                 blocks[tp] = side_layout(Side("prefill", model, tp)).engine_block_size
@@ -184,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--block-size", type=_positive, help="--block-size requested on both roles")
     plan.add_argument("--kernel-block-size", type=_positive, default=ASCEND_KERNEL_BLOCK)
     plan.add_argument("--num-speculative-tokens", type=int, default=0, choices=range(0, 65), metavar="N")
-    plan.add_argument("--kv-cache-dtype", default="auto")
+    plan.add_argument("--kv-cache-dtype", default="auto", choices=("auto", *DTYPES))
     plan.add_argument("--connector", default=DEFAULT_CONNECTOR)
     plan.add_argument("--prompt-tokens", type=_positive, default=DEFAULT_PROMPT_TOKENS)
     plan.add_argument("-o", "--output", choices=("table", "json"), default="table")

@@ -43,8 +43,12 @@ class SideLayout:
     def main_page_bytes(self) -> int:
         return self.engine_block_size * self.attn_bytes_per_token
 
+    @property
+    def groups(self) -> tuple[TokenGroupLayout | StateGroupLayout, ...]:
+        return (*self.token_groups, *self.state_groups)
+
     def group(self, name: str) -> TokenGroupLayout | StateGroupLayout:
-        return next(g for g in (*self.token_groups, *self.state_groups) if g.name == name)
+        return next(g for g in self.groups if g.name == name)
 
 
 def unified_block_size(side: Side, attn_1tok: int, state_page: int) -> tuple[int, str]:

@@ -66,6 +66,8 @@ def check_pair(prefill: Side, decode: Side, *, connector: str = "MooncakeConnect
         layouts.append(layout)
     if len(layouts) < 2:
         return PairReport(prefill, decode, findings)
+    if prefill.model.groups != decode.model.groups:  # ModelMismatch said why; pairing groups is moot
+        return PairReport(prefill, decode, findings, layouts[0], layouts[1])
     p_layout, d_layout = layouts
     findings += _pair_rules(p_layout, d_layout, connector, connector_path)
     plan = None
@@ -86,6 +88,10 @@ def _identity(prefill: Side, decode: Side) -> list[Finding]:
         out.append(Finding("ModelMismatch", "error", decode.field("model"), "",
                            f"Prefill serves {prefill.model.name} but decode serves {decode.model.name}; "
                            "KV caches only transfer between instances of the same model."))
+    elif prefill.model.groups != decode.model.groups:
+        out.append(Finding("ModelMismatch", "error", decode.field("model"), "",
+                           f"Prefill and decode both name {prefill.model.name} but describe its KV cache "
+                           "groups differently; give both roles the same model description."))
     if prefill.model.dtype != decode.model.dtype:
         out.append(Finding("DTypeMismatch", "error", decode.field("dtype"), "",
                            f"Prefill runs in {prefill.model.dtype} but decode in {decode.model.dtype}; "
@@ -113,7 +119,7 @@ def _side_rules(layout: SideLayout) -> list[Finding]:
             out.append(Finding(
                 "BlockNotDivisibleByCompressRatio", "error", side.field("blockSize"), group.name,
                 f"The {side.role} block of {block} tokens does not hold a whole number of "
-                f"{group.compress_ratio}-token entries of the compressed indexer {group.name}; use a "
+                f"{group.compress_ratio}-token entries of its compressed indexer {group.name!r}; use a "
                 f"blockSize that is a multiple of {group.compress_ratio}."))
     return out
 
@@ -136,7 +142,7 @@ def _pair_rules(p: SideLayout, d: SideLayout, connector: str, connector_path: st
                 "SegmentSplitsCompressedEntry", "error", d.side.field("blockSize"), group.name,
                 f"Block sizes {p_block} (prefill) and {d_block} (decode) only share {segment}-token "
                 f"segments, which split the {group.compress_ratio}-token entries of the compressed "
-                f"indexer {group.name}; set blockSize on one role so the gcd is a multiple of "
+                f"indexer {group.name!r}; set blockSize on one role so the gcd is a multiple of "
                 f"{group.compress_ratio}."))
     sharded = [g.name for g in (*p.token_groups, *d.token_groups) if not g.replicated]
     sharded += [g.name for g in p.state_groups]
@@ -182,7 +188,7 @@ def _run_size_rules(plan: TransferPlan, decode: Side) -> list[Finding]:
         if 0 < mean < SMALL_RUN_BYTES:
             out.append(Finding(
                 "SmallTransferRuns", "warning", decode.field("blockSize"), group.name,
-                f"Group {group.name} moves in runs of {mean / 1024:.1f} KiB on average (a "
-                f"{plan.prompt_tokens}-token prompt); Mooncake tcp moves 4 KB runs ~15x slower than "
+                f"Group {group.name} moves in runs of {mean / 1024:.1f} KiB on average (for a prompt "
+                f"of {plan.prompt_tokens} tokens); Mooncake tcp moves 4 KB runs ~15x slower than "
                 "1 MB runs. Block sizes that are equal or multiples of each other give longer runs."))
     return out

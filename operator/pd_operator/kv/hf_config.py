@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pd_operator.kv.dtypes import DTYPE_BYTES, DTYPES
 from pd_operator.kv.model import ModelKV
 
 LLAMA_STYLE = frozenset({
@@ -26,30 +27,46 @@ class ConfigError(ValueError):
     """The config cannot be turned into a KV description; the message names the key."""
 
 
-def _int(cfg: dict, key: str, default: int | None = None) -> int:
+def _int(cfg: dict, key: str, default: int | None = None, minimum: int = 1) -> int:
     value = cfg.get(key, default)
     if value is None:
         raise ConfigError(f"config.json has no {key!r}, which this architecture needs")
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"config.json {key!r} must be an integer, not {value!r}")
+    if value < minimum:
+        raise ConfigError(f"config.json {key!r} must be at least {minimum}, not {value}")
     return value
 
 
+def _head_dim(cfg: dict) -> int:
+    """`head_dim` when given, else hidden_size / num_attention_heads (the transformers default)."""
+    if cfg.get("head_dim") is not None:
+        return _int(cfg, "head_dim")
+    heads, hidden = _int(cfg, "num_attention_heads"), _int(cfg, "hidden_size")
+    if hidden % heads:
+        raise ConfigError(f"config.json 'hidden_size' {hidden} is not a multiple of 'num_attention_heads' "
+                          f"{heads}; give 'head_dim'")
+    return hidden // heads
+
+
 def _dtype(cfg: dict) -> str:
-    value = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-    return str(value).removeprefix("torch.")
+    key = "dtype" if cfg.get("dtype") else "torch_dtype"
+    value = str(cfg.get(key) or "bfloat16").removeprefix("torch.")
+    if value.lower() not in DTYPE_BYTES:
+        raise ConfigError(f"config.json {key!r} is {value!r}; expected one of {', '.join(DTYPES)}")
+    return value
 
 
 def _llama(cfg: dict) -> list[dict]:
     heads = _int(cfg, "num_attention_heads")
-    head_dim = cfg.get("head_dim") or _int(cfg, "hidden_size") // heads
     return [{"kind": "attention", "name": "attention", "numLayers": _int(cfg, "num_hidden_layers"),
-             "numKvHeads": _int(cfg, "num_key_value_heads", heads), "headSize": head_dim}]
+             "numKvHeads": _int(cfg, "num_key_value_heads", heads), "headSize": _head_dim(cfg)}]
 
 
 def _mla(cfg: dict) -> list[dict]:
     return [{"kind": "mla", "name": "mla", "numLayers": _int(cfg, "num_hidden_layers"),
-             "kvLoraRank": _int(cfg, "kv_lora_rank"), "qkRopeHeadDim": _int(cfg, "qk_rope_head_dim", 0)}]
+             "kvLoraRank": _int(cfg, "kv_lora_rank"),
+             "qkRopeHeadDim": _int(cfg, "qk_rope_head_dim", 0, minimum=0)}]
 
 
 def _deepseek_sparse(cfg: dict) -> list[dict]:
@@ -68,6 +85,10 @@ def _qwen3_next(cfg: dict) -> list[dict]:
         types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
     if not isinstance(types, list) or len(types) != layers:
         raise ConfigError("config.json 'layer_types' must list one type per hidden layer")
+    unknown = sorted({str(t) for t in types} - {"full_attention", "linear_attention"})
+    if unknown:
+        raise ConfigError(f"config.json 'layer_types' holds {', '.join(unknown)}; expected "
+                          "full_attention or linear_attention")
     full = sum(1 for t in types if t == "full_attention")
     linear = layers - full
     key_heads, value_heads = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
@@ -76,7 +97,7 @@ def _qwen3_next(cfg: dict) -> list[dict]:
     if full:
         groups.append({"kind": "attention", "name": "attention", "numLayers": full,
                        "numKvHeads": _int(cfg, "num_key_value_heads"),
-                       "headSize": cfg.get("head_dim") or _int(cfg, "hidden_size") // _int(cfg, "num_attention_heads")})
+                       "headSize": _head_dim(cfg)})
     if linear:
         if key_dim != value_dim:
             raise ConfigError("linear_key_head_dim and linear_value_head_dim differ; give an explicit kv "

@@ -10,12 +10,18 @@ from __future__ import annotations
 from math import prod
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pd_operator.kv.dtypes import DTYPES
+from pd_operator.kv.dtypes import DTYPES, dtype_bytes
 from pd_operator.schema import ApiModel
 
-DType = Annotated[str, Field(json_schema_extra={"enum": list(DTYPES)})]
+
+def _known_dtype(name: str) -> str:
+    dtype_bytes(name)  # raises ValueError naming the accepted dtypes
+    return name
+
+
+DType = Annotated[str, AfterValidator(_known_dtype), Field(json_schema_extra={"enum": list(DTYPES)})]
 PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
 
 
@@ -65,11 +71,13 @@ class StateTensor(ApiModel):
     name: str = Field(min_length=1, max_length=63)
     dtype: DType
     head_groups: list[PositiveInt] = Field(min_length=1, max_length=16)
-    """Heads of each concatenated part (for example [64, 64, 64] for the q/k/v conv state); each is sharded over TP."""
+    """Heads of each concatenated part (for example [64, 64, 64] for the q/k/v conv state); each is
+    sharded over TP."""
     head_shape: list[PositiveInt] = Field(min_length=1, max_length=4)
     """Shape of the state of one head, for example [128, 128] for a recurrent state."""
     conv_kernel: PositiveInt | None = None
-    """When set, a trailing dimension of convKernel-1+numSpeculativeTokens columns is appended (conv state)."""
+    """When set, a trailing dimension of convKernel-1+numSpeculativeTokens columns is appended (conv
+    state)."""
 
     def columns(self, num_speculative_tokens: int) -> int:
         if self.conv_kernel is None:

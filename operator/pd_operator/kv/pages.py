@@ -144,7 +144,7 @@ def token_group_layout(group, side: Side, block: int) -> TokenGroupLayout:
 
 
 def state_bytes_per_rank(group: StateGroup, side: Side) -> int:
-    return sum(part.chunk_bytes * part.heads_local for _, parts in _state_parts(group, side) for part in parts)
+    return sum(p.chunk_bytes * p.heads_local for _, parts in _state_parts(group, side) for p in parts)
 
 
 def _state_parts(group: StateGroup, side: Side) -> list[tuple[str, tuple[HeadPart, ...]]]:

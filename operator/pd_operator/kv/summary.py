@@ -1,5 +1,8 @@
 """The pairing report as data (JSON for `pdctl plan -o json`, the status' resolved layout) and as a
-table an engineer pastes into a design review."""
+table an engineer pastes into a design review.
+
+The JSON holds exactly the documented keys (other tools parse it); the table may say more.
+"""
 
 from __future__ import annotations
 
@@ -9,49 +12,46 @@ from pd_operator.kv.pages import StateGroupLayout, TokenGroupLayout
 from pd_operator.kv.side import Side
 
 
+def _number(value: float) -> int | float:
+    """Whole byte counts print as integers; a compressed indexer can give a fraction per token."""
+    return int(value) if float(value).is_integer() else value
+
+
 def _group_row(g: TokenGroupLayout | StateGroupLayout) -> dict:
-    row: dict = {"name": g.name, "kind": g.kind, "replicated": g.replicated, "layers": g.num_layers,
-                 "pageBytes": g.page_bytes}
+    row: dict = {"name": g.name, "kind": g.kind, "replicated": g.replicated}
     if isinstance(g, StateGroupLayout):
         row["bytesPerRequest"] = g.state_bytes
     else:
-        row["bytesPerToken"] = g.bytes_per_token
-        row["entriesPerBlock"] = g.entries_per_block
+        row["bytesPerToken"] = _number(g.bytes_per_token)
+    row["pageBytes"] = g.page_bytes
     return row
 
 
 def side_summary(side: Side, layout: SideLayout | None) -> dict:
-    out: dict = {"tensorParallelSize": side.tensor_parallel, "dataParallelSize": side.data_parallel,
-                 "pipelineParallelSize": side.pipeline_parallel, "kernelBlockSize": side.kernel_block_size,
-                 "kvCacheDtype": side.cache_dtype, "engineBlockSize": None, "cacheGroups": []}
-    if layout is not None:
-        out["engineBlockSize"] = layout.engine_block_size
-        out["blockSizeReason"] = layout.reason
-        out["cacheGroups"] = [_group_row(g) for g in (*layout.token_groups, *layout.state_groups)]
-    return out
+    return {
+        "tensorParallelSize": side.tensor_parallel,
+        "dataParallelSize": side.data_parallel,
+        "engineBlockSize": layout.engine_block_size if layout else None,
+        "cacheGroups": [_group_row(g) for g in layout.groups] if layout else [],
+    }
 
 
-def report_json(report: PairReport, *, naive_entries: int | None = None) -> dict:
-    out: dict = {
-        "model": report.prefill.model.name,
+def report_json(report: PairReport) -> dict:
+    plan = report.plan
+    transfer = None if plan is None else {
+        "segmentTokens": plan.segment_tokens,
+        "promptTokens": plan.prompt_tokens,
+        "entries": plan.entries,
+        "bytes": plan.bytes,
+        "perDecodeRank": plan.per_decode_rank(),
+    }
+    return {
         "compatible": report.compatible,
         "findings": [f.to_dict() for f in report.findings],
         "prefill": side_summary(report.prefill, report.prefill_layout),
         "decode": side_summary(report.decode, report.decode_layout),
-        "transfer": None,
+        "transfer": transfer,
     }
-    plan = report.plan
-    if plan is not None:
-        out["transfer"] = {
-            "segmentTokens": plan.segment_tokens,
-            "promptTokens": plan.prompt_tokens,
-            "entries": plan.entries,
-            "bytes": plan.bytes,
-            "perDecodeRank": plan.per_decode_rank(),
-        }
-        if naive_entries is not None:
-            out["transfer"]["naiveEntries"] = naive_entries
-    return out
 
 
 def _size(n: float) -> str:
@@ -62,41 +62,52 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def report_table(data: dict) -> str:
-    """Plain-text rendering of `report_json`."""
-    p, d = data["prefill"], data["decode"]
-    lines = [f"model: {data['model']}", ""]
-    header = f"{'':22}{'prefill':>18}{'decode':>18}"
-    lines.append(header)
-    for label, key in (("tensor parallel", "tensorParallelSize"), ("data parallel", "dataParallelSize"),
-                       ("pipeline parallel", "pipelineParallelSize"), ("kv cache dtype", "kvCacheDtype"),
-                       ("kernel block", "kernelBlockSize"), ("engine block (tokens)", "engineBlockSize")):
-        lines.append(f"{label:22}{_cell(p.get(key)):>18}{_cell(d.get(key)):>18}")
-    groups = {g["name"]: g for g in p["cacheGroups"]}
-    for g in d["cacheGroups"]:
-        pg = groups.get(g["name"], {})
-        lines.append(f"{(g['name'] + ' page (' + g['kind'] + ')'):22}"
-                     f"{_size(pg['pageBytes']) if pg else '-':>18}{_size(g['pageBytes']):>18}")
-    lines.append("")
-    lines.append("verdict: " + ("COMPATIBLE" if data["compatible"] else "INCOMPATIBLE"))
-    for f in data["findings"]:
-        where = f" {f['path']}" if f["path"] else ""
-        group = f" [{f['group']}]" if f["group"] else ""
-        lines.append(f"  {f['severity']:7} {f['code']}{where}{group}")
-        lines.append(f"          {f['message']}")
-    t = data["transfer"]
-    if t:
-        lines.append("")
-        lines.append(f"transfer of one {t['promptTokens']}-token request into one decode engine "
-                     f"({len(t['perDecodeRank'])} ranks): {_size(t['bytes'])} in {t['entries']} runs, "
-                     f"{t['segmentTokens']}-token segments"
-                     + (f" (naive per-segment plan: {t['naiveEntries']} runs)" if "naiveEntries" in t else ""))
-        for row in t["perDecodeRank"]:
-            sources = "; ".join(f"{name} <- P{','.join(map(str, grp['prefillRanks']))}"
-                                for name, grp in row["groups"].items())
-            lines.append(f"  decode rank {row['rank']}: {_size(row['bytes'])}, {row['entries']} runs ({sources})")
-    return "\n".join(lines)
-
-
 def _cell(value) -> str:
     return "-" if value is None else str(value)
+
+
+def _sides_table(report: PairReport) -> list[str]:
+    p, d = report.prefill, report.decode
+    p_layout, d_layout = report.prefill_layout, report.decode_layout
+    rows = [
+        ("tensor parallel", p.tensor_parallel, d.tensor_parallel),
+        ("data parallel", p.data_parallel, d.data_parallel),
+        ("pipeline parallel", p.pipeline_parallel, d.pipeline_parallel),
+        ("kv cache dtype", p.cache_dtype, d.cache_dtype),
+        ("kernel block", p.kernel_block_size, d.kernel_block_size),
+        ("engine block (tokens)", p_layout and p_layout.engine_block_size,
+         d_layout and d_layout.engine_block_size),
+    ]
+    lines = [f"{'':22}{'prefill':>18}{'decode':>18}"]
+    lines += [f"{label:22}{_cell(a):>18}{_cell(b):>18}" for label, a, b in rows]
+    if p_layout and d_layout:
+        p_groups = {g.name: g for g in p_layout.groups}
+        for g in d_layout.groups:
+            pg = p_groups.get(g.name)
+            lines.append(f"{(g.name + ' page (' + g.kind + ')'):22}"
+                         f"{_size(pg.page_bytes) if pg else '-':>18}{_size(g.page_bytes):>18}")
+    return lines
+
+
+def report_table(report: PairReport, *, naive_entries: int | None = None) -> str:
+    """Plain-text rendering of a pairing report; `naive_entries` is the per-segment plan's run count."""
+    lines = [f"model: {report.prefill.model.name}", "", *_sides_table(report), ""]
+    lines.append("verdict: " + ("COMPATIBLE" if report.compatible else "INCOMPATIBLE"))
+    for f in report.findings:
+        where = f" {f.path}" if f.path else ""
+        group = f" [{f.group}]" if f.group else ""
+        lines.append(f"  {f.severity:7} {f.code}{where}{group}")
+        lines.append(f"          {f.message}")
+    plan = report.plan
+    if plan is not None:
+        ranks = plan.per_decode_rank()
+        naive = f" (naive per-segment plan: {naive_entries} runs)" if naive_entries is not None else ""
+        lines += ["", f"transfer of one {plan.prompt_tokens}-token request into one decode engine "
+                      f"({len(ranks)} ranks): {_size(plan.bytes)} in {plan.entries} runs, "
+                      f"{plan.segment_tokens}-token segments{naive}"]
+        for row in ranks:
+            sources = "; ".join(f"{name} <- P{','.join(map(str, grp['prefillRanks']))}"
+                                for name, grp in row["groups"].items())
+            lines.append(f"  decode rank {row['rank']}: {_size(row['bytes'])}, {row['entries']} runs "
+                         f"({sources})")
+    return "\n".join(lines)
