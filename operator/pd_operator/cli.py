@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
@@ -170,8 +171,15 @@ def cmd_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags end like every other unreadable input: one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_UNREADABLE, f"{self.prog}: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdctl", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="pdctl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     plan = sub.add_parser("plan", help="engine block sizes, findings and the transfer plan of a pairing")
