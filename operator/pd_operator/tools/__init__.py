@@ -1,0 +1,1 @@
+"""Developer tools run by Makefile targets (code generators, sync steps)."""

@@ -1,0 +1,84 @@
+"""Render the pd-operator chart with the real helm binary (`make tools` puts it in .tools/)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "pd-operator"
+VALUES_DIR = Path(__file__).resolve().parent / "values"
+RELEASE = "pdo"
+NAMESPACE = "pd-system"
+# The default values plus every file under values/, by name.
+VALUE_SETS = ["default", *sorted(p.stem for p in VALUES_DIR.glob("*.yaml"))]
+
+
+def helm_binary() -> str | None:
+    local = REPO / ".tools" / "helm" / "helm"
+    return str(local) if local.exists() else shutil.which("helm")
+
+
+@dataclass(frozen=True)
+class HelmResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_helm(*args: str) -> HelmResult:
+    helm = helm_binary()
+    if helm is None:
+        pytest.skip("helm not found: run `make tools` (fetches helm into .tools/)")
+    done = subprocess.run([helm, *args], capture_output=True, text=True, timeout=60)
+    return HelmResult(done.returncode, done.stdout, done.stderr)
+
+
+def values_args(value_set: str) -> list[str]:
+    return [] if value_set == "default" else ["-f", str(VALUES_DIR / f"{value_set}.yaml")]
+
+
+def template(*extra: str) -> HelmResult:
+    return run_helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "--include-crds", *extra)
+
+
+@cache
+def _rendered(value_set: str) -> tuple[dict, ...]:
+    result = template(*values_args(value_set))
+    assert result.returncode == 0, result.stderr
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+def rendered(value_set: str) -> list[dict]:
+    """The manifests `helm template --include-crds` makes for a value set (cached per session)."""
+    return list(_rendered(value_set))
+
+
+def find(docs: list[dict], kind: str, name: str | None = None, namespace: str | None = None) -> list[dict]:
+    return [
+        d for d in docs
+        if d["kind"] == kind
+        and (name is None or d["metadata"]["name"] == name)
+        and (namespace is None or d["metadata"].get("namespace") == namespace)
+    ]
+
+
+def one(docs: list[dict], kind: str, name: str | None = None, namespace: str | None = None) -> dict:
+    found = find(docs, kind, name, namespace)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def operator_deployment(docs: list[dict]) -> dict:
+    return one(docs, "Deployment", f"{RELEASE}-pd-operator", NAMESPACE)
+
+
+def operator_container(docs: list[dict]) -> dict:
+    (container,) = operator_deployment(docs)["spec"]["template"]["spec"]["containers"]
+    return container

@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+import pytest
+from chart_render import VALUE_SETS
+
+
+@pytest.fixture(params=VALUE_SETS)
+def value_set(request) -> str:
+    """Each value set the chart is checked with: the defaults and every tests/chart/values/*.yaml."""
+    return request.param

@@ -1,0 +1,107 @@
+"""The rendered operator Deployment: hardened pod, probes, resources and the exact command line
+each mode passes to `pd-operator run` (the contract with pd_operator.controller.main)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from chart_render import RELEASE, operator_container, operator_deployment, rendered, template
+
+FULLNAME = f"{RELEASE}-pd-operator"
+COMMON = ["--health-port=8080", "--metrics-port=9090"]
+SELF_SIGNED = ["--webhook-port=9443", "--webhook-self-signed", f"--webhook-config-name={FULLNAME}"]
+CERT_DIR = ["--webhook-port=9443", "--webhook-cert-dir=/etc/pd-operator/webhook-tls"]
+
+EXPECTED_ARGS = {
+    "default": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json"],
+    "namespaced": [
+        "run", "--namespace=llm-prod", "--namespace=llm-staging", *COMMON, *SELF_SIGNED, "--log-format=json",
+    ],
+    "cert-manager": ["run", "--all-namespaces", *COMMON, *CERT_DIR, "--log-format=json"],
+    "webhook-off": ["run", "--all-namespaces", *COMMON, "--no-webhook", "--log-format=plain"],
+    "metrics": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json"],
+    "peering": [
+        "run", "--all-namespaces", *COMMON, *CERT_DIR, "--peering=pd-operator-peers", "--log-format=json",
+    ],
+    "peering-namespaced": [
+        "run", "--namespace=llm-prod", *COMMON, "--no-webhook", f"--peering={FULLNAME}", "--log-format=json",
+    ],
+}
+
+
+def test_every_value_set_has_expected_args(value_set):
+    assert value_set in EXPECTED_ARGS, f"add the expected `pd-operator run` flags for {value_set}"
+
+
+@pytest.mark.parametrize("value_set", sorted(EXPECTED_ARGS))
+def test_operator_command_line(value_set):
+    container = operator_container(rendered(value_set))
+    assert container["command"] == ["pd-operator"]
+    assert container["args"] == EXPECTED_ARGS[value_set]
+
+
+def test_pod_runs_hardened(value_set):
+    docs = rendered(value_set)
+    pod = operator_deployment(docs)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod.get("hostNetwork", False) is False and pod.get("hostPID", False) is False
+    assert pod.get("automountServiceAccountToken", True) is True  # it talks to the API server
+    container = operator_container(docs)
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security.get("privileged", False) is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    # A read-only root still needs a writable /tmp.
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+
+
+def test_resources_requested_and_limited(value_set):
+    resources = operator_container(rendered(value_set))["resources"]
+    for kind in ("requests", "limits"):
+        assert set(resources[kind]) >= {"cpu", "memory"}, kind
+
+
+def test_probes_hit_healthz_on_the_health_port(value_set):
+    container = operator_container(rendered(value_set))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["health"] == 8080 and "--health-port=8080" in container["args"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+
+
+def test_container_ports_match_flags(value_set):
+    container = operator_container(rendered(value_set))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--metrics-port={ports['metrics']}" in container["args"]
+    if "--no-webhook" in container["args"]:
+        assert "webhook" not in ports
+    else:
+        assert f"--webhook-port={ports['webhook']}" in container["args"]
+
+
+def test_replicas_and_rollout_strategy():
+    single = operator_deployment(rendered("default"))["spec"]
+    assert single["replicas"] == 1
+    # No peering with one replica: a rolling update would briefly run two operators.
+    assert single["strategy"] == {"type": "Recreate"}
+    several = operator_deployment(rendered("peering"))["spec"]
+    assert several["replicas"] == 2 and "strategy" not in several
+
+
+def test_kopf_identity_comes_from_the_pod_name(value_set):
+    env = {e["name"]: e for e in operator_container(rendered(value_set))["env"]}
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_extra_pod_labels_cannot_break_the_selector():
+    result = template("--set", "podLabels.team=llm", "--set", "podLabels.app\\.kubernetes\\.io/name=other")
+    assert result.returncode == 0, result.stderr
+    deployment = next(d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "llm"
+    for key, value in deployment["spec"]["selector"]["matchLabels"].items():
+        assert labels[key] == value
