@@ -82,3 +82,11 @@ def operator_deployment(docs: list[dict]) -> dict:
 def operator_container(docs: list[dict]) -> dict:
     (container,) = operator_deployment(docs)["spec"]["template"]["spec"]["containers"]
     return container
+
+
+def notes(value_set: str) -> str:
+    """NOTES.txt as `helm install` prints it (a client-side dry run needs no cluster)."""
+    dry_run = ("install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client")
+    result = run_helm(*dry_run, *values_args(value_set))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:\n", 1)[1]
