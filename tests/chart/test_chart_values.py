@@ -91,3 +91,12 @@ def test_chart_app_version_is_the_package_version():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
     assert chart["appVersion"] == pd_operator.__version__
+
+
+def test_an_existing_service_account_must_be_named():
+    result = template("--set", "serviceAccount.create=false")
+    assert result.returncode != 0
+    assert "serviceAccount.name is required when serviceAccount.create is false" in result.stderr
+    named = template("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops")
+    assert named.returncode == 0, named.stderr
+    assert "kind: ServiceAccount" not in named.stdout and "serviceAccountName: ops" in named.stdout
