@@ -99,4 +99,7 @@ def test_an_existing_service_account_must_be_named():
     assert "serviceAccount.name is required when serviceAccount.create is false" in result.stderr
     named = template("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops")
     assert named.returncode == 0, named.stderr
-    assert "kind: ServiceAccount" not in named.stdout and "serviceAccountName: ops" in named.stdout
+    docs = [d for d in yaml.safe_load_all(named.stdout) if d]
+    assert not [d for d in docs if d["kind"] == "ServiceAccount"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
