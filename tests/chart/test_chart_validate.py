@@ -1,14 +1,27 @@
-"""Every rendered manifest is valid: built-in kinds against Kubernetes 1.33's own schemas
-(kubernetes-validate --strict), custom resources against their CRD or a structural schema."""
+"""Every rendered manifest is valid: built-in kinds against Kubernetes' own schemas (kubernetes-validate
+--strict) for 1.33 and the oldest version the chart declares, custom resources against their CRD or a
+structural schema."""
 
 from __future__ import annotations
+
+import re
 
 import jsonschema
 import kubernetes_validate
 import pytest
-from chart_render import rendered
+import yaml
+from chart_render import CHART, rendered
 
-KUBERNETES_VERSION = "1.33"
+
+def _oldest_declared_version() -> str:
+    declared = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    match = re.fullmatch(r">=(\d+\.\d+)\.0-0", declared)
+    assert match, f"Chart.yaml kubeVersion {declared!r} is not of the form >=X.Y.0-0"
+    return match.group(1)
+
+
+TARGET_VERSION = "1.33"
+OLDEST_VERSION = _oldest_declared_version()
 
 # Kinds whose CRDs are not part of the chart: the fields the chart sets, with additionalProperties
 # false so a misspelt field fails (cert-manager.io/v1 and monitoring.coreos.com/v1 API references).
@@ -104,7 +117,7 @@ def _label(doc: dict) -> str:
     return f"{doc['kind']}/{doc['metadata'].get('name')}"
 
 
-def _validate(doc: dict, crds: dict) -> None:
+def _validate(doc: dict, crds: dict, version: str = TARGET_VERSION) -> None:
     key = (doc["apiVersion"], doc["kind"])
     if key in crds:
         scope, schema = crds[key]
@@ -114,16 +127,17 @@ def _validate(doc: dict, crds: dict) -> None:
     elif key in EXTERNAL_KINDS:
         jsonschema.validate(doc, EXTERNAL_KINDS[key])
     else:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_every_manifest_is_valid(value_set):
+@pytest.mark.parametrize("version", [TARGET_VERSION, OLDEST_VERSION])
+def test_every_manifest_is_valid(value_set, version):
     docs = rendered(value_set)
     crds = _crd_kinds(docs)
     failures = []
     for doc in docs:
         try:
-            _validate(doc, crds)
+            _validate(doc, crds, version)
         except (jsonschema.ValidationError, AssertionError) as err:
             failures.append(f"{_label(doc)}: {getattr(err, 'message', err)}")
         except kubernetes_validate.SchemaNotFoundError as err:
