@@ -6,7 +6,7 @@ What this must get right, from the engine's observed behaviour (facts.md section
   remote bounds only against its registered buffers, not against the region a run belongs to: both
   are checked here, for every entry, before anything is submitted;
 - more than MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER (default 1024) entries in flight to one peer fail
-  the batch, so concurrent batches to one peer share that budget;
+  the batch, so the concurrent batches to one peer share that budget;
 - a failed batch is not cancelled (later slices may land) and a read is idempotent, so a failed
   batch is bisected by re-reading its halves to name the run that fails;
 - zero-length entries are rejected by the Ascend engine (E19999, the seed change) and zero-size
@@ -21,10 +21,11 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from pd_operator.kv.plan import TransferPlan
+from pd_operator.kv.plan import RunSet, TransferPlan
 from pd_operator.kv.simulate import RegionKey
 
 Regions = Mapping[RegionKey, tuple[int, int]]
@@ -33,6 +34,12 @@ Regions = Mapping[RegionKey, tuple[int, int]]
 DEFAULT_QUEUE_LIMIT = 1024
 # Failures named per report; past that only counted, so a wholly bad plan still reports quickly.
 MAX_NAMED_FAILURES = 16
+
+
+class Reader(Protocol):
+    """What the executor needs from an engine (transfer.engine.Engine)."""
+
+    def read(self, segment: str, local: list[int], remote: list[int], lengths: list[int]) -> int: ...
 
 
 def queue_limit() -> int:
@@ -61,6 +68,11 @@ class RunRef:
     dst: int
     length: int
 
+    @classmethod
+    def of(cls, rs: RunSet, layer: int, run: int) -> RunRef:
+        return cls(rs.prefill_rank, rs.decode_rank, rs.group, rs.component, layer, run,
+                   int(rs.src[run]), int(rs.dst[run]), int(rs.length[run]))
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -68,7 +80,8 @@ class Failure:
     run: RunRef | None = None
 
     def to_dict(self) -> dict:
-        return {"reason": self.reason, "run": asdict(self.run) if self.run else None}
+        return {"reason": self.reason, "run": asdict(self.run) if self.run else None,
+                "message": str(self)}
 
     def __str__(self) -> str:
         if self.run is None:
@@ -82,7 +95,7 @@ class Failure:
 @dataclass(frozen=True)
 class PullOptions:
     queue_limit: int = field(default_factory=queue_limit)
-    streams_per_peer: int = 2
+    streams_per_peer: int = 1
     """Concurrent batches per peer; they split the peer's queue budget."""
     max_batch: int | None = None
     """Cap on entries per batch (default: the stream's share of the queue budget)."""
@@ -99,6 +112,8 @@ class PullReport:
     bytes: int = 0
     batches: int = 0
     skipped_zero: int = 0
+    started: float = 0.0
+    """time.monotonic() when the first batch was submitted (comparable across processes)."""
     seconds: float = 0.0
     failures: list[Failure] = field(default_factory=list)
     failed_count: int = 0
@@ -106,14 +121,15 @@ class PullReport:
 
     @property
     def ok(self) -> bool:
-        return not self.failures and self.failed_count == 0
+        return self.failed_count == 0
 
     @property
     def gbps(self) -> float:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
-    def fail(self, failure: Failure) -> None:
-        self.failed_count += 1
+    def fail(self, failure: Failure, count: int = 1) -> None:
+        """Record `count` failures, naming this one while fewer than MAX_NAMED_FAILURES are named."""
+        self.failed_count += count
         if len(self.failures) < MAX_NAMED_FAILURES:
             self.failures.append(failure)
 
@@ -126,8 +142,8 @@ class PullReport:
 
 
 @dataclass
-class _Entries:
-    """Flat entries to one peer, with where each came from (index into `refs`, layer, run)."""
+class PeerEntries:
+    """Flat entries to one peer (absolute addresses), with the run set, layer and run of each."""
 
     local: np.ndarray
     remote: np.ndarray
@@ -136,13 +152,18 @@ class _Entries:
     layer: np.ndarray
     run: np.ndarray
 
+    def ref(self, plan: TransferPlan, i: int) -> RunRef:
+        return RunRef.of(plan.runsets[int(self.runset[i])], int(self.layer[i]), int(self.run[i]))
+
 
 def build_entries(plan: TransferPlan, decode_rank: int, local: Regions, peers: Mapping[int, Peer],
-                  report: PullReport) -> dict[int, _Entries]:
-    """Absolute addresses of every non-empty run, bounds-checked; failures go to the report."""
+                  report: PullReport) -> dict[int, PeerEntries]:
+    """Absolute addresses of every non-empty run, bounds-checked on both sides; failures go to the
+    report. Layers of a run set become one flat list per peer, so a batch spans layers."""
     parts: dict[int, list[tuple[np.ndarray, ...]]] = {}
-    mine = [(i, rs) for i, rs in enumerate(plan.runsets) if rs.decode_rank == decode_rank]
-    for index, rs in mine:
+    for index, rs in enumerate(plan.runsets):
+        if rs.decode_rank != decode_rank:
+            continue
         keep = np.flatnonzero(rs.length > 0)
         report.skipped_zero += (len(rs.length) - len(keep)) * len(rs.layers)
         if not len(keep):
@@ -150,40 +171,35 @@ def build_entries(plan: TransferPlan, decode_rank: int, local: Regions, peers: M
         peer = peers.get(rs.prefill_rank)
         for layer in rs.layers:
             key = (rs.group, rs.component, layer)
-            first = _ref(rs, index, layer, int(keep[0]), decode_rank)
+            first = RunRef.of(rs, layer, int(keep[0]))
             if peer is None:
-                report.fail(Failure(f"no peer for prefill rank {rs.prefill_rank}", first))
+                report.fail(Failure(f"no peer for prefill rank {rs.prefill_rank}", first), len(keep))
                 continue
             if key not in local:
-                report.fail(Failure(f"decode rank {decode_rank} has no region {key}", first))
+                report.fail(Failure(f"decode rank {decode_rank} has no region {key}", first), len(keep))
                 continue
             if key not in peer.regions:
-                report.fail(Failure(f"prefill rank {rs.prefill_rank} publishes no region {key}", first))
+                report.fail(Failure(f"prefill rank {rs.prefill_rank} publishes no region {key}", first),
+                            len(keep))
                 continue
             src, dst, length = rs.src[keep], rs.dst[keep], rs.length[keep]
             (l_base, l_size), (r_base, r_size) = local[key], peer.regions[key]
             for what, off, size in (("local", dst, l_size), ("remote", src, r_size)):
                 bad = np.flatnonzero((off < 0) | (off + length > size))
-                for b in bad[:MAX_NAMED_FAILURES]:
-                    report.fail(Failure(f"{what} address out of the {size}-byte region",
-                                        _ref(rs, index, layer, int(keep[b]), decode_rank)))
-                report.failed_count += max(0, len(bad) - MAX_NAMED_FAILURES)
+                if len(bad):  # the first bad run is named, the others counted
+                    report.fail(Failure(f"{what} run out of the {size}-byte region {key}",
+                                        RunRef.of(rs, layer, int(keep[bad[0]]))), len(bad))
             parts.setdefault(rs.prefill_rank, []).append(
                 (l_base + dst, r_base + src, length, np.full(len(keep), index), np.full(len(keep), layer),
                  keep))
-    return {rank: _Entries(*(np.concatenate(col).astype(np.int64) for col in zip(*cols, strict=True)))
+    return {rank: PeerEntries(*(np.concatenate(col).astype(np.int64) for col in zip(*cols, strict=True)))
             for rank, cols in parts.items()}
 
 
-def _ref(rs, index: int, layer: int, run: int, decode_rank: int) -> RunRef:
-    return RunRef(rs.prefill_rank, decode_rank, rs.group, rs.component, layer, run,
-                  int(rs.src[run]), int(rs.dst[run]), int(rs.length[run]))
-
-
-def pull(engine, plan: TransferPlan, decode_rank: int, local: Regions, peers: Mapping[int, Peer],
+def pull(engine: Reader, plan: TransferPlan, decode_rank: int, local: Regions, peers: Mapping[int, Peer],
          options: PullOptions | None = None) -> PullReport:
-    """Pull decode_rank's runs of the plan. engine: anything with `read(segment, local, remote,
-    lengths) -> rc` (transfer.engine.Engine). Nothing is submitted if any entry fails its checks."""
+    """Pull decode_rank's runs of the plan. Nothing is submitted if any entry fails its checks; after
+    a failed batch no further batch is started."""
     options = options or PullOptions()
     report = PullReport(decode_rank)
     entries = build_entries(plan, decode_rank, local, peers, report)
@@ -191,7 +207,7 @@ def pull(engine, plan: TransferPlan, decode_rank: int, local: Regions, peers: Ma
         report.not_submitted = sum(len(e.length) for e in entries.values())
         return report
     batch = options.batch_size()
-    streams: list[tuple[int, _Entries, np.ndarray]] = []
+    streams: list[tuple[int, PeerEntries, np.ndarray]] = []
     for rank, e in entries.items():
         # Each stream takes a contiguous share, so a peer never has more than queue_limit in flight.
         for share in np.array_split(np.arange(len(e.length)), max(1, options.streams_per_peer)):
@@ -200,57 +216,62 @@ def pull(engine, plan: TransferPlan, decode_rank: int, local: Regions, peers: Ma
     stop = threading.Event()
     lock = threading.Lock()
 
-    def run_stream(rank: int, e: _Entries, share: np.ndarray) -> None:
+    def run_stream(rank: int, e: PeerEntries, share: np.ndarray) -> None:
         segment = peers[rank].segment
         for start in range(0, len(share), batch):
-            idx = share[start: start + batch]
             if stop.is_set():
                 with lock:
                     report.not_submitted += len(share) - start
                 return
-            local_a, remote_a, length_a = e.local[idx].tolist(), e.remote[idx].tolist(), e.length[idx].tolist()
-            rc = engine.read(segment, local_a, remote_a, length_a)
+            idx = share[start: start + batch]
+            local_a, remote_a = e.local[idx].tolist(), e.remote[idx].tolist()
+            length_a = e.length[idx].tolist()
+            rc = _read(engine, segment, local_a, remote_a, length_a)
             with lock:
                 report.batches += 1
-            if rc == 0:
-                with lock:
+                if rc == 0:
                     report.entries += len(idx)
                     report.bytes += int(e.length[idx].sum())
-                continue
+                    continue
             stop.set()
             at = _locate(engine, segment, local_a, remote_a, length_a)
-            ref = _ref(plan.runsets[int(e.runset[idx[at if at is not None else 0]])],
-                       int(e.runset[idx[at if at is not None else 0]]),
-                       int(e.layer[idx[at if at is not None else 0]]),
-                       int(e.run[idx[at if at is not None else 0]]), decode_rank)
             reason = (f"batch_transfer_sync_read returned {rc} for a {len(idx)}-entry batch from "
-                      f"{segment}" + ("" if at is not None else "; no single run reproduced it"))
+                      f"segment {segment}" + ("" if at is not None else "; no single run reproduced it"))
             with lock:
-                report.fail(Failure(reason, ref))
+                # The whole batch is failed: a failed batch may have landed partly.
+                report.fail(Failure(reason, e.ref(plan, int(idx[at or 0]))), len(idx))
                 report.not_submitted += len(share) - start - len(idx)
+            return
 
-    began = time.perf_counter()
+    report.started = time.monotonic()
     if len(streams) == 1:
         run_stream(*streams[0])
     elif streams:
         with ThreadPoolExecutor(len(streams)) as pool:
             for fut in [pool.submit(run_stream, *s) for s in streams]:
                 fut.result()
-    report.seconds = time.perf_counter() - began
+    report.seconds = time.monotonic() - report.started
     return report
 
 
-def _locate(engine, segment: str, local: list[int], remote: list[int], lengths: list[int],
+def _read(engine: Reader, segment: str, local: list[int], remote: list[int], lengths: list[int]) -> int:
+    try:
+        return engine.read(segment, local, remote, lengths)
+    except Exception:  # a binding error must fail the batch, never escape as success or a hang
+        return -1
+
+
+def _locate(engine: Reader, segment: str, local: list[int], remote: list[int], lengths: list[int],
             max_steps: int = 24) -> int | None:
     """Index of one failing entry of a failed batch, by re-reading halves (reads are idempotent)."""
     lo, hi = 0, len(lengths)
     for _ in range(max_steps):
         if hi - lo == 1:
-            return lo if engine.read(segment, local[lo:hi], remote[lo:hi], lengths[lo:hi]) != 0 else None
+            return lo if _read(engine, segment, local[lo:hi], remote[lo:hi], lengths[lo:hi]) != 0 else None
         mid = (lo + hi) // 2
-        if engine.read(segment, local[lo:mid], remote[lo:mid], lengths[lo:mid]) != 0:
+        if _read(engine, segment, local[lo:mid], remote[lo:mid], lengths[lo:mid]) != 0:
             hi = mid
-        elif engine.read(segment, local[mid:hi], remote[mid:hi], lengths[mid:hi]) != 0:
+        elif _read(engine, segment, local[mid:hi], remote[mid:hi], lengths[mid:hi]) != 0:
             lo = mid
         else:
             return None

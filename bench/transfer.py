@@ -1,0 +1,124 @@
+"""Move one GLM-5.3-Flash request (32k-token prompt) from a TP8 prefill to a TP4 decode engine over
+loopback through the real Mooncake engine (tcp), one process per rank, and compare:
+
+- merged: the plan's runs (cut at both sides' block boundaries, merged where contiguous), batched
+  across layers within the per-peer queue budget, several concurrent batches per peer;
+- naive: the per-gcd-segment plan the seed connector starts from (no merging);
+- ceiling: every decode rank reads the same byte count as one contiguous transfer.
+
+Each figure is the median of REPEATS pulls; throughput is bytes of the whole request over the time
+from the first rank's start to the last rank's end. Prints one `name: value` line per figure.
+Usage: bench/transfer.py [--prompt-tokens N] [--lanes N] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+
+from pd_operator.kv import presets
+from pd_operator.kv.blocksize import SideLayout, side_layout
+from pd_operator.kv.plan import TransferPlan, plan_transfer
+from pd_operator.kv.side import Side
+from pd_operator.transfer.engine import P2P
+from pd_operator.transfer.executor import PullOptions
+from pd_operator.transfer.loopback import Pairing, arena_bytes, requests, span
+from pd_operator.transfer.ranks import RankWorker, start_workers
+
+STREAMS = (1, 2, 4)
+
+
+def gbps(reports: list[dict]) -> float:
+    nbytes, seconds = span(reports)
+    return nbytes / seconds / 1e9
+
+
+def median_gbps(run: Callable[[], list[dict]], repeats: int) -> float:
+    return statistics.median(gbps(run()) for _ in range(repeats))
+
+
+def pull_plan(pairing: Pairing, plan: TransferPlan, options: PullOptions) -> Callable[[], list[dict]]:
+    def run() -> list[dict]:
+        (reports,) = pairing.pull([plan], options)
+        failed = [f["message"] for r in reports for f in r["failures"]]
+        if failed or not all(r["ok"] for r in reports):
+            sys.exit(f"pull failed: {failed[:3]}")
+        return reports
+    return run
+
+
+def touch(pairing: Pairing, plan: TransferPlan) -> None:
+    for w in pairing.prefill:
+        w.send("touch_plan", plan, False, 0x5A)
+    for w in pairing.decode[0]:
+        w.send("touch_plan", plan, True, 0)
+    for w in (*pairing.prefill, *pairing.decode[0]):
+        w.result()
+
+
+def ceiling(pairing: Pairing, plan: TransferPlan) -> Callable[[], list[dict]]:
+    """Decode rank r reads its share of the plan's bytes as one run from prefill rank r."""
+    shares = {row["rank"]: row["bytes"] for row in plan.per_decode_rank()}
+    for rank, w in enumerate(pairing.decode[0]):
+        w.send("touch_span", shares[rank], 0)
+        pairing.prefill[rank].send("touch_span", shares[rank], 0x5A)
+    for rank, w in enumerate(pairing.decode[0]):
+        w.result()
+        pairing.prefill[rank].result()
+
+    def run() -> list[dict]:
+        for rank, w in enumerate(pairing.decode[0]):
+            w.send("read_span", pairing.prefill[rank].segment, pairing.prefill[rank].base, shares[rank])
+        reports = [w.result() for w in pairing.decode[0]]
+        if any(r["rc"] != 0 for r in reports):
+            sys.exit(f"contiguous read failed: {[r['rc'] for r in reports]}")
+        return reports
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt-tokens", type=int, default=32768)
+    parser.add_argument("--lanes", type=int, default=8, help="MC_TCP_LANES_PER_PEER of every rank")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    model = presets.get("glm-5.3-flash")
+    p: SideLayout = side_layout(Side("prefill", model, 8))
+    d: SideLayout = side_layout(Side("decode", model, 4))
+    (req,) = requests(p, d, args.prompt_tokens, 1)
+    merged = req.plan
+    naive = plan_transfer(p, d, args.prompt_tokens, prefill_blocks=req.prefill.blocks,
+                          decode_blocks=req.decode.blocks, prefill_slot=req.prefill.slot,
+                          decode_slot=req.decode.slot, merge=False)
+    env = {"MC_TCP_LANES_PER_PEER": str(args.lanes)}
+    workers: list[RankWorker] = start_workers(12, P2P, arena_bytes(p, d, args.prompt_tokens, 1), env)
+    try:
+        pairing = Pairing.place(workers, p, d, args.prompt_tokens)
+        touch(pairing, merged)
+        top = median_gbps(ceiling(pairing, merged), args.repeats)
+        by_streams = {s: median_gbps(pull_plan(pairing, merged, PullOptions(streams_per_peer=s)),
+                                     args.repeats) for s in STREAMS}
+        best = max(by_streams, key=lambda s: by_streams[s])
+        naive_gbps = median_gbps(pull_plan(pairing, naive, PullOptions(streams_per_peer=best)), args.repeats)
+    finally:
+        for w in workers:
+            w.close()
+
+    print(f"request_bytes: {merged.bytes}")
+    print(f"merged_entries: {merged.entries}")
+    print(f"naive_entries: {naive.entries}")
+    print(f"lanes_per_peer: {args.lanes}")
+    for s, value in by_streams.items():
+        print(f"merged_gbps_streams_{s}: {value:.3f}")
+    print(f"merged_gbps: {by_streams[best]:.3f}")
+    print(f"naive_gbps: {naive_gbps:.3f}")
+    print(f"ceiling_gbps: {top:.3f}")
+    print(f"merged_vs_ceiling: {by_streams[best] / top:.3f}")
+    print(f"merged_vs_naive: {by_streams[best] / naive_gbps:.3f}")
+
+
+if __name__ == "__main__":
+    main()
