@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from chart_render import CHART, VALUE_SETS, run_helm, template, values_args
+from chart_render import CHART, NAMESPACE, RELEASE, VALUE_SETS, run_helm, template, values_args
 
 import pd_operator
 
@@ -103,3 +103,14 @@ def test_an_existing_service_account_must_be_named():
     assert not [d for d in docs if d["kind"] == "ServiceAccount"]
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+
+
+def test_the_packaged_chart_renders_like_the_source(tmp_path):
+    # .Files.Get and crds/ must survive `helm package` (.helmignore must not drop them).
+    packaged = run_helm("package", str(CHART), "-d", str(tmp_path))
+    assert packaged.returncode == 0, packaged.stderr
+    (archive,) = tmp_path.glob("pd-operator-*.tgz")
+    from_archive = run_helm("template", RELEASE, str(archive), "-n", NAMESPACE, "--include-crds")
+    from_source = template()
+    assert from_archive.returncode == 0, from_archive.stderr
+    assert from_archive.stdout == from_source.stdout
