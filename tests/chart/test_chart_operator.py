@@ -3,9 +3,11 @@ each mode passes to `pd-operator run` (the contract with pd_operator.controller.
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 import yaml
-from chart_render import RELEASE, operator_container, operator_deployment, rendered, template
+from chart_render import RELEASE, REPO, operator_container, operator_deployment, rendered, template
 
 FULLNAME = f"{RELEASE}-pd-operator"
 COMMON = ["--health-port=8080", "--metrics-port=9090"]
@@ -38,6 +40,11 @@ def test_operator_command_line(value_set):
     container = operator_container(rendered(value_set))
     assert container["command"] == ["pd-operator"]
     assert container["args"] == EXPECTED_ARGS[value_set]
+
+
+def test_command_is_the_packages_console_script():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["pd-operator"].startswith("pd_operator.controller.main:")
 
 
 def test_pod_runs_hardened(value_set):
