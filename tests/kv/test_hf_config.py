@@ -40,6 +40,52 @@ def test_config_gives_the_preset_description(folder, preset):
         assert layout_digest(from_config, tp) == layout_digest(expected, tp)
 
 
+def test_glm5_next_config_gives_the_glm_preset():
+    """GLM-5.3-Flash shapes of facts.md in transformers' Glm5NextTextConfig key names."""
+    model = model_from_hf_config(config("glm-5.3-flash"), "glm")
+    assert model.groups == presets.get("glm-5.3-flash").groups
+
+
+def test_glm5_next_reads_linear_attn_config_and_sparse_layer_types():
+    cfg = config("glm-5.3-flash")
+    for key in ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim"):
+        del cfg[key]
+    cfg["linear_attn_config"] = {"num_heads": 32, "head_dim": 64, "short_conv_kernel_size": 4}
+    cfg["layer_types"] = ["linear_attention", "deepseek_sparse_attention"] * 24
+    model = model_from_hf_config(cfg, "glm")
+    assert (model.group("mla").num_layers, model.group("kda").num_layers) == (24, 24)
+    assert model.group("kda").tensors[0].head_groups == [32]
+    assert model.group("kda").tensors[0].head_shape == [64, 64]
+
+
+def test_glm5_next_defaults_follow_transformers():
+    """Without the optional keys: index_kpool 16, 64 KDA heads of 128, one MLA layer in four."""
+    cfg = {key: value for key, value in config("glm-5.3-flash").items()
+           if not key.startswith(("linear_", "index_"))}
+    model = model_from_hf_config(cfg, "glm")
+    assert model.group("indexer").compress_ratio == 16
+    assert (model.group("mla").num_layers, model.group("kda").num_layers) == (12, 36)
+    assert model.group("kda").tensors[0].head_groups == [64]
+
+
+def test_kimi_linear_config_gives_mla_and_kda():
+    model = model_from_hf_config(config("kimi-linear-48b-a3b-instruct"), "kimi")
+    mla, kda = model.groups
+    assert (mla.kind, mla.num_layers, mla.kv_lora_rank, mla.qk_rope_head_dim) == ("mla", 7, 512, 64)
+    assert (kda.kind, kda.num_layers) == ("state", 20)
+    recurrent, conv = kda.tensors
+    assert (recurrent.dtype, recurrent.head_groups, recurrent.head_shape) == ("float32", [32], [128, 128])
+    assert (conv.head_groups, conv.head_shape, conv.conv_kernel) == ([32, 32, 32], [128], 4)
+
+
+def test_glm_shapes_in_kimi_linear_form_give_the_glm_block_sizes():
+    model = model_from_hf_config(config("glm-5.3-flash-as-kimi-linear"), "glm-as-kimi")
+    glm = presets.get("glm-5.3-flash")
+    for tp in (1, 2, 4, 8):
+        assert (side_layout(Side("prefill", model, tp)).engine_block_size
+                == side_layout(Side("prefill", glm, tp)).engine_block_size)
+
+
 def test_deepseek_v3_is_the_v32_preset_without_the_indexer():
     v3 = model_from_hf_config(config("deepseek-v3"), "deepseek-v3")
     assert v3.groups == [presets.get("deepseek-v3.2").group("mla")]
@@ -73,6 +119,14 @@ BROKEN = [
     ("qwen3-next-80b-a3b-instruct", "linear_value_head_dim", 64, "linear_value_head_dim differ"),
     ("qwen3-next-80b-a3b-instruct", "architectures", ["GPT2LMHeadModel"], "GPT2LMHeadModel has no KV"),
     ("qwen3-next-80b-a3b-instruct", "architectures", "Qwen3NextForCausalLM", "'architectures' list"),
+    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", None, "'linear_attn_config' must be an object"),
+    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", {"kda_layers": [1]},
+     "'linear_attn_config.num_heads'"),
+    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", {"num_heads": 32, "head_dim": 128},
+     "'linear_attn_config.kda_layers' must list layer numbers"),
+    ("glm-5.3-flash", "index_kpool", 0, "'index_kpool' must be at least 1"),
+    ("glm-5.3-flash", "layer_types", ["linear_attention", "sliding_attention"] * 24,
+     "'layer_types' holds sliding_attention"),
 ]
 
 

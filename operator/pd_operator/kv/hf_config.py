@@ -1,7 +1,8 @@
 """KV descriptions from a Hugging Face `config.json`, for the architectures whose caches we know.
 
 Field names and defaults follow the transformers configuration classes of each architecture
-(DeepseekV3Config, the DeepSeek-V3.2 config's `index_*` keys, Qwen3NextConfig, LlamaConfig).
+(DeepseekV3Config, the DeepSeek-V3.2 config's `index_*` keys, Qwen3NextConfig, LlamaConfig,
+Glm5NextTextConfig, KimiLinearConfig).
 """
 
 from __future__ import annotations
@@ -21,20 +22,24 @@ LLAMA_STYLE = frozenset({
 DEEPSEEK_MLA = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 DEEPSEEK_SPARSE = frozenset({"DeepseekV32ForCausalLM"})
 QWEN3_NEXT = frozenset({"Qwen3NextForCausalLM"})
+GLM5_NEXT = frozenset({"Glm5NextForCausalLM"})
+KIMI_LINEAR = frozenset({"KimiLinearForCausalLM"})
 
 
 class ConfigError(ValueError):
     """The config cannot be turned into a KV description; the message names the key."""
 
 
-def _int(cfg: dict, key: str, default: int | None = None, minimum: int = 1) -> int:
+def _int(cfg: dict, key: str, default: int | None = None, minimum: int = 1, where: str = "") -> int:
+    """`cfg[key]` as an integer >= minimum; `where` prefixes the key in messages (a nested object)."""
     value = cfg.get(key, default)
+    name = repr(where + key)
     if value is None:
-        raise ConfigError(f"config.json has no {key!r}, which this architecture needs")
+        raise ConfigError(f"config.json has no {name}, which this architecture needs")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"config.json {key!r} must be an integer, not {value!r}")
+        raise ConfigError(f"config.json {name} must be an integer, not {value!r}")
     if value < minimum:
-        raise ConfigError(f"config.json {key!r} must be at least {minimum}, not {value}")
+        raise ConfigError(f"config.json {name} must be at least {minimum}, not {value}")
     return value
 
 
@@ -63,8 +68,8 @@ def _llama(cfg: dict) -> list[dict]:
              "numKvHeads": _int(cfg, "num_key_value_heads", heads), "headSize": _head_dim(cfg)}]
 
 
-def _mla(cfg: dict) -> list[dict]:
-    return [{"kind": "mla", "name": "mla", "numLayers": _int(cfg, "num_hidden_layers"),
+def _mla(cfg: dict, layers: int | None = None) -> list[dict]:
+    return [{"kind": "mla", "name": "mla", "numLayers": layers or _int(cfg, "num_hidden_layers"),
              "kvLoraRank": _int(cfg, "kv_lora_rank"),
              "qkRopeHeadDim": _int(cfg, "qk_rope_head_dim", 0, minimum=0)}]
 
@@ -77,20 +82,27 @@ def _deepseek_sparse(cfg: dict) -> list[dict]:
                          "quantBlockSize": 128}]
 
 
-def _qwen3_next(cfg: dict) -> list[dict]:
+def _split_layers(cfg: dict, attention_types: frozenset[str]) -> tuple[int, int]:
+    """(attention layers, linear-attention layers): from `layer_types`, else the last layer of every
+    `full_attention_interval` (default 4) is full attention, as the transformers configs default."""
     layers = _int(cfg, "num_hidden_layers")
     types = cfg.get("layer_types")
     if types is None:
-        interval = _int(cfg, "full_attention_interval", 4)
-        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+        full = layers // _int(cfg, "full_attention_interval", 4)
+        return full, layers - full
     if not isinstance(types, list) or len(types) != layers:
         raise ConfigError("config.json 'layer_types' must list one type per hidden layer")
-    unknown = sorted({str(t) for t in types} - {"full_attention", "linear_attention"})
+    known = attention_types | {"linear_attention"}
+    unknown = sorted({str(t) for t in types} - known)
     if unknown:
         raise ConfigError(f"config.json 'layer_types' holds {', '.join(unknown)}; expected "
-                          "full_attention or linear_attention")
-    full = sum(1 for t in types if t == "full_attention")
-    linear = layers - full
+                          f"{' or '.join(sorted(known))}")
+    full = sum(1 for t in types if t in attention_types)
+    return full, layers - full
+
+
+def _qwen3_next(cfg: dict) -> list[dict]:
+    full, linear = _split_layers(cfg, frozenset({"full_attention"}))
     key_heads, value_heads = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
     key_dim, value_dim = _int(cfg, "linear_key_head_dim"), _int(cfg, "linear_value_head_dim")
     groups: list[dict] = []
@@ -114,15 +126,76 @@ def _qwen3_next(cfg: dict) -> list[dict]:
     return groups
 
 
+def _kda_state(cfg: dict, layers: int, heads: int, head_dim: int, conv_kernel: int) -> dict:
+    # Kimi Delta Attention (vllm: MambaStateShapeCalculator.kda_state_shape and kda_state_dtype):
+    # recurrent state heads x head_dim x head_dim in fp32, conv over q, k and v channels in the model
+    # dtype. The recurrent state comes first, as in the glm-5.3-flash preset.
+    return {"kind": "state", "name": "kda", "numLayers": layers, "tensors": [
+        {"name": "recurrent", "dtype": "float32", "headGroups": [heads], "headShape": [head_dim, head_dim]},
+        {"name": "conv", "dtype": _dtype(cfg), "headGroups": [heads] * 3, "headShape": [head_dim],
+         "convKernel": conv_kernel},
+    ]}
+
+
+def _linear_attn_config(cfg: dict) -> dict:
+    sub = cfg.get("linear_attn_config")
+    if not isinstance(sub, dict):
+        raise ConfigError("config.json 'linear_attn_config' must be an object with num_heads, head_dim "
+                          "and short_conv_kernel_size")
+    return sub
+
+
+def _kda_dims(sub: dict) -> tuple[int, int, int]:
+    where = "linear_attn_config."
+    return (_int(sub, "num_heads", where=where), _int(sub, "head_dim", where=where),
+            _int(sub, "short_conv_kernel_size", 4, where=where))
+
+
+def _glm5_next(cfg: dict) -> list[dict]:
+    """GLM-5-Next (GLM-5.3-Flash): NoPE MLA with a compressed indexer on the attention layers, KDA on the
+    rest. Key names and defaults of transformers' Glm5NextTextConfig."""
+    mla_layers, kda_layers = _split_layers(
+        cfg, frozenset({"indexed_attention", "full_attention", "deepseek_sparse_attention"}))
+    if "linear_attn_config" in cfg:
+        heads, head_dim, kernel = _kda_dims(_linear_attn_config(cfg))
+    else:
+        heads, head_dim = _int(cfg, "linear_num_heads", 64), _int(cfg, "linear_head_dim", 128)
+        kernel = _int(cfg, "linear_conv_kernel_dim", 4)
+    groups: list[dict] = []
+    if mla_layers:
+        groups += [*_mla(cfg, mla_layers),
+                   {"kind": "indexer", "name": "indexer", "numLayers": mla_layers,
+                    "headDim": _int(cfg, "index_head_dim", 128),
+                    "compressRatio": _int(cfg, "index_kpool", 16)}]
+    if kda_layers:
+        groups.append(_kda_state(cfg, kda_layers, heads, head_dim, kernel))
+    return groups
+
+
+def _kimi_linear(cfg: dict) -> list[dict]:
+    """Kimi Linear: MLA layers and KDA layers, listed 1-based in linear_attn_config.kda_layers."""
+    layers = _int(cfg, "num_hidden_layers")
+    sub = _linear_attn_config(cfg)
+    listed = sub.get("kda_layers")
+    if not isinstance(listed, list) or not all(type(i) is int for i in listed):
+        raise ConfigError("config.json 'linear_attn_config.kda_layers' must list layer numbers (1-based)")
+    kda_layers = sum(1 for i in range(layers) if i + 1 in set(listed))
+    groups = _mla(cfg, layers - kda_layers) if kda_layers < layers else []
+    if kda_layers:
+        groups.append(_kda_state(cfg, kda_layers, *_kda_dims(sub)))
+    return groups
+
+
 def _builder(architecture: str) -> Callable[[dict], list[dict]] | None:
     for names, build in ((LLAMA_STYLE, _llama), (DEEPSEEK_MLA, _mla), (DEEPSEEK_SPARSE, _deepseek_sparse),
-                         (QWEN3_NEXT, _qwen3_next)):
+                         (QWEN3_NEXT, _qwen3_next), (GLM5_NEXT, _glm5_next), (KIMI_LINEAR, _kimi_linear)):
         if architecture in names:
             return build
     return None
 
 
-SUPPORTED_ARCHITECTURES = tuple(sorted(LLAMA_STYLE | DEEPSEEK_MLA | DEEPSEEK_SPARSE | QWEN3_NEXT))
+SUPPORTED_ARCHITECTURES = tuple(sorted(LLAMA_STYLE | DEEPSEEK_MLA | DEEPSEEK_SPARSE | QWEN3_NEXT | GLM5_NEXT
+                                       | KIMI_LINEAR))
 
 
 def model_from_hf_config(config: Any, name: str) -> ModelKV:
