@@ -93,6 +93,14 @@ def test_chart_app_version_is_the_package_version():
     assert chart["appVersion"] == pd_operator.__version__
 
 
+def test_operator_ports_must_differ():
+    result = template("--set", "metrics.port=8080")
+    assert result.returncode != 0
+    assert "health.port, metrics.port and webhook.port must differ (got [8080 8080 9443])" in result.stderr
+    # The webhook port is free to reuse when there is no webhook listener.
+    assert template("--set", "webhook.enabled=false", "--set", "webhook.port=8080").returncode == 0
+
+
 def test_an_existing_service_account_must_be_named():
     result = template("--set", "serviceAccount.create=false")
     assert result.returncode != 0
