@@ -3,11 +3,12 @@ pd_operator.rbac.RULES (plus kopf's framework rules) in the right scope for each
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
-from chart_render import CHART, REPO, find, one, rendered
+from chart_render import CHART, REPO, find, one, rendered, run_helm
 
 from pd_operator.rbac import RULES
 from pd_operator.tools import chart_sync
@@ -140,3 +141,17 @@ def test_rules_split_by_scope(rule, namespaced, cluster):
     assert [r for x in split["clusterScoped"] for r in x["resources"]] == cluster
     for part in split["namespaced"] + split["clusterScoped"]:
         assert part["verbs"] == rule["verbs"] and part["apiGroups"] == rule["apiGroups"]
+
+
+def test_cluster_scoped_rules_stay_in_the_cluster_role_in_namespaced_mode(tmp_path):
+    # A rule a Role cannot grant (nodes) must still reach the operator when RULES gains one.
+    chart = tmp_path / "pd-operator"
+    shutil.copytree(CHART, chart)
+    rules = [*RULES, {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    (chart / "files" / "rbac-rules.yaml").write_text(chart_sync.rules_document(rules))
+    result = run_helm("template", "pdo", str(chart), "--set", "watchNamespaces={llm-prod}")
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    nodes = {("", "nodes", "get"), ("", "nodes", "list")}
+    assert nodes <= _triples(one(docs, "ClusterRole")["rules"])
+    assert _triples(one(docs, "Role")["rules"]) == OPERATOR
