@@ -10,6 +10,7 @@ from __future__ import annotations
 from math import ceil
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +33,8 @@ def few_layers(model: ModelKV, layers: int = 2) -> ModelKV:
     return model.model_copy(update={"groups": groups})
 
 
-PRESETS = [few_layers(presets.get(name)) for name in presets.names()]
+PRESETS = {name: few_layers(presets.get(name)) for name in presets.names()}
+SOURCES = [*PRESETS, "generated"]
 
 
 @st.composite
@@ -60,12 +62,16 @@ def generated_models(draw) -> ModelKV:
     return ModelKV.model_validate({"name": "generated", "groups": groups})
 
 
-MODELS = st.one_of(st.sampled_from(PRESETS), generated_models())
+def models(source: str | None = None) -> st.SearchStrategy[ModelKV]:
+    """One preset, generated descriptions, or (None) any of them."""
+    if source is None:
+        return st.one_of(st.sampled_from(list(PRESETS.values())), generated_models())
+    return generated_models() if source == "generated" else st.just(PRESETS[source])
 
 
 @st.composite
-def pairings(draw) -> tuple[Side, Side, int]:
-    model = draw(MODELS)
+def pairings(draw, source: str | None = None) -> tuple[Side, Side, int]:
+    model = draw(models(source))
     kernel = draw(st.sampled_from([16, 64, 128]))
     spec = draw(st.sampled_from([0, 0, 1]))
 
@@ -118,12 +124,19 @@ def loop_merged_count(plan: TransferPlan) -> int:
     return total
 
 
-@PROPERTY
-@given(pairings(), BLOCK_TABLES)
-def test_plan_copies_exactly_the_prompt(pairing, tables):
-    prefill, decode, prompt = pairing
-    exact, problem = run_reference(make_plan(prefill, decode, prompt, tables))
-    assert exact, problem
+PER_SOURCE = settings(PROPERTY, max_examples=15)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_plan_copies_exactly_the_prompt(source):
+    @PER_SOURCE
+    @given(pairings(source), BLOCK_TABLES)
+    def check(pairing, tables):
+        prefill, decode, prompt = pairing
+        exact, problem = run_reference(make_plan(prefill, decode, prompt, tables))
+        assert exact, problem
+
+    check()
 
 
 @PROPERTY
@@ -154,14 +167,18 @@ def test_every_run_is_non_empty_and_within_bounds_on_both_sides(pairing, tables)
             assert (rs.dst + rs.length <= d_sizes[rs.decode_rank, key]).all()
 
 
-@PROPERTY
-@given(pairings(), BLOCK_TABLES)
-def test_merged_plan_has_the_minimum_number_of_runs(pairing, tables):
-    prefill, decode, prompt = pairing
-    merged = make_plan(prefill, decode, prompt, tables)
-    naive = make_plan(prefill, decode, prompt, tables, merge=False)
-    assert merged.bytes == naive.bytes
-    assert merged.entries == loop_merged_count(naive) <= naive.entries
+@pytest.mark.parametrize("source", SOURCES)
+def test_merged_plan_has_the_minimum_number_of_runs(source):
+    @PER_SOURCE
+    @given(pairings(source), BLOCK_TABLES)
+    def check(pairing, tables):
+        prefill, decode, prompt = pairing
+        merged = make_plan(prefill, decode, prompt, tables)
+        naive = make_plan(prefill, decode, prompt, tables, merge=False)
+        assert merged.bytes == naive.bytes
+        assert merged.entries == loop_merged_count(naive) <= naive.entries
+
+    check()
 
 
 @PROPERTY
