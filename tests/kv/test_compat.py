@@ -124,6 +124,12 @@ def test_segment_split_comes_with_the_side_rule_that_causes_it():
     assert (report.prefill_layout.engine_block_size, report.decode_layout.engine_block_size) == (640, 650)
 
 
+def test_dtype_spellings_of_the_same_type_match():
+    report = check_pair(prefill(GLM.model_copy(update={"dtype": "bf16"})), decode())
+    assert not [f for f in report.findings if f.code == "DTypeMismatch"]
+    assert report.compatible
+
+
 def test_small_runs_warning_gives_the_mean_run_size():
     report = check_pair(prefill(), decode(), prompt_tokens=8192)
     finding = only(report.findings, "SmallTransferRuns")

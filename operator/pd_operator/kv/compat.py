@@ -12,6 +12,7 @@ from math import gcd
 
 from pd_operator.findings import Finding, is_compatible
 from pd_operator.kv.blocksize import SideLayout, side_layout
+from pd_operator.kv.dtypes import canonical_dtype
 from pd_operator.kv.model import IndexerGroup
 from pd_operator.kv.pages import LayoutError, StateGroupLayout
 from pd_operator.kv.plan import PlanError, TransferPlan, plan_transfer
@@ -92,7 +93,7 @@ def _identity(prefill: Side, decode: Side) -> list[Finding]:
         out.append(Finding("ModelMismatch", "error", decode.field("model"), "",
                            f"Prefill and decode both name {prefill.model.name} but describe its KV cache "
                            "groups differently; give both roles the same model description."))
-    if prefill.model.dtype != decode.model.dtype:
+    if canonical_dtype(prefill.model.dtype) != canonical_dtype(decode.model.dtype):
         out.append(Finding("DTypeMismatch", "error", decode.field("dtype"), "",
                            f"Prefill runs in {prefill.model.dtype} but decode in {decode.model.dtype}; "
                            "use the same dtype on both roles."))
