@@ -11,7 +11,9 @@ only learns from a running engine:
   block (or the case's kernel) stands in; `get_supported_kernel_block_sizes` is all the function asks;
 - the speculative config: only `num_speculative_tokens` is read by the state-shape code, so a plain
   object carries it (a real SpeculativeConfig needs a draft model).
-Prefix caching is off, so `mamba_cache_mode` is `none`, the mode the operator models.
+Prefix caching is off, so `mamba_cache_mode` is `none`, the mode the operator models. With no model layers
+instantiated, vLLM's final rounding to every attention layer's kernel block (an lcm over the layers) is a
+no-op, so the cases request only block sizes that are multiples of the kernel block.
 """
 
 from __future__ import annotations
