@@ -34,6 +34,7 @@ QWEN, KIMI, GLM_AS_KIMI = ("qwen3-next-80b-a3b-instruct", "kimi-linear-48b-a3b-i
 
 
 def case(folder: str, tp: int, kernel: int = 128, block_size: int | None = None, spec: int = 0) -> dict:
+    assert block_size is None or block_size % kernel == 0, "see vllm_align_probe.py: no layer rounding"
     return {"folder": str(CONFIGS / folder), "tp": tp, "kernel": kernel, "blockSize": block_size,
             "specTokens": spec}
 
