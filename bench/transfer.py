@@ -3,11 +3,12 @@ loopback through the real Mooncake engine (tcp), one process per rank, and compa
 
 - merged: the plan's runs (cut at both sides' block boundaries, merged where contiguous), batched
   across layers within the per-peer queue budget, several concurrent batches per peer;
-- naive: the per-gcd-segment plan the seed connector starts from (no merging);
+- naive: the per-gcd-segment plan the seed connector starts from (no merging), one stream per peer;
 - ceiling: every decode rank reads the same byte count as one contiguous transfer.
 
-Each figure is the median of REPEATS pulls; throughput is bytes of the whole request over the time
-from the first rank's start to the last rank's end. Prints one `name: value` line per figure.
+Each figure is the median of --repeats pulls, taken in turns; throughput is bytes of the whole
+request over the time from the first rank's start to the last rank's end. Prints one
+`name: value` line per figure.
 Usage: bench/transfer.py [--prompt-tokens N] [--lanes N] [--repeats N]
 """
 
@@ -35,8 +36,13 @@ def gbps(reports: list[dict]) -> float:
     return nbytes / seconds / 1e9
 
 
-def median_gbps(run: Callable[[], list[dict]], repeats: int) -> float:
-    return statistics.median(gbps(run()) for _ in range(repeats))
+def round_robin(runs: dict[str, Callable[[], list[dict]]], repeats: int) -> dict[str, float]:
+    """Median GB/s of each run, taking turns so that load from elsewhere hits all of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            samples[name].append(gbps(run()))
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def pull_plan(pairing: Pairing, plan: TransferPlan, options: PullOptions) -> Callable[[], list[dict]]:
@@ -98,15 +104,15 @@ def main() -> None:
     try:
         pairing = Pairing.place(workers, p, d, args.prompt_tokens)
         touch(pairing, merged)
-        top = median_gbps(ceiling(pairing, merged), args.repeats)
-        by_streams = {s: median_gbps(pull_plan(pairing, merged, PullOptions(streams_per_peer=s)),
-                                     args.repeats) for s in STREAMS}
-        best = max(by_streams, key=lambda s: by_streams[s])
-        naive_gbps = median_gbps(pull_plan(pairing, naive, PullOptions(streams_per_peer=best)), args.repeats)
+        runs = {"ceiling": ceiling(pairing, merged), "naive": pull_plan(pairing, naive, PullOptions())}
+        runs |= {f"streams_{s}": pull_plan(pairing, merged, PullOptions(streams_per_peer=s)) for s in STREAMS}
+        figures = round_robin(runs, args.repeats)
     finally:
         for w in workers:
             w.close()
-
+    by_streams = {s: figures[f"streams_{s}"] for s in STREAMS}
+    best = max(by_streams, key=lambda s: by_streams[s])
+    top, naive_gbps = figures["ceiling"], figures["naive"]
     print(f"request_bytes: {merged.bytes}")
     print(f"merged_entries: {merged.entries}")
     print(f"naive_entries: {naive.entries}")

@@ -61,6 +61,33 @@ def write_request(layout: SideLayout, rank: int, views: dict[RegionKey, np.ndarr
         view[content] = low[key][content] ^ np.uint8(req.tag)
 
 
+def differences(memory: np.ndarray, views: dict[RegionKey, np.ndarray], layout: SideLayout, rank: int,
+                pool: tuple[int, int], requests: Sequence[Request]) -> list[str]:
+    """Differences between an arena and a fresh arena in which this rank wrote the requests itself:
+    wrong content, and any byte changed outside the content (the fresh arena holds UNWRITTEN)."""
+    expected = np.full(len(memory), UNWRITTEN, dtype=np.uint8)
+    expected_views = arena.carve(expected, regions(layout, rank, *pool))
+    for req in requests:
+        write_request(layout, rank, expected_views, req)
+    if np.array_equal(expected, memory):
+        return []
+    problems = []
+    base = int(memory.ctypes.data)
+    covered = np.zeros(len(memory), dtype=bool)
+    for key, view in views.items():
+        bad = np.flatnonzero(view != expected_views[key])
+        if len(bad):
+            problems.append(f"rank {rank} region {key}: {len(bad)} bytes differ, "
+                            f"first at offset {int(bad[0])}")
+        start = int(view.ctypes.data) - base
+        covered[start: start + len(view)] = True
+    outside = np.flatnonzero((memory != expected) & ~covered)
+    if len(outside):
+        problems.append(f"rank {rank}: {len(outside)} bytes outside every region changed, "
+                        f"first at arena offset {int(outside[0])}")
+    return problems
+
+
 class _Rank:
     """The child's state: engine, arena and the current layout."""
 
@@ -68,8 +95,8 @@ class _Rank:
         from pd_operator.transfer.engine import open_engine  # imports mooncake: child only
 
         self.engine = open_engine(hostname, metadata_server)
-        # Untouched until filled: a benchmark touches only the bytes a plan moves (facts: 32k-token
-        # GLM pools are ~1 GB a rank), tests fill the whole arena.
+        # Untouched until filled: a benchmark touches only the bytes a plan moves (a 32k-token GLM
+        # pool is ~1 GB a rank), tests fill the whole arena.
         self.memory = np.empty(capacity, dtype=np.uint8)
         self.engine.register(int(self.memory.ctypes.data), capacity)
         self.layout: SideLayout | None = None
@@ -107,31 +134,8 @@ class _Rank:
         self.memory[:nbytes] = value
 
     def verify(self, requests: Sequence[Request]) -> list[str]:
-        """Differences between the arena and a fresh arena in which this rank wrote the requests
-        itself: wrong content, and any byte changed outside the content."""
         assert self.layout is not None, "place() first"
-        expected = np.full(len(self.memory), UNWRITTEN, dtype=np.uint8)
-        views = arena.carve(expected, regions(self.layout, self.rank, *self.pool))
-        for req in requests:
-            write_request(self.layout, self.rank, views, req)
-        if np.array_equal(expected, self.memory):
-            return []
-        problems = []
-        base = int(self.memory.ctypes.data)
-        for key, view in self.views.items():
-            bad = np.flatnonzero(view != views[key])
-            if len(bad):
-                problems.append(f"rank {self.rank} region {key}: {len(bad)} bytes differ, first at "
-                                f"offset {int(bad[0])}")
-        covered = np.zeros(len(self.memory), dtype=bool)
-        for view in self.views.values():
-            start = int(view.ctypes.data) - base
-            covered[start: start + len(view)] = True
-        outside = np.flatnonzero((self.memory != expected) & ~covered)
-        if len(outside):
-            problems.append(f"rank {self.rank}: {len(outside)} bytes outside every region changed, "
-                            f"first at arena offset {int(outside[0])}")
-        return problems
+        return differences(self.memory, self.views, self.layout, self.rank, self.pool, requests)
 
     def pull(self, plan: TransferPlan, decode_rank: int, peers: dict[int, Peer],
              options: PullOptions | None = None) -> dict:

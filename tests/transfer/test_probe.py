@@ -1,0 +1,109 @@
+"""`pd-kv-probe` for real: a serving process and a checking process, each with its own Mooncake
+engine, over P2P handshake and over the HTTP metadata server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from pd_operator.kv import presets
+from pd_operator.kv.side import Side
+from pd_operator.manifest import PairInput
+from pd_operator.transfer.engine import P2P
+from pd_operator.transfer.metadata_server import free_port, http_metadata_server
+from pd_operator.transfer.probe_geometry import probe_geometry
+
+pytestmark = pytest.mark.transfer
+
+GLM_P8_D4 = ["--model", "glm-5.3-flash", "--prefill-tp", "8", "--decode-tp", "4"]
+PROBE = [sys.executable, "-m", "pd_operator.transfer.probe"]
+ENV_LOOPBACK = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "ERROR"}
+
+
+def discovery_flags(metadata_server: str) -> list[str]:
+    host = "127.0.0.1" if metadata_server == P2P else f"127.0.0.1:{free_port()}"
+    return ["--metadata-server", metadata_server, "--local-hostname", host]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, **ENV_LOOPBACK}
+
+
+@pytest.fixture(params=["p2p", "http"])
+def metadata_server(request) -> Iterator[str]:
+    if request.param == "p2p":
+        yield P2P
+    else:
+        with http_metadata_server() as url:
+            yield url
+
+
+def serve(metadata_server: str, pairing: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([*PROBE, "serve", *pairing, *discovery_flags(metadata_server),
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env())
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # printed once the buffer is registered and the endpoint is up
+    assert line, f"serve exited with {proc.wait()}"
+    assert json.loads(line)["serving"] == f"http://127.0.0.1:{port}/descriptor"
+    return proc, f"127.0.0.1:{port}"
+
+
+def check(metadata_server: str, peer: str, pairing: list[str]) -> tuple[int, dict]:
+    done = subprocess.run([*PROBE, "check", "--peer", peer, *pairing, *discovery_flags(metadata_server)],
+                          capture_output=True, text=True, env=env(), timeout=120)
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.fixture
+def served(metadata_server) -> Iterator[tuple[str, subprocess.Popen, str]]:
+    proc, peer = serve(metadata_server, GLM_P8_D4)
+    yield metadata_server, proc, peer
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_check_pulls_and_verifies_the_pairings_runs(served):
+    metadata_server, _, peer = served
+    code, result = check(metadata_server, peer, GLM_P8_D4)
+    model = presets.get("glm-5.3-flash")
+    geo = probe_geometry(PairInput(Side("prefill", model, 8), Side("decode", model, 4)))
+    assert (code, result["errors"], result["ok"]) == (0, [], True)
+    assert result["entries"] == geo.request.plan.entries
+    assert result["bytes"] == geo.request.plan.bytes
+    assert result["latencyMs"] > 0 and result["gbps"] > 0
+
+
+def test_check_refuses_a_peer_serving_another_pairing(served):
+    metadata_server, _, peer = served
+    code, result = check(metadata_server, peer, ["--model", "glm-5.3-flash", "--prefill-tp", "4",
+                                                 "--decode-tp", "4"])
+    assert code == 1 and not result["ok"] and result["bytes"] == 0
+    (error,) = result["errors"]
+    assert "the peer serves another pairing" in error
+    assert "prefill.engineBlockSize: this side has 1152, the peer 640" in error
+
+
+@pytest.mark.parametrize("metadata_server", [P2P], indirect=True)
+def test_check_fails_when_the_peer_is_gone(served):
+    metadata_server, proc, peer = served
+    proc.kill()
+    proc.wait()
+    code, result = check(metadata_server, peer, GLM_P8_D4)
+    assert code == 1 and not result["ok"] and result["entries"] == 0
+    assert f"cannot fetch the descriptor from http://{peer}/descriptor" in result["errors"][0]
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    done = subprocess.run([*PROBE, "check", "--peer", "127.0.0.1:1", "--model", "no-such-model",
+                           "--prefill-tp", "8", "--decode-tp", "4"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("pd-kv-probe: --model: unknown model preset 'no-such-model'")
+    assert "Traceback" not in done.stderr
