@@ -25,6 +25,8 @@ from pd_operator.kv.plan import plan_transfer
 from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
 from pd_operator.kv.summary import report_json, report_table
 from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
+from pd_operator.render import NotRenderable, render
+from pd_operator.validate import validate
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
 
@@ -171,6 +173,30 @@ def cmd_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    docs = [d for d in read_documents(args.file) if isinstance(d, dict) and d.get("kind") == "PDDeployment"]
+    if not docs:
+        raise InputError(f"{args.file}: no PDDeployment in the file")
+    manifests: list[dict] = []
+    for doc in docs:
+        result = validate(doc)
+        if not result.ok:
+            for f in result.errors:
+                print(f"{args.file}: {f.line()}", file=sys.stderr)
+            return EXIT_FINDINGS
+        try:
+            manifests += render(result)
+        except NotRenderable as err:  # e.g. hfConfigMap: only the controller can read the ConfigMap
+            print(f"{args.file}: cannot render: {err}; "
+                  f"{' '.join(f.message for f in result.warnings)}".rstrip("; "), file=sys.stderr)
+            return EXIT_FINDINGS
+    if args.output == "json":
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}, indent=2))
+    else:
+        print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
+    return EXIT_OK
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad flags end like every other unreadable input: one line on stderr, exit code 2."""
 
@@ -204,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check PDDeployment manifests; exit 1 on errors")
     validate.add_argument("files", nargs="+")
     validate.set_defaults(run=cmd_validate)
+
+    render_cmd = sub.add_parser("render", help="the Kubernetes manifests a PDDeployment becomes")
+    render_cmd.add_argument("file", help="PDDeployment manifest (or - for stdin)")
+    render_cmd.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    render_cmd.set_defaults(run=cmd_render)
 
     models = sub.add_parser("models", help="list the built-in model presets")
     models.add_argument("-o", "--output", choices=("table", "json"), default="table")

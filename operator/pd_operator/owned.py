@@ -22,6 +22,7 @@ OWNED_ENV: dict[str, str] = {
     "ASCEND_CONNECT_TIMEOUT": "spec.kvTransfer.timeouts.connectSeconds",
     "PD_ROLE": "the role of the pod",
     "PD_INSTANCE": "the instance of the pod",
+    "PD_POD_INDEX": "the pod's ordinal in its instance (downward API)",
 }
 
 # Defaults the user may override through env without a finding.

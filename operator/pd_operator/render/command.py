@@ -1,0 +1,90 @@
+"""The `vllm serve` command of a serving pod, and its `--kv-transfer-config`.
+
+Everything both roles must agree on comes from the one spec, so it matches by construction: the
+kv_connector_extra_config carries the real prefill and decode shapes that vllm-ascend checks
+against each side's parallel config (facts.md section 2), and `--block-size` is the engine block
+size the KV engine resolved, so vLLM does not recompute a different one.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pd_operator.ports import DP_RPC_PORT
+from pd_operator.render import mooncake
+from pd_operator.render.context import Context
+
+ROLE_OF = {"prefill": "kv_producer", "decode": "kv_consumer"}
+POD_INDEX_ENV = "PD_POD_INDEX"
+
+
+def kv_transfer_config(ctx: Context, role: str, index: int) -> dict:
+    spec = ctx.dep.spec
+    kv = spec.kv_transfer
+    prefill, decode = spec.prefill, spec.decode
+    config: dict = {
+        "kv_connector": kv.connector,
+        "kv_role": ROLE_OF[role],
+        "kv_port": str(kv.kv_port),  # a string, as vllm-ascend's docs show
+        "engine_id": ctx.names.engine_id(role, index),
+        "kv_connector_extra_config": {
+            "prefill": {"dp_size": prefill.data_parallel_size, "tp_size": prefill.tensor_parallel_size,
+                        "pp_size": prefill.pipeline_parallel_size},
+            "decode": {"dp_size": decode.data_parallel_size, "tp_size": decode.tensor_parallel_size},
+        },
+    }
+    if kv.load_failure_policy is not None:
+        config["kv_load_failure_policy"] = kv.load_failure_policy
+    return config
+
+
+def serve_argv(ctx: Context, role: str, index: int) -> list[str]:
+    """The argv every pod of the instance shares; per-pod flags are added by `pod_command`."""
+    spec = ctx.dep.spec
+    side, plan = ctx.role(role), ctx.plans[role]
+    argv = ["vllm", "serve", spec.model.name,
+            "--served-model-name", spec.model.served_model_name or spec.model.name,
+            "--host", "0.0.0.0", "--port", str(spec.serving_port),
+            "--tensor-parallel-size", str(side.tensor_parallel_size),
+            "--pipeline-parallel-size", str(side.pipeline_parallel_size),
+            "--data-parallel-size", str(side.data_parallel_size)]
+    if side.data_parallel_size > 1:
+        argv += ["--data-parallel-rpc-port", str(DP_RPC_PORT)]
+    if plan.multi_pod:
+        argv += ["--data-parallel-size-local", str(plan.dp_local),
+                 "--data-parallel-address", ctx.names.pod_host(role, index, 0)]
+    argv += ["--block-size", str(ctx.engine_block_size(role)),
+             "--dtype", ctx.model.dtype,
+             "--kv-cache-dtype", spec.model.kv_cache_dtype]
+    if spec.model.max_model_len is not None:
+        argv += ["--max-model-len", str(spec.model.max_model_len)]
+    argv += ["--kv-transfer-config",
+             json.dumps(kv_transfer_config(ctx, role, index), separators=(",", ":"))]
+    return argv + list(side.extra_args)
+
+
+def _prelude(ctx: Context, role: str) -> list[str]:
+    """Shell steps that need facts known only inside the pod (its ordinal, its IP)."""
+    steps = []
+    if ctx.uses_config_file:
+        template = f"{mooncake.TEMPLATE_DIR}/{mooncake.CONFIG_KEY}"
+        steps.append(f'sed "s/{mooncake.POD_IP_PLACEHOLDER}/$VLLM_HOST_IP/g" {template} '
+                     '> "$MOONCAKE_CONFIG_PATH"')
+    plan = ctx.plans[role]
+    if plan.multi_pod:
+        # All pods of a StatefulSet share one template, so the DP start rank and the leader's
+        # --headless twin are computed from the pod's ordinal (downward API, PD_POD_INDEX).
+        steps.append(f'if [ "${POD_INDEX_ENV}" -gt 0 ]; then set -- "$@" --headless; fi')
+        steps.append(f'set -- "$@" --data-parallel-start-rank "$(({POD_INDEX_ENV} * {plan.dp_local}))"')
+    return steps
+
+
+def pod_command(ctx: Context, role: str, index: int) -> list[str]:
+    """The container command: the plain argv when nothing depends on the pod, else a short shell
+    prelude that appends the per-pod flags and `exec`s the same argv (passed as "$@", unquoted by
+    no one, so JSON arguments survive untouched)."""
+    argv = serve_argv(ctx, role, index)
+    steps = _prelude(ctx, role)
+    if not steps:
+        return argv
+    return ["/bin/sh", "-c", "; ".join(["set -e", *steps, 'exec "$@"']), "pd-serve", *argv]

@@ -1,0 +1,67 @@
+"""The environment of a serving container: the operator's owned keys, defaults, then the user's.
+
+The validator refuses user env that names an owned key (EnvOverride), so the three parts never
+collide; a user value for a default replaces the default.
+"""
+
+from __future__ import annotations
+
+from pd_operator.owned import DEFAULT_ENV
+from pd_operator.ports import HANDSHAKE_RPC
+from pd_operator.render import mooncake
+from pd_operator.render.command import POD_INDEX_ENV
+from pd_operator.render.context import Context
+
+# The pod's network interface for HCCL, gloo and torch (facts.md section 2). Pod network: eth0.
+POD_INTERFACE = "eth0"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (GA in 1.32)
+
+
+def _value(name: str, value: str | int) -> dict:
+    return {"name": name, "value": str(value)}
+
+
+def _field(name: str, path: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def owned_env(ctx: Context, role: str, index: int) -> list[dict]:
+    kv = ctx.dep.spec.kv_transfer
+    timeouts = kv.timeouts
+    out = [
+        _value("VLLM_USE_V2_MODEL_RUNNER", 1),
+        # vLLM would guess the default-route IP; HCCL needs the same address.
+        _field("VLLM_HOST_IP", "status.podIP"),
+        _field("HCCL_IF_IP", "status.podIP"),
+        *(_value(name, POD_INTERFACE) for name in
+          ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")),
+        # Pin Mooncake's random handshake ports to the range the port plan keeps free.
+        _value("MC_MIN_RPC_PORT", HANDSHAKE_RPC[0]),
+        _value("MC_MAX_RPC_PORT", HANDSHAKE_RPC[1]),
+        _value("VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT", timeouts.abort_request_seconds),
+    ]
+    if timeouts.transfer_seconds is not None:
+        out.append(_value("ASCEND_TRANSFER_TIMEOUT", timeouts.transfer_seconds))
+    if timeouts.connect_seconds is not None:
+        out.append(_value("ASCEND_CONNECT_TIMEOUT", timeouts.connect_seconds))
+    if ctx.uses_config_file:
+        out.append(_value("MOONCAKE_CONFIG_PATH", mooncake.CONFIG_PATH))
+    out += [_value("PD_ROLE", role), _value("PD_INSTANCE", index),
+            _field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX_LABEL}']")]
+    return out
+
+
+def _user(env) -> dict:
+    out: dict = {"name": env.name}
+    if env.value_from is not None:
+        out["valueFrom"] = env.value_from
+    else:
+        out["value"] = env.value or ""
+    return out
+
+
+def container_env(ctx: Context, role: str, index: int) -> list[dict]:
+    user = ctx.role(role).env
+    given = {e.name for e in user}
+    defaults = [_value(k, v) for k, v in DEFAULT_ENV.items() if k not in given]
+    return [*owned_env(ctx, role, index), *defaults, *(_user(e) for e in user)]

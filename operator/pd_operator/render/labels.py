@@ -1,0 +1,63 @@
+"""Labels of every rendered object, and the kv-layout hash that pairs compatible prefill and decode.
+
+`app.kubernetes.io/*` are the recommended labels; `pd.serving.dev/*` are what selectors use. The
+kv-layout hash covers everything that must match between a prefill and a decode engine for a KV
+pull to be correct, so the controller and the proxy can refuse to pair pods of different layouts
+(for example old prefill with new decode in the middle of a rollout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pd_operator.render.context import Context
+
+NAME = "pd-serving"
+MANAGER = "pd-operator"
+GROUP = "pd.serving.dev"
+DEPLOYMENT = f"{GROUP}/deployment"
+ROLE = f"{GROUP}/role"
+INSTANCE = f"{GROUP}/instance"
+KV_LAYOUT = f"{GROUP}/kv-layout"
+COMPONENT = "app.kubernetes.io/component"
+HASH_CHARS = 12
+
+
+def kv_layout_hash(ctx: Context) -> str:
+    spec = ctx.dep.spec
+    identity = {
+        "model": ctx.model.name, "path": spec.model.name, "dtype": ctx.model.dtype,
+        "kvCacheDtype": ctx.layouts["prefill"].side.cache_dtype,  # resolved: `auto` is the model dtype
+        "blockSize": {role: ctx.engine_block_size(role) for role in ("prefill", "decode")},
+        "connector": spec.kv_transfer.connector, "protocol": spec.kv_transfer.protocol,
+        "image": spec.image.name,
+    }
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+
+def selector(ctx: Context, component: str | None, index: int | None = None) -> dict[str, str]:
+    """Stable labels a selector may use: they never change for the life of the object."""
+    out = {DEPLOYMENT: ctx.dep.name}
+    if component is not None:
+        out[ROLE] = component
+    if index is not None:
+        out[INSTANCE] = str(index)
+    return out
+
+
+def labels(ctx: Context, component: str | None, index: int | None = None) -> dict[str, str]:
+    """Recommended and selector labels; `component` None for objects of the whole deployment."""
+    out = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": ctx.dep.name}
+    if component is not None:
+        out[COMPONENT] = component
+    out |= {"app.kubernetes.io/managed-by": MANAGER, "app.kubernetes.io/part-of": MANAGER,
+            **selector(ctx, component, index)}
+    if component in ("prefill", "decode"):
+        out[KV_LAYOUT] = kv_layout_hash(ctx)
+    return out
+
+
+def metadata(ctx: Context, name: str, component: str | None, index: int | None = None) -> dict:
+    return {"name": name, "namespace": ctx.dep.namespace, "labels": labels(ctx, component, index)}

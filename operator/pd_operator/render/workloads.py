@@ -1,0 +1,38 @@
+"""One StatefulSet and one headless Service per role instance (one vLLM engine).
+
+Why a StatefulSet per instance rather than a LeaderWorkerSet: no extra CRD has to be installed
+next to the operator, pods get stable DNS names (the DP leader address) from the headless
+Service, and the operator restarts a multi-pod group itself, so one pod's restart does not have
+to recreate the whole group the way LWS's RecreateGroupOnPodRestart does (facts.md section 7).
+"""
+
+from __future__ import annotations
+
+from pd_operator.render.context import Context
+from pd_operator.render.labels import metadata, selector
+from pd_operator.render.pod import pod_template
+
+
+def headless_service(ctx: Context, role: str, index: int) -> dict:
+    name = ctx.names.instance(role, index)
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": metadata(ctx, name, role, index),
+            "spec": {"clusterIP": "None",
+                     # DP ranks must resolve the leader while every pod is still loading (not ready).
+                     "publishNotReadyAddresses": True,
+                     "selector": selector(ctx, role, index),
+                     "ports": [{"name": "http", "port": ctx.dep.spec.serving_port,
+                                "targetPort": "http", "protocol": "TCP"}]}}
+
+
+def stateful_set(ctx: Context, role: str, index: int) -> dict:
+    name = ctx.names.instance(role, index)
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": metadata(ctx, name, role, index),
+            "spec": {"serviceName": name,
+                     "replicas": ctx.plans[role].pods,
+                     # All ranks of an engine start together; ordered start would deadlock the
+                     # leader waiting for ranks that are not created yet.
+                     "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": selector(ctx, role, index)},
+                     "template": pod_template(ctx, role, index)}}

@@ -1,0 +1,146 @@
+"""The properties every render must have, checked on the examples and on generated specs.
+
+The kv-transfer-config rules mirror vLLM's KVTransferConfig (facts.md sections 2 and 6: known
+fields only, producer/consumer role, integer port, a connector and an engine id, recompute|fail)
+and vllm-ascend's extra-config check (prefill/decode tp_size and dp_size equal to the real
+shapes, decode pp_size 1). `test_vllm_accepts.py` runs vLLM's own code on the same configs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import kubernetes_validate
+from render_cases import container, flag, of_kind, pod_argvs, role_of, serving_sets
+
+from pd_operator.names import Names
+from pd_operator.owned import OWNED_ENV
+from pd_operator.ports import PROBE_PORT, pod_ports
+from pd_operator.validate import Validation
+
+KV_TRANSFER_FIELDS = {
+    "kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size", "kv_role", "kv_rank",
+    "kv_parallel_size", "kv_ip", "kv_port", "kv_connector_extra_config", "kv_connector_module_path",
+    "enable_permute_local_kv", "kv_load_failure_policy"}
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Owned keys rendered only when their spec field asks for them.
+CONDITIONAL_ENV = {"ASCEND_TRANSFER_TIMEOUT", "ASCEND_CONNECT_TIMEOUT", "MOONCAKE_CONFIG_PATH"}
+
+
+def check_schemas(manifests: list[dict]) -> None:
+    for m in manifests:
+        kubernetes_validate.validate(m, "1.33", strict=True)
+
+
+def check_kv_transfer_config(config: dict, role: str, validation: Validation) -> None:
+    spec = validation.deployment.spec
+    assert set(config) <= KV_TRANSFER_FIELDS, set(config) - KV_TRANSFER_FIELDS
+    assert config["kv_role"] == KV_ROLE[role]
+    assert config["kv_connector"] == spec.kv_transfer.connector
+    assert isinstance(config["kv_port"], str) and int(config["kv_port"]) == spec.kv_transfer.kv_port
+    assert config["engine_id"]
+    assert config.get("kv_load_failure_policy", "recompute") in ("recompute", "fail")
+    assert config.get("kv_load_failure_policy") == spec.kv_transfer.load_failure_policy
+    extra = config["kv_connector_extra_config"]
+    for side in ("prefill", "decode"):
+        shape = getattr(spec, side)
+        assert extra[side]["tp_size"] == shape.tensor_parallel_size
+        assert extra[side]["dp_size"] == shape.data_parallel_size
+    assert extra["decode"].get("pp_size", 1) == 1
+    assert extra["prefill"].get("pp_size", 1) == spec.prefill.pipeline_parallel_size
+
+
+def _plan_ports(validation: Validation, role: str) -> set[int]:
+    spec, plan = validation.deployment.spec, validation.pod_plans[role]
+    return {p for o in range(plan.pods)
+            for r in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, o)
+            for p in range(r.start, r.end)}
+
+
+def check_pods(validation: Validation, manifests: list[dict], work: Path) -> None:
+    dep = validation.deployment
+    names = Names(dep.name, dep.namespace)
+    engine_ids = []
+    for sts, ordinal, argv, mooncake_config in pod_argvs(manifests, work):
+        role, plan = role_of(sts), validation.pod_plans[role_of(sts)]
+        index = int(sts["metadata"]["labels"]["pd.serving.dev/instance"])
+        side = dep.role(role)
+        layout = validation.report.prefill_layout if role == "prefill" else validation.report.decode_layout
+        assert argv[:3] == ["vllm", "serve", dep.spec.model.name]
+        assert flag(argv, "--block-size") == str(layout.engine_block_size)
+        assert flag(argv, "--tensor-parallel-size") == str(side.tensor_parallel_size)
+        assert flag(argv, "--data-parallel-size") == str(side.data_parallel_size)
+        assert flag(argv, "--port") == str(dep.spec.serving_port)
+        if plan.multi_pod:
+            assert flag(argv, "--data-parallel-start-rank") == str(plan.start_rank(ordinal))
+            assert flag(argv, "--data-parallel-address") == names.pod_host(role, index, 0)
+            assert ("--headless" in argv) == (ordinal > 0)
+        else:
+            assert "--headless" not in argv and "--data-parallel-start-rank" not in argv
+        config = json.loads(flag(argv, "--kv-transfer-config"))
+        check_kv_transfer_config(config, role, validation)
+        if ordinal == 0:
+            engine_ids.append(config["engine_id"])
+        if dep.spec.kv_transfer.metadata.mode == "P2PHANDSHAKE":
+            assert mooncake_config is None
+        else:
+            assert mooncake_config["local_hostname"] != "@POD_IP@"
+    assert len(engine_ids) == len(set(engine_ids)) == sum(dep.role(r).replicas for r in ("prefill", "decode"))
+
+
+def check_containers(validation: Validation, manifests: list[dict]) -> None:
+    kv_hashes = set()
+    for sts in serving_sets(manifests):
+        role = role_of(sts)
+        pod = sts["spec"]["template"]["spec"]
+        cont = container(sts)
+        sidecars = [c for c in pod["containers"][1:] if c["name"] == "kv-probe"]
+        wanted = role == "prefill" and validation.deployment.spec.model.preset is not None
+        assert len(sidecars) == int(wanted)
+        served = {p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+        assert served | {PROBE_PORT} == _plan_ports(validation, role)
+        assert (PROBE_PORT in served) == wanted
+        names = [e["name"] for e in cont["env"]]
+        assert not [n for n, c in Counter(names).items() if c > 1], names
+        owned = {n for n in names if n in OWNED_ENV}
+        assert set(OWNED_ENV) - CONDITIONAL_ENV <= owned
+        npus = validation.pod_plans[role].npus_per_pod
+        npu = validation.deployment.role(role).npu_resource_name
+        assert cont["resources"]["limits"][npu] == cont["resources"]["requests"][npu] == npus
+        assert not cont["securityContext"]["privileged"]
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert sts["spec"]["podManagementPolicy"] == "Parallel"
+        kv_hashes.add(labels["pd.serving.dev/kv-layout"])
+    if serving_sets(manifests):
+        assert len(kv_hashes) == 1, kv_hashes
+
+
+def check_proxy(validation: Validation, manifests: list[dict]) -> None:
+    dep = validation.deployment
+    deployments = [d for d in of_kind(manifests, "Deployment") if role_of(d) == "proxy"]
+    if not dep.spec.proxy.enabled:
+        assert not deployments
+        return
+    (proxy,) = deployments
+    argv = container(proxy)["command"]
+    names = Names(dep.name, dep.namespace)
+
+    def values(name: str) -> list[str]:
+        start = argv.index(name) + 1
+        end = next((i for i in range(start, len(argv)) if argv[i].startswith("--")), len(argv))
+        return argv[start:end]
+
+    for role, short in (("prefill", "prefiller"), ("decode", "decoder")):
+        hosts = [names.pod_host(role, i, 0) for i in range(dep.role(role).replicas)]
+        assert values(f"--{short}-hosts") == hosts
+        assert values(f"--{short}-ports") == [str(dep.spec.serving_port)] * len(hosts)
+
+
+def check_all(validation: Validation, manifests: list[dict], work: Path) -> None:
+    check_schemas(manifests)
+    check_pods(validation, manifests, work)
+    check_containers(validation, manifests)
+    check_proxy(validation, manifests)

@@ -1,0 +1,163 @@
+"""Labels and the kv-layout hash, the policy objects, the probes as they would run in a pod, and
+the property checks themselves (they must catch a broken render)."""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+from render_cases import VALID_EXAMPLES, container, load, of_kind, pod_env, serving_sets
+from render_checks import check_all
+
+from pd_operator.render import kv_layout_hash, render
+from pd_operator.render.context import Context
+from pd_operator.validate import validate
+
+GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
+MULTI_POD = next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek"))
+
+
+def layout_hash(doc: dict) -> str:
+    return kv_layout_hash(Context.of(validate(doc)))
+
+
+def changed(path: str, value) -> dict:
+    doc = load(GLM)
+    *parents, leaf = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return doc
+
+
+def test_kv_layout_hash_is_on_both_roles_and_follows_what_must_match():
+    base = layout_hash(load(GLM))
+    manifests = render(validate(load(GLM)))
+    for obj in [*serving_sets(manifests), *of_kind(manifests, "Service")[:2]]:
+        assert obj["metadata"]["labels"]["pd.serving.dev/kv-layout"] == base
+    assert layout_hash(changed("spec.prefill.blockSize", 1280)) != base      # engine block 640 -> 1280
+    assert layout_hash(changed("spec.image.name", "registry.example.com/other:v2")) != base
+    # The same layout written differently, or a change that does not touch the layout, keeps it.
+    assert layout_hash(changed("spec.model.kvCacheDtype", "bfloat16")) == base
+    assert layout_hash(changed("spec.decode.replicas", 3)) == base
+
+
+def test_labels_and_selectors():
+    manifests = render(validate(load(GLM)))
+    for m in manifests:
+        labels = m["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "pd-operator"
+        assert labels["app.kubernetes.io/instance"] == labels["pd.serving.dev/deployment"] == "glm-flash"
+        assert "ownerReferences" not in m["metadata"]  # the controller adopts
+        assert m["metadata"]["namespace"] == "default"
+    for sts in serving_sets(manifests):
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] == labels["pd.serving.dev/role"]
+        # Selectors are immutable, so the layout hash (which changes with the image) is not in them.
+        assert "pd.serving.dev/kv-layout" not in sts["spec"]["selector"]["matchLabels"]
+    (policy,) = of_kind(manifests, "NetworkPolicy")
+    own, namespace = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"pd.serving.dev/deployment": "glm-flash"}}}]}
+    assert namespace["ports"] == [{"protocol": "TCP", "port": 8000}]
+    budgets = of_kind(manifests, "PodDisruptionBudget")
+    roles = [b["spec"]["selector"]["matchLabels"]["pd.serving.dev/role"] for b in budgets]
+    assert roles == ["prefill", "decode"]
+
+
+def test_apply_order():
+    kinds = [m["kind"] for m in render(validate(load(next(p for p in VALID_EXAMPLES if "http" in p.stem))))]
+    order = ["ConfigMap", "Service", "Deployment", "StatefulSet", "Deployment", "NetworkPolicy",
+             "PodDisruptionBudget"]
+    assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == order
+
+
+def test_owned_env_is_not_duplicated_by_user_defaults():
+    doc = changed("spec.decode.env", [{"name": "OMP_NUM_THREADS", "value": "8"}])
+    decode = container(serving_sets(render(validate(doc)))[1])
+    assert [e for e in decode["env"] if e["name"] == "OMP_NUM_THREADS"] == [
+        {"name": "OMP_NUM_THREADS", "value": "8"}]
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def _run_probe(cont: dict, ordinal: int, ports: dict[str, int]) -> int:
+    command = [sys.executable if c == "python3" else c for c in cont["readinessProbe"]["exec"]["command"]]
+    env = {**os.environ, **pod_env(cont, ordinal), "VLLM_HOST_IP": "127.0.0.1"}
+    command = [ports.get(c, c) for c in command]
+    return subprocess.run(command, env=env, capture_output=True, timeout=30).returncode
+
+
+def test_multi_pod_probe_checks_http_on_the_leader_and_the_kv_port_elsewhere():
+    sts = next(s for s in serving_sets(render(validate(load(MULTI_POD)))) if s["spec"]["replicas"] > 1)
+    cont = container(sts)
+    http_port, kv_port = cont["readinessProbe"]["exec"]["command"][3:5]
+    assert (http_port, kv_port) == ("8000", "36008")  # decode rank 2 (pod 1) of TP4: 36000 + 2 * 4
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        live = {http_port: str(server.server_port), kv_port: str(listener.getsockname()[1])}
+        assert _run_probe(cont, 0, live) == 0
+        assert _run_probe(cont, 1, live) == 0
+        listener.close()
+        server.shutdown()
+        assert _run_probe(cont, 0, live) != 0
+        assert _run_probe(cont, 1, live) != 0
+    finally:
+        listener.close()
+        server.server_close()
+
+
+BREAKAGES = {
+    "decode tp_size in the extra config": lambda c: _edit_kv(c, lambda k: k["kv_connector_extra_config"]
+                                                             ["decode"].update(tp_size=8)),
+    "an unknown kv-transfer key": lambda c: _edit_kv(c, lambda k: k.update(kv_typo=1)),
+    "a missing container port": lambda c: c["ports"].pop(),
+    "a duplicated env var": lambda c: c["env"].append(dict(c["env"][0])),
+    "a wrong block size": lambda c: c["command"].__setitem__(c["command"].index("--block-size") + 1, "128"),
+}
+
+
+def _edit_kv(cont: dict, change) -> None:
+    i = cont["command"].index("--kv-transfer-config") + 1
+    config = json.loads(cont["command"][i])
+    change(config)
+    cont["command"][i] = json.dumps(config)
+
+
+@pytest.mark.parametrize("breakage", BREAKAGES, ids=str)
+def test_checks_catch_a_broken_render(breakage, tmp_path):
+    validation = validate(load(GLM))
+    manifests = copy.deepcopy(render(validation))
+    BREAKAGES[breakage](container(serving_sets(manifests)[1]))
+    with pytest.raises(AssertionError):
+        check_all(validation, manifests, tmp_path)
+
+
+def test_probe_sidecar_arguments_are_accepted_by_pd_kv_probe():
+    from pd_operator.transfer.probe import parser
+
+    for example in VALID_EXAMPLES:
+        validation = validate(load(example))
+        for sts in serving_sets(render(validation)):
+            sidecars = sts["spec"]["template"]["spec"]["containers"][1:]
+            for sidecar in sidecars:
+                args = parser().parse_args(sidecar["command"][1:])
+                assert args.port == 8090 and args.command == "serve"
+                assert args.prefill_block_size == validation.report.prefill_layout.engine_block_size
+                assert args.decode_block_size == validation.report.decode_layout.engine_block_size

@@ -1,0 +1,70 @@
+"""vLLM 0.34's own code accepts every rendered `vllm serve` argv and kv-transfer-config.
+
+It runs `vllm_check.py` in `.vllm-venv` (vLLM's CPU config code, facts.md section 6) once for
+all pods of all examples: building vLLM's parser takes ~5 s.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from render_cases import ROOT, VALID_EXAMPLES, flag, pod_argvs, rendered, role_of
+
+pytestmark = pytest.mark.vllm
+
+VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
+CHECKER = ROOT / "tests" / "render" / "vllm_check.py"
+
+
+@pytest.fixture(scope="module")
+def pods(tmp_path_factory) -> list[tuple[str, str, int, list[str]]]:
+    out = []
+    for example in VALID_EXAMPLES:
+        work = tmp_path_factory.mktemp(example.stem)
+        for sts, ordinal, argv, _ in pod_argvs(rendered(example), work):
+            out.append((example.stem, f"{role_of(sts)} {sts['metadata']['name']}", ordinal, argv))
+    return out
+
+
+def run_vllm(argvs: list[list[str]], kv_configs: list[dict]) -> dict:
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env` to install vLLM's config code")
+    proc = subprocess.run([str(VLLM_PYTHON), str(CHECKER)], input=json.dumps(
+        {"argvs": argvs, "kv_configs": kv_configs}), capture_output=True, text=True, timeout=300,
+        # Not HF_HUB_OFFLINE: with it vLLM resolves a model path that does not exist as a hub id.
+        env={"PATH": "/usr/bin:/bin", "VLLM_TARGET_DEVICE": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_vllm_accepts_every_rendered_pod(pods):
+    argvs = [argv for *_, argv in pods]
+    configs = [json.loads(flag(argv, "--kv-transfer-config")) for argv in argvs]
+    # Two bad inputs prove the checker rejects what vLLM rejects.
+    bad_argv = [*argvs[0][:3], "--block-size", "many"]
+    bad_config = {**configs[0], "kv_role": "kv_sender"}
+    result = run_vllm([*argvs, bad_argv], [*configs, bad_config])
+    *parsed, bad_parsed = result["argvs"]
+    *checked, bad_checked = result["kv_configs"]
+    assert not bad_parsed["ok"] and not bad_checked["ok"]
+    for (example, name, ordinal, argv), engine, config in zip(pods, parsed, checked, strict=True):
+        where = f"{example}: {name} pod {ordinal}"
+        assert engine["ok"], f"{where}: {engine['error']}"
+        assert config["ok"], f"{where}: {config['error']}"
+        # vLLM read the values the renderer meant, not something it recomputed.
+        assert engine["block_size"] == int(flag(argv, "--block-size")), where
+        assert engine["tp"] == int(flag(argv, "--tensor-parallel-size")), where
+        assert engine["dp"] == int(flag(argv, "--data-parallel-size")), where
+        assert engine["headless"] == ("--headless" in argv), where
+        if "--data-parallel-start-rank" in argv:
+            assert engine["dp_start_rank"] == int(flag(argv, "--data-parallel-start-rank")), where
+        role = "kv_producer" if name.startswith("prefill ") else "kv_consumer"
+        assert engine["kv_role"] == role and engine["engine_id"] == json.loads(
+            flag(argv, "--kv-transfer-config"))["engine_id"], where
+
+
+def test_pods_cover_both_roles_and_a_headless_rank(pods):
+    assert any("--headless" in argv for *_, argv in pods)
+    assert {name.split()[0] for _, name, _, _ in pods} == {"prefill", "decode"}
