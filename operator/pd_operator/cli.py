@@ -26,6 +26,7 @@ from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
 from pd_operator.kv.summary import report_json, report_table
 from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
 from pd_operator.render import NotRenderable, render
+from pd_operator.render.yaml_text import to_yaml
 from pd_operator.validate import validate
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
@@ -193,7 +194,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}, indent=2))
     else:
-        print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
+        print(to_yaml(manifests), end="")
     return EXIT_OK
 
 

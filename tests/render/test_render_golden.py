@@ -9,18 +9,15 @@ import yaml
 from render_cases import VALID_EXAMPLES, rendered
 
 from pd_operator.render import render
+from pd_operator.render.yaml_text import to_yaml
 from pd_operator.validate import validate
 
 GOLDEN = VALID_EXAMPLES[0].parents[1] / "tests" / "render" / "golden"
 
 
-def as_yaml(manifests: list[dict]) -> str:
-    return yaml.safe_dump_all(manifests, sort_keys=False)
-
-
 @pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)
 def test_render_matches_golden(example, update_golden):
-    text = as_yaml(rendered(example))
+    text = to_yaml(rendered(example))
     golden = GOLDEN / f"{example.stem}.yaml"
     if update_golden:
         golden.write_text(text)
@@ -40,6 +37,6 @@ def test_render_is_deterministic_and_does_not_alias():
     doc = yaml.safe_load(VALID_EXAMPLES[0].read_text())
     first, second = render(validate(doc)), render(validate(doc))
     assert first == second
-    assert "&id" not in as_yaml(first)  # no YAML anchors: no sub-object is shared
+    assert "&id" not in to_yaml(first)  # no YAML anchors: no sub-object is shared
     first[0]["metadata"]["labels"]["x"] = "y"
     assert "x" not in second[0]["metadata"]["labels"]

@@ -24,12 +24,15 @@ LIVE_FAILURES = 5
 TIMEOUT = 5
 
 # argv[1 + ordinal] is the port to check: HTTP /health on the leader, a TCP connect elsewhere.
-_ORDINAL_CHECK = (
-    "import os,socket,sys,urllib.request as r;"
-    f"i=int(os.environ['{POD_INDEX_ENV}']);h=os.environ['VLLM_HOST_IP'];p=int(sys.argv[1+i]);"
-    f"(r.urlopen(f'http://{{h}}:{{p}}{HEALTH_PATH}',timeout={TIMEOUT}) if i==0 "
-    f"else socket.create_connection((h,p),{TIMEOUT})).close()"
-)
+_ORDINAL_CHECK = f"""\
+import os, socket, sys, urllib.request
+ordinal = int(os.environ["{POD_INDEX_ENV}"])
+host, port = os.environ["VLLM_HOST_IP"], int(sys.argv[1 + ordinal])
+if ordinal == 0:
+    urllib.request.urlopen(f"http://{{host}}:{{port}}{HEALTH_PATH}", timeout={TIMEOUT}).close()
+else:
+    socket.create_connection((host, port), timeout={TIMEOUT}).close()
+"""
 
 
 def ordinal_check_ports(ctx: Context, role: str) -> list[int]:
