@@ -3,11 +3,13 @@ documents never make the validator or the CLI raise: they give findings with fie
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from render_cases import ROOT
 from render_checks import check_all
 
 from pd_operator.render import render
@@ -18,6 +20,9 @@ from pd_operator.validate import validate
 validate({})
 
 PRESETS = ("glm-5.3-flash", "deepseek-v3.2", "llama-3.1-8b", "qwen3-next-80b-a3b")
+HF_CONFIG = json.loads((ROOT / "tests" / "api" / "llama-3.1-8b.config.json").read_text())
+# A preset, or an inline Hugging Face config (which gets no KV-link probe sidecar).
+models = st.sampled_from([{"preset": p} for p in PRESETS] + [{"hfConfig": HF_CONFIG}])
 
 
 @st.composite
@@ -52,8 +57,7 @@ def deployments(draw) -> dict:
     return {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDDeployment",
             "metadata": {"name": draw(st.from_regex(r"[a-z][a-z0-9]{0,11}", fullmatch=True)),
                          "namespace": draw(st.sampled_from(["default", "serving"]))},
-            "spec": {"model": {"name": "/models/m", "preset": draw(st.sampled_from(PRESETS)),
-                               "weights": weights},
+            "spec": {"model": {"name": "/models/m", **draw(models), "weights": weights},
                      "image": {"name": "registry.example.com/vllm-ascend:v1",
                                "pullSecrets": draw(st.sampled_from([[], ["regcred"]]))},
                      "kvTransfer": kv,

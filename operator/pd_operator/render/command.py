@@ -81,8 +81,8 @@ def _prelude(ctx: Context, role: str) -> list[str]:
 
 def pod_command(ctx: Context, role: str, index: int) -> list[str]:
     """The container command: the plain argv when nothing depends on the pod, else a short shell
-    prelude that appends the per-pod flags and `exec`s the same argv (passed as "$@", unquoted by
-    no one, so JSON arguments survive untouched)."""
+    prelude that appends the per-pod flags and `exec`s the argv. The argv reaches the shell as its
+    positional parameters ("$@"), never as script text, so the JSON argument needs no quoting."""
     argv = serve_argv(ctx, role, index)
     steps = _prelude(ctx, role)
     if not steps:

@@ -75,9 +75,8 @@ def _volumes(ctx: Context) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
-def serving_container(ctx: Context, role: str, index: int) -> dict:
+def serving_container(ctx: Context, role: str, index: int, mounts: list[dict]) -> dict:
     spec, side = ctx.dep.spec, ctx.role(role)
-    _, mounts = _volumes(ctx)
     return {
         "name": "vllm",
         "image": spec.image.name,
@@ -95,8 +94,8 @@ def serving_container(ctx: Context, role: str, index: int) -> dict:
 
 def pod_template(ctx: Context, role: str, index: int) -> dict:
     side = ctx.role(role)
-    volumes, _ = _volumes(ctx)
-    containers = [serving_container(ctx, role, index)]
+    volumes, mounts = _volumes(ctx)
+    containers = [serving_container(ctx, role, index, mounts)]
     if kv_probe.wanted(ctx, role):
         containers.append(kv_probe.sidecar(ctx))
     spec: dict = {"containers": containers, "volumes": volumes,
