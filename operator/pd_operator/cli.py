@@ -132,23 +132,35 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK if report.compatible else EXIT_FINDINGS
 
 
+def _pd_documents(path: str) -> list:
+    docs = read_documents(path)
+    if not docs:
+        raise InputError(f"{path}: the file holds no document")
+    return docs
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Every document of every file through the one validator (CRD schema, CEL rules, names,
+    ports, overrides, KV compatibility): what the webhook and the controller would say."""
     worst = EXIT_OK
     for path in args.files:
         try:
-            pair = _read_pair(path)
+            docs = _pd_documents(path)
         except InputError as err:
-            print(f"{err}", file=sys.stderr)
+            print(f"pdctl: {err}", file=sys.stderr)
             worst = max(worst, EXIT_UNREADABLE)
             continue
-        report = check_pair(pair.prefill, pair.decode, connector=pair.connector)
-        findings = [*pair.findings, *report.findings]
-        verdict = "valid" if report.compatible else "invalid"
-        print(f"{path}: {verdict}")
-        for f in findings:
-            print(f"  {f.line()}")
-        if not report.compatible:
-            worst = max(worst, EXIT_FINDINGS)
+        for index, doc in enumerate(docs):
+            result = validate(doc)
+            meta = doc.get("metadata") if isinstance(doc, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            label = f"{path}" + (f" ({name})" if isinstance(name, str) else "") + \
+                (f" [document {index + 1}]" if len(docs) > 1 else "")
+            print(f"{label}: {'valid' if result.ok else 'invalid'}")
+            for f in result.findings:
+                print(f"  {f.line()}")
+            if not result.ok:
+                worst = max(worst, EXIT_FINDINGS)
     return worst
 
 
@@ -248,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
+    except BrokenPipeError:  # `pdctl plan ... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return EXIT_OK
     except InputError as err:
         print(f"pdctl: {err}", file=sys.stderr)
         return EXIT_UNREADABLE

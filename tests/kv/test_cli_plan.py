@@ -23,6 +23,8 @@ spec:
   model:
     name: /models/GLM-5.3-Flash
     preset: glm-5.3-flash
+    weights:
+      image: true
   image:
     name: registry.example.com/vllm-ascend:test
   kvTransfer:
@@ -217,12 +219,12 @@ def test_bad_dtype_in_an_hf_config_exits_2(capsys, tmp_path):
 def test_validate_exit_codes(capsys, tmp_path):
     good, bad = manifest(tmp_path, 4, "good.yaml"), manifest(tmp_path, 3, "bad.yaml")
     code, out, _ = run(capsys, "validate", good)
-    assert code == 0 and f"{good}: valid" in out
+    assert code == 0 and f"{good} (glm-flash): valid" in out
     code, out, _ = run(capsys, "validate", good, bad)
-    assert code == 1 and f"{bad}: invalid" in out and "HeadsNotDivisibleByTP" in out
+    assert code == 1 and f"{bad} (glm-flash): invalid" in out and "HeadsNotDivisibleByTP" in out
     code, out, err = run(capsys, "validate", good, bad, str(tmp_path / "missing.yaml"))
     assert code == 2 and "missing.yaml: cannot read" in one_line_error(err)
-    assert f"{good}: valid" in out and f"{bad}: invalid" in out
+    assert f"{good} (glm-flash): valid" in out and f"{bad} (glm-flash): invalid" in out
 
 
 def test_models_lists_the_presets_and_their_block_sizes(capsys):
