@@ -102,6 +102,21 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "SmallTransferRuns": (
         "warning", "The mean byte run of the transfer is small, which slows Mooncake transfers.",
         "Make the block sizes equal or multiples of each other so runs merge into larger ones."),
+    "PreflightConfigInvalid": (
+        "error", "The serving pod's rendered preflight config is missing or unreadable.",
+        "Let the operator render the pod; do not replace its command or the mounted config."),
+    "PreflightShapeMismatch": (
+        "error", "The vllm serve flags or the pod's NPUs disagree with the rendered pairing.",
+        "Remove flags that override the rendered parallel sizes, block size or kv-transfer-config."),
+    "ConnectorVersionTooOld": (
+        "error", "The serving image's vllm-ascend predates cross-TP runs for unequal block sizes.",
+        "Use a serving image whose vllm-ascend has MooncakeConnectorV2 with cross-TP runs."),
+    "ModelRunnerV2Disabled": (
+        "error", "MooncakeConnectorV2 is configured but VLLM_USE_V2_MODEL_RUNNER is not 1.",
+        "Set VLLM_USE_V2_MODEL_RUNNER=1 (the operator renders it)."),
+    "PreflightPortBusy": (
+        "error", "A port the serving pod must bind is already in use.",
+        "Stop whatever holds the port, or move the port in the spec."),
     "PortOverlap": (
         "error", "Two port ranges of the same pod overlap.",
         "Move kvTransfer.kvPort (or the named port) so the ranges are disjoint."),
