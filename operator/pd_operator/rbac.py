@@ -7,18 +7,22 @@ into the chart; never edit the chart's copy by hand.
 
 from __future__ import annotations
 
-READ = ("get", "list", "watch")
-# Children are applied with server-side apply (PATCH) and pruned by label (DELETE).
-MANAGE = (*READ, "create", "patch", "delete")
+# Children are applied with server-side apply (PATCH, which creates a missing object and so needs
+# create too), listed by label, watched by kopf for changes and pruned by label (DELETE). No `get`:
+# nothing reads a single child (ConfigMaps aside: the model's config.json).
+CHILD_VERBS = ["list", "watch", "create", "patch", "delete"]
 
 RULES: list[dict] = [
-    {"apiGroups": ["pd.serving.dev"], "resources": ["pddeployments"], "verbs": [*READ, "patch"]},
-    {"apiGroups": ["pd.serving.dev"], "resources": ["pddeployments/status"], "verbs": ["get", "patch"]},
-    {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": list(MANAGE)},
-    {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": list(MANAGE)},
-    # Pods are only read for status and deleted for group restarts; workloads create them.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": [*READ, "delete"]},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": list(MANAGE)},
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": list(MANAGE)},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    # kopf lists, watches and annotates them; the reconcile reads one fresh before acting.
+    {"apiGroups": ["pd.serving.dev"], "resources": ["pddeployments"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["pd.serving.dev"], "resources": ["pddeployments/status"], "verbs": ["patch"]},
+    {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": CHILD_VERBS},
+    {"apiGroups": [""], "resources": ["services"], "verbs": CHILD_VERBS},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", *CHILD_VERBS]},
+    # Pods are only read for status and deleted for group restarts; the workloads create them.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": CHILD_VERBS},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": CHILD_VERBS},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]

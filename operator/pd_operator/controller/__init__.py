@@ -1,0 +1,6 @@
+"""The controller: kopf handlers around one level-based reconcile of a PDDeployment.
+
+Only this package imports kopf, and only `client.py` talks to the Kubernetes API. The decisions
+(what to apply or prune, the status, group restarts, the proxy's rollout gate, admission verdicts)
+are pure functions in `planner.py`, `status.py`, `restarts.py`, `rollout.py` and `admission.py`.
+"""

@@ -1,0 +1,32 @@
+"""The admission verdict on a PDDeployment: the same `validate` as pdctl and the controller. Pure.
+
+The webhook cannot read ConfigMaps (the API server waits on it), so an `hfConfigMap` model is
+admitted with a warning and the controller reports its KV check in the KVCompatible condition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pd_operator.validate import validate
+
+UPDATE_NOTE = "The update is rejected; the running deployment keeps serving its previous spec."
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    message: str
+    warnings: list[str]
+
+
+def verdict(body: dict, operation: str) -> Verdict:
+    result = validate(body)
+    warnings = [f"{f.path}: {f.message}" if f.path else f.message for f in result.warnings]
+    errors = [f"{f.path}: {f.message}" if f.path else f.message for f in result.errors]
+    if not errors:
+        return Verdict(True, "", warnings)
+    message = " ".join(errors)
+    if operation == "UPDATE":
+        message = f"{message} {UPDATE_NOTE}"
+    return Verdict(False, message, warnings)

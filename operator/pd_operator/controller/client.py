@@ -1,0 +1,261 @@
+"""The only module that talks to the Kubernetes API.
+
+It uses the official `kubernetes` client's ApiClient for transport (auth, TLS and kubeconfig or
+in-cluster config, the same library kopf logs in with) but sends plain JSON to explicit paths:
+server-side apply needs a raw `application/apply-patch+yaml` PATCH that the typed APIs do not
+offer per kind, and plain dicts keep the pure planner free of client models.
+
+Each method declares the (verb, group, resource) requests it makes with `@needs`, and every
+request is checked against its method's declaration at run time, so `needs` cannot drift from the
+code. tests/controller/test_rbac.py compares all declarations (plus FRAMEWORK, what kopf does on
+the operator's behalf) with `pd_operator.rbac.RULES` in both directions.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, ParamSpec, TypeVar
+
+import kubernetes
+import urllib3
+
+from pd_operator.api.types import GROUP, PLURAL, VERSION
+
+FIELD_MANAGER = "pd-operator"
+TIMEOUT_S = 30
+
+Need = tuple[str, str, str]
+"""(verb, API group, resource)."""
+
+# The kinds the renderer produces: (apiVersion, kind) -> resource (plural).
+CHILD_KINDS: dict[tuple[str, str], str] = {
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Service"): "services",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("apps/v1", "Deployment"): "deployments",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+}
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+CHILDREN: list[tuple[str, str]] = [(_group(av), plural) for (av, _), plural in CHILD_KINDS.items()]
+
+# What kopf does on the operator's behalf with its own API client: watch the PDDeployments and the
+# children the handlers react to, and patch the PDDeployments' annotations (its progress and
+# last-handled configuration). Login, peering and the webhook configuration are the chart's.
+FRAMEWORK: set[Need] = {
+    ("list", GROUP, PLURAL), ("watch", GROUP, PLURAL), ("patch", GROUP, PLURAL),
+    *(("watch", group, plural) for group, plural in CHILDREN),
+    ("watch", "", "pods"),
+}
+
+DECLARED: dict[str, set[Need]] = {}
+_current: contextvars.ContextVar[set[Need] | None] = contextvars.ContextVar("needs", default=None)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def needs(*requests: Need) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Declare the requests a method makes; `_request` refuses any other."""
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        DECLARED[fn.__name__] = set(requests)
+
+        @functools.wraps(fn)
+        def inner(*args: P.args, **kwargs: P.kwargs) -> R:
+            token = _current.set(set(requests))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _current.reset(token)
+        return inner
+    return wrap
+
+
+def _children(*verbs: str) -> list[Need]:
+    return [(verb, group, plural) for verb in verbs for group, plural in CHILDREN]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def temporary(self) -> bool:
+        """Conflicts, throttling, server errors and lost connections are worth a retry."""
+        return self.status is None or self.status in (409, 429) or self.status >= 500
+
+
+def _path(api_version: str, plural: str, namespace: str, name: str | None = None,
+          sub: str | None = None) -> str:
+    root = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    return "/".join(p for p in (f"{root}/namespaces/{namespace}/{plural}", name, sub) if p)
+
+
+def resource_of(obj: dict) -> str:
+    try:
+        return CHILD_KINDS[(obj["apiVersion"], obj["kind"])]
+    except KeyError:
+        raise ValueError(f"{obj['apiVersion']} {obj['kind']} is not a kind the operator manages") from None
+
+
+class Client:
+    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+        self.api = api
+
+    def _request(self, verb: str, api_version: str, plural: str, method: str, path: str, *,
+                 query: list[tuple[str, str]] | None = None, body: Any = None,
+                 content_type: str = "application/json") -> Any:
+        allowed = _current.get() or set()
+        need = (verb, _group(api_version), plural)
+        if need not in allowed:
+            raise RuntimeError(f"undeclared API request {need}: add it to the method's @needs")
+        try:
+            method, url, headers, payload, _ = self.api.param_serialize(
+                method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
+                header_params={"Content-Type": content_type, "Accept": "application/json"})
+            response = self.api.call_api(method, url, headers, payload, _request_timeout=TIMEOUT_S)
+            response.read()
+        except kubernetes.client.ApiException as err:
+            raise ApiError(err.status, _message(err.body, str(err.reason))) from None
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise ApiError(None, f"{method} {path}: {err}") from None
+        text = response.data.decode() if response.data else ""
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, _message(text, f"{method} {path}: HTTP {response.status}"))
+        return json.loads(text) if text else None
+
+    # -- PDDeployments ------------------------------------------------------------------------------
+
+    @needs(("get", GROUP, PLURAL))
+    def get_pddeployment(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self._request("get", f"{GROUP}/{VERSION}", PLURAL, "GET",
+                                 _path(f"{GROUP}/{VERSION}", PLURAL, namespace, name))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    @needs(("patch", GROUP, f"{PLURAL}/status"))
+    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+        """Merge-patch through the status subresource (lists such as conditions are replaced)."""
+        self._request("patch", f"{GROUP}/{VERSION}", f"{PLURAL}/status", "PATCH",
+                      _path(f"{GROUP}/{VERSION}", PLURAL, namespace, name, "status"),
+                      body={"status": status}, content_type="application/merge-patch+json")
+
+    # -- children -----------------------------------------------------------------------------------
+
+    @needs(*_children("patch", "create"))  # an apply that creates the object is authorised as create too
+    def apply(self, manifest: dict) -> dict:
+        """Server-side apply with the operator's one field manager, taking over conflicting fields."""
+        meta = manifest["metadata"]
+        plural = resource_of(manifest)
+        result: dict = self._request(
+            "patch", manifest["apiVersion"], plural, "PATCH",
+            _path(manifest["apiVersion"], plural, meta["namespace"], meta["name"]),
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")], body=manifest,
+            content_type="application/apply-patch+yaml")
+        return result
+
+    @needs(*_children("list"))
+    def list_children(self, namespace: str, selector: str) -> list[dict]:
+        out = []
+        for (api_version, kind), plural in CHILD_KINDS.items():
+            data = self._request("list", api_version, plural, "GET", _path(api_version, plural, namespace),
+                                 query=[("labelSelector", selector)])
+            out += [{"apiVersion": api_version, "kind": kind, **item} for item in data.get("items", [])]
+        return out
+
+    @needs(*_children("delete"))
+    def delete(self, obj: dict) -> None:
+        """Delete one child; the API server's garbage collector removes what it owns (its pods)."""
+        meta = obj["metadata"]
+        try:
+            self._request("delete", obj["apiVersion"], resource_of(obj), "DELETE",
+                          _path(obj["apiVersion"], resource_of(obj), meta["namespace"], meta["name"]),
+                          body={"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"})
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+    @needs(("patch", "apps", "statefulsets"))
+    def annotate_stateful_set(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._request("patch", "apps/v1", "statefulsets", "PATCH",
+                      _path("apps/v1", "statefulsets", namespace, name),
+                      body={"metadata": {"annotations": annotations}},
+                      content_type="application/merge-patch+json")
+
+    @needs(("get", "", "configmaps"))
+    def read_config_map_key(self, namespace: str, name: str, key: str) -> str | None:
+        try:
+            data = self._request("get", "v1", "configmaps", "GET", _path("v1", "configmaps", namespace, name))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        value = (data.get("data") or {}).get(key)
+        return value if isinstance(value, str) else None
+
+    # -- pods -----------------------------------------------------------------------------------------
+
+    @needs(("list", "", "pods"))
+    def list_pods(self, namespace: str, selector: str) -> list[dict]:
+        data = self._request("list", "v1", "pods", "GET", _path("v1", "pods", namespace),
+                             query=[("labelSelector", selector)])
+        return [{"apiVersion": "v1", "kind": "Pod", **item} for item in data.get("items", [])]
+
+    @needs(("delete", "", "pods"))
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            self._request("delete", "v1", "pods", "DELETE", _path("v1", "pods", namespace, name),
+                          body={"preconditions": {"uid": uid}})
+        except ApiError as err:
+            if err.status not in (404, 409):  # gone already, or a new pod of the same name
+                raise
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    @needs(("create", "", "events"))
+    def post_event(self, owner: dict, type_: str, reason: str, message: str) -> None:
+        meta = owner["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self._request("create", "v1", "events", "POST", _path("v1", "events", meta["namespace"]), body=event)
+
+
+def _message(body: str | bytes | None, fallback: str) -> str:
+    """The API server's Status message, else `fallback`."""
+    try:
+        return str(json.loads(body or "").get("message") or fallback)
+    except (TypeError, ValueError, AttributeError):
+        return fallback
+
+
+def connect(kubeconfig: str | None = None) -> Client:
+    """A client from in-cluster config, else the kubeconfig (path, $KUBECONFIG or ~/.kube/config)."""
+    config = kubernetes.client.Configuration()
+    try:
+        if kubeconfig:
+            raise kubernetes.config.ConfigException("explicit kubeconfig")
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+    return Client(kubernetes.client.ApiClient(config))

@@ -1,0 +1,92 @@
+"""The kopf handlers: thin triggers of the one reconcile (see runner.py) and the admission webhook.
+
+Handlers are registered into a registry passed in (not kopf's global one), so several operators
+can run in one process (tests, the demo) and importing this module has no side effects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from pd_operator.api.types import GROUP, PLURAL, VERSION
+from pd_operator.controller import admission
+from pd_operator.controller.client import CHILDREN, ApiError
+from pd_operator.controller.reconcile import InvalidSpec
+from pd_operator.controller.runner import Runner
+from pd_operator.render.labels import DEPLOYMENT
+
+WEBHOOK_ID = "validate-pddeployment"
+"""Also the webhook's URL path (kopf serves handler ids as paths); the chart points at it."""
+RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
+
+
+def _retry_delay(retry: int) -> float:
+    return RETRY_DELAYS[min(retry, len(RETRY_DELAYS) - 1)]
+
+
+async def _reconcile_for_kopf(runner: Runner, namespace: str, name: str, trigger: str, retry: int) -> None:
+    try:
+        await runner.run(namespace, name, trigger)
+    except InvalidSpec as err:
+        raise kopf.PermanentError(f"The spec is invalid; the children stay as they were. {err}") from None
+    except ApiError as err:
+        if err.temporary:
+            raise kopf.TemporaryError(str(err), delay=_retry_delay(retry)) from None
+        raise kopf.PermanentError(str(err)) from None
+
+
+def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: bool) -> None:
+    resource = (GROUP, VERSION, PLURAL)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        config = runner.client.api.configuration
+        header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix(
+            "authorization")
+        scheme, _sep, token = (header or "").rpartition(" ")
+        return kopf.ConnectionInfo(server=config.host, ca_path=config.ssl_ca_cert,
+                                   insecure=not config.verify_ssl, scheme=scheme or None,
+                                   token=token or None, certificate_path=config.cert_file,
+                                   private_key_path=config.key_file)
+
+    @kopf.on.startup(registry=registry)
+    async def start_drift(memo: kopf.Memo, **_: Any) -> None:
+        memo["drift"] = asyncio.get_running_loop().create_task(runner.drift())
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(memo: kopf.Memo, **_: Any) -> None:
+        memo["drift"].cancel()
+        await runner.close()
+
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, field="spec", registry=registry)
+    @kopf.on.resume(*resource, registry=registry)
+    async def reconcile_pdd(*, namespace: str | None, name: str, reason: str, retry: int, **_: Any) -> None:
+        await _reconcile_for_kopf(runner, namespace or "", name, str(reason), retry)
+
+    @kopf.on.event(*resource, registry=registry)
+    async def follow_pdd(*, type: str, namespace: str | None, name: str, **_: Any) -> None:
+        if type == "DELETED":
+            runner.forget(namespace or "", name)
+        else:
+            runner.track(namespace or "", name)
+
+    async def poke_owner(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        runner.poke(namespace or "", labels[DEPLOYMENT])
+
+    for group, plural in [*CHILDREN, ("", "pods")]:
+        kopf.on.event(group, "v1", plural, labels={DEPLOYMENT: kopf.PRESENT}, registry=registry,
+                      id=f"child-{plural}")(poke_owner)
+
+    if webhook:
+        @kopf.on.validate(*resource, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
+        def validate_pdd(*, body: kopf.Body, warnings: list[str], operation: str | None = None,
+                         **_: Any) -> None:
+            verdict = admission.verdict(dict(body), operation or "CREATE")
+            warnings.extend(verdict.warnings)
+            if not verdict.allowed:
+                raise kopf.AdmissionError(verdict.message, code=422)

@@ -1,0 +1,150 @@
+"""`pd-operator run` (and `python -m pd_operator`): kopf with the operator's settings and flags.
+
+The Helm chart passes exactly these flags; `--kubeconfig` is for running outside a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import kopf
+import prometheus_client
+
+from pd_operator.api.types import GROUP
+from pd_operator.controller import certs, handlers, logs
+from pd_operator.controller.client import connect
+from pd_operator.controller.metrics import Metrics
+from pd_operator.controller.runner import Runner
+
+
+@dataclass
+class Options:
+    namespaces: list[str] = field(default_factory=list)
+    """Empty: all namespaces."""
+    health_port: int = 8080
+    metrics_port: int = 9090
+    webhook: bool = True
+    webhook_port: int = 9443
+    webhook_cert_dir: str | None = None
+    webhook_self_signed: bool = False
+    webhook_config_name: str | None = None
+    peering: str | None = None
+    log_format: str = "plain"
+    kubeconfig: str | None = None
+    drift_interval_s: float = 30.0
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="pd-operator", description=__doc__.splitlines()[0])
+    sub = top.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the operator")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace (default)")
+    scope.add_argument("--namespace", "-n", action="append", default=[], dest="namespaces",
+                       metavar="NS", help="serve this namespace (repeatable)")
+    run.add_argument("--health-port", type=_port, default=8080, help="liveness endpoint /healthz")
+    run.add_argument("--metrics-port", type=_port, default=9090, help="Prometheus endpoint /metrics")
+    run.add_argument("--webhook-port", type=_port, default=9443)
+    hook = run.add_mutually_exclusive_group()
+    hook.add_argument("--webhook-cert-dir", metavar="DIR", help="directory with tls.crt and tls.key")
+    hook.add_argument("--webhook-self-signed", action="store_true",
+                      help="generate a CA and certificate at start")
+    hook.add_argument("--no-webhook", action="store_true", help="serve no admission webhook")
+    run.add_argument("--webhook-config-name", metavar="NAME",
+                     help="ValidatingWebhookConfiguration whose caBundle and URL the operator manages "
+                          "(with --webhook-self-signed)")
+    run.add_argument("--peering", metavar="NAME", help="kopf peering object (default: standalone)")
+    run.add_argument("--log-format", choices=("plain", "json"), default="plain")
+    run.add_argument("--kubeconfig", metavar="PATH", help="default: in-cluster, else $KUBECONFIG")
+    return top
+
+
+def options_from(argv: Sequence[str]) -> Options:
+    top = parser()
+    args = top.parse_args(argv)
+    if args.webhook_config_name and not args.webhook_self_signed:
+        top.error("--webhook-config-name needs --webhook-self-signed (cert-manager manages it otherwise)")
+    if not args.no_webhook and not (args.webhook_cert_dir or args.webhook_self_signed):
+        top.error("give --webhook-cert-dir DIR, --webhook-self-signed or --no-webhook")
+    if args.webhook_cert_dir:
+        for name in ("tls.crt", "tls.key"):
+            if not (pathlib.Path(args.webhook_cert_dir) / name).is_file():
+                top.error(f"--webhook-cert-dir {args.webhook_cert_dir} has no {name}")
+    return Options(namespaces=args.namespaces, health_port=args.health_port, metrics_port=args.metrics_port,
+                   webhook=not args.no_webhook, webhook_port=args.webhook_port,
+                   webhook_cert_dir=args.webhook_cert_dir, webhook_self_signed=args.webhook_self_signed,
+                   webhook_config_name=args.webhook_config_name, peering=args.peering,
+                   log_format=args.log_format, kubeconfig=args.kubeconfig)
+
+
+def _webhook_server(options: Options, workdir: pathlib.Path) -> kopf.WebhookServer:
+    if options.webhook_cert_dir:
+        cert_dir = pathlib.Path(options.webhook_cert_dir)
+        return kopf.WebhookServer(addr="0.0.0.0", port=options.webhook_port,
+                                  certfile=cert_dir / "tls.crt", pkeyfile=cert_dir / "tls.key")
+    # The API server reaches the pod by its IP (the chart sets POD_IP from the downward API).
+    host = os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
+    ca = certs.self_signed(workdir, [host, "localhost", "127.0.0.1"])
+    return kopf.WebhookServer(addr="0.0.0.0", port=options.webhook_port, host=host,
+                              certfile=workdir / "tls.crt", pkeyfile=workdir / "tls.key", cadata=ca)
+
+
+def settings_for(options: Options, workdir: pathlib.Path) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # Everything kopf writes onto objects carries the operator's own prefix.
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.enabled = False  # the reconcile posts its own events, only on transitions
+    if options.webhook:
+        settings.admission.server = _webhook_server(options, workdir)
+        settings.admission.managed = options.webhook_config_name
+    return settings
+
+
+def run(options: Options, *, stop_flag: threading.Event | None = None,
+        ready_flag: threading.Event | None = None) -> None:
+    """Run until stopped (SIGINT/SIGTERM, or `stop_flag` when given)."""
+    metrics = Metrics()
+    runner = Runner(connect(options.kubeconfig), metrics, drift_interval_s=options.drift_interval_s)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, runner, webhook=options.webhook)
+    server, thread = prometheus_client.start_http_server(options.metrics_port, registry=metrics.registry)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pd-operator-") as workdir:
+            asyncio.run(kopf.operator(
+                registry=registry, settings=settings_for(options, pathlib.Path(workdir)),
+                standalone=options.peering is None, peering_name=options.peering,
+                clusterwide=not options.namespaces, namespaces=options.namespaces,
+                liveness_endpoint=f"http://0.0.0.0:{options.health_port}/healthz",
+                stop_flag=stop_flag, ready_flag=ready_flag))
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = options_from(sys.argv[1:] if argv is None else argv)
+    logs.configure(options.log_format)
+    run(options)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The one level-based reconcile of a PDDeployment: every trigger (create, update, resume, the
+drift timer, a child's change) runs the same steps, so the outcome never depends on which one.
+
+validate -> (invalid: status + event, children untouched) -> render -> gate the proxy during a KV
+layout roll -> plan against the observed children -> apply what changed (owner reference
+included, so apply adopts) -> prune what the spec no longer wants -> group restarts -> status
+(written only when it changed) -> events on significant transitions.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pd_operator.api.types import ROLES
+from pd_operator.controller import restarts, rollout
+from pd_operator.controller import status as status_mod
+from pd_operator.controller.client import Client
+from pd_operator.controller.planner import Plan, is_owned_by, key, plan, stamp
+from pd_operator.controller.pods import label
+from pd_operator.names import Names
+from pd_operator.render import render
+from pd_operator.render.labels import DEPLOYMENT, INSTANCE, ROLE
+from pd_operator.validate import Validation, validate
+
+logger = logging.getLogger(__name__)
+
+
+class InvalidSpec(Exception):
+    """The spec cannot be served; retrying will not help until the user changes it."""
+
+
+@dataclass
+class Outcome:
+    applied: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    status_written: bool = False
+    ready: bool = False
+    kv_compatible: bool = False
+
+
+def manifest_of(body: dict) -> dict:
+    """The user's manifest as the validator wants it (no status, no server-managed metadata)."""
+    meta = body["metadata"]
+    return {"apiVersion": body["apiVersion"], "kind": body["kind"],
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "generation", "labels")
+                         if k in meta},
+            "spec": body.get("spec")}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _desired(validation: Validation, body: dict, pods: list[dict]) -> tuple[list[dict], bool]:
+    dep = validation.deployment
+    assert dep is not None
+    layout = status_mod.layout_hash(validation)
+    assert layout is not None
+    gated, rolling = rollout.gate(
+        render(validation), pods, Names(dep.name, dep.namespace),
+        {role: validation.pod_plans[role].pods for role in ROLES},
+        {role: dep.role(role).replicas for role in ROLES}, layout)
+    return [stamp(m, body) for m in gated], rolling
+
+
+def _apply(client: Client, the_plan: Plan, children: list[dict], outcome: Outcome) -> list[dict]:
+    """Apply and prune; the children as they are afterwards."""
+    current = {key(c): c for c in children}
+    for manifest in the_plan.apply:
+        current[key(manifest)] = client.apply(manifest)
+        outcome.applied.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
+    for obj in the_plan.prune:
+        client.delete(obj)
+        current.pop(key(obj), None)
+        outcome.pruned.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    return list(current.values())
+
+
+def _group_restarts(client: Client, body: dict, children: list[dict], pods: list[dict], now: datetime,
+                    outcome: Outcome) -> list[restarts.Decision]:
+    uid = body["metadata"]["uid"]
+    decisions = []
+    for sts in children:
+        if sts["kind"] != "StatefulSet" or not is_owned_by(sts, uid):
+            continue
+        role, index = label(sts, ROLE), label(sts, INSTANCE)
+        members = [p for p in pods if label(p, ROLE) == role and label(p, INSTANCE) == index]
+        decision = restarts.decide(sts, members, now)
+        if decision.action == "restart":
+            ns = sts["metadata"]["namespace"]
+            history = {restarts.HISTORY: ",".join(decision.history)}
+            client.annotate_stateful_set(ns, decision.instance, history)
+            for pod in members:
+                if pod["metadata"]["name"] in decision.pods:
+                    client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
+            client.post_event(body, "Warning", "GroupRestart",
+                              f"Restarting all {len(decision.pods)} pods of {decision.instance}: "
+                              f"{', '.join(decision.failed)} failed and the other ranks cannot "
+                              "recover alone.")
+            outcome.restarted.append(decision.instance)
+        if decision.action != "none":
+            decisions.append(decision)
+    return decisions
+
+
+def _write_status(client: Client, body: dict, validation: Validation, observed: status_mod.Observed,
+                  now: datetime, outcome: Outcome) -> None:
+    meta = body["metadata"]
+    previous = body.get("status") or {}
+    new = status_mod.status(validation, observed, previous, meta.get("generation"),
+                            now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    conditions = {c["type"]: c["status"] for c in new["conditions"]}
+    outcome.ready = conditions.get("Ready") == "True"
+    outcome.kv_compatible = conditions.get("KVCompatible") == "True"
+    if new == previous:
+        return
+    client.patch_status(meta["namespace"], meta["name"], new)
+    outcome.status_written = True
+    for type_, reason, message in status_mod.transitions(previous.get("conditions") or [], new["conditions"]):
+        client.post_event(body, type_, reason, message)
+
+
+def reconcile(client: Client, body: dict, now: datetime | None = None) -> Outcome:
+    """Bring the children of one PDDeployment to its spec. Raises InvalidSpec (after recording the
+    findings in the status) when the spec cannot be served, client.ApiError on API failures."""
+    now = now or _now()
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    validation = validate(manifest_of(body),
+                          read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k))
+    selector = f"{DEPLOYMENT}={name}"
+    children = client.list_children(ns, selector)
+    pods = client.list_pods(ns, selector)
+    outcome = Outcome()
+    if not validation.ok:
+        observed = status_mod.Observed(children=children, pods=pods)
+        _write_status(client, body, validation, observed, now, outcome)
+        raise InvalidSpec(" ".join(f.line() for f in validation.errors))
+    desired, rolling = _desired(validation, body, pods)
+    the_plan = plan(desired, children, meta["uid"])
+    children = _apply(client, the_plan, children, outcome)
+    decisions = _group_restarts(client, body, children, pods, now, outcome)
+    if outcome.restarted:
+        pods = client.list_pods(ns, selector)
+    observed = status_mod.Observed(children=children, pods=pods, foreign=the_plan.foreign,
+                                   blocked=the_plan.blocked, rolling=rolling, restarts=decisions)
+    _write_status(client, body, validation, observed, now, outcome)
+    if outcome.applied or outcome.pruned or outcome.restarted:
+        logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s", ns, name,
+                    outcome.applied, outcome.pruned, outcome.restarted)
+    return outcome

@@ -1,0 +1,262 @@
+"""The PDDeployment's status from its validation and its observed children. Pure: the caller
+passes the clock, the previous conditions and everything observed.
+
+Conditions follow the Kubernetes conventions: a CamelCase reason, a message a user can act on,
+the generation they describe, and a lastTransitionTime that only moves when the status does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pd_operator.api.types import ROLES, PDDeployment
+from pd_operator.controller.pods import by_instance, instance_ready
+from pd_operator.controller.restarts import Decision
+from pd_operator.findings import Finding
+from pd_operator.render import kv_layout_hash
+from pd_operator.render.context import Context
+from pd_operator.validate import Validation
+
+TYPES = ("KVCompatible", "MetadataReady", "PrefillReady", "DecodeReady", "ProxyReady", "Ready",
+         "Progressing", "Degraded")
+MAX_MESSAGE = 1024
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one reconcile saw (children after its own applies) and did."""
+
+    children: list[dict] = field(default_factory=list)
+    pods: list[dict] = field(default_factory=list)
+    foreign: list[dict] = field(default_factory=list)
+    blocked: list[dict] = field(default_factory=list)
+    rolling: bool = False
+    restarts: list[Decision] = field(default_factory=list)
+    """Group-restart decisions other than `none` made in this pass."""
+
+
+@dataclass(frozen=True)
+class _Cond:
+    type: str
+    ok: bool | None
+    reason: str
+    message: str
+
+
+def _errors_text(findings: list[Finding]) -> str:
+    return " ".join(f"{f.path}: {f.message}" if f.path else f.message for f in findings)[:MAX_MESSAGE]
+
+
+def _child(observed: Observed, kind: str, name: str) -> dict | None:
+    return next((c for c in observed.children
+                 if c["kind"] == kind and c["metadata"]["name"] == name), None)
+
+
+def shape(dep: PDDeployment, role: str) -> str:
+    """`1xTP8`, `2xDP2xTP4`, `1xTP8xPP2`: instances x DP x TP (x PP)."""
+    spec = dep.role(role)
+    parts = [f"{spec.replicas}"]
+    if spec.data_parallel_size > 1:
+        parts.append(f"DP{spec.data_parallel_size}")
+    parts.append(f"TP{spec.tensor_parallel_size}")
+    if spec.pipeline_parallel_size > 1:
+        parts.append(f"PP{spec.pipeline_parallel_size}")
+    return "x".join(parts)
+
+
+def layout_hash(validation: Validation) -> str | None:
+    return kv_layout_hash(Context.of(validation)) if validation.ok else None
+
+
+def _ready_counts(validation: Validation, observed: Observed) -> dict[str, int]:
+    wanted = layout_hash(validation)
+    if wanted is None:
+        return dict.fromkeys(ROLES, 0)
+    groups = by_instance(observed.pods)
+    dep = validation.deployment
+    assert dep is not None
+    return {role: sum(1 for i in range(dep.role(role).replicas)
+                      if instance_ready(groups.get((role, i), []), validation.pod_plans[role].pods, wanted))
+            for role in ROLES}
+
+
+def _kv_condition(validation: Validation) -> _Cond:
+    report = validation.report
+    if report is None:
+        errors = validation.errors
+        reason = errors[0].code if errors else "Unknown"
+        return _Cond("KVCompatible", False, reason,
+                     _errors_text(errors) or "The model's KV description could not be resolved.")
+    errors = [f for f in report.findings if f.severity == "error"]
+    if errors:
+        return _Cond("KVCompatible", False, errors[0].code, _errors_text(errors))
+    p, d = report.prefill_layout, report.decode_layout
+    assert p is not None and d is not None
+    return _Cond("KVCompatible", True, "Compatible",
+                 f"Prefill engine blocks of {p.engine_block_size} tokens and decode blocks of "
+                 f"{d.engine_block_size} tokens pair through {report.segment_tokens}-token segments.")
+
+
+def _role_condition(dep: PDDeployment, role: str, ready: int) -> _Cond:
+    kind = f"{role.capitalize()}Ready"
+    want = dep.role(role).replicas
+    if want == 0:
+        return _Cond(kind, True, "ScaledToZero", f"spec.{role}.replicas is 0.")
+    if ready >= want:
+        return _Cond(kind, True, "InstancesReady", f"All {want} {role} instances are ready.")
+    return _Cond(kind, False, "InstancesNotReady",
+                 f"{ready} of {want} {role} instances are ready; the others are starting or loading "
+                 "the model (see the pods' events).")
+
+
+def _deployment_ready(obj: dict | None) -> tuple[int, int]:
+    """(ready replicas, wanted replicas) of an observed Deployment."""
+    if obj is None:
+        return 0, 1
+    return (obj.get("status") or {}).get("readyReplicas") or 0, (obj.get("spec") or {}).get("replicas", 1)
+
+
+def _proxy_condition(dep: PDDeployment, observed: Observed) -> _Cond:
+    if not dep.spec.proxy.enabled:
+        return _Cond("ProxyReady", True, "Disabled", "spec.proxy.enabled is false.")
+    ready, want = _deployment_ready(_child(observed, "Deployment", f"{dep.name}-proxy"))
+    if want == 0:
+        return _Cond("ProxyReady", False, "NoUpstreams",
+                     "The proxy is scaled to zero: a role has no instance it may route to yet.")
+    if ready >= want:
+        return _Cond("ProxyReady", True, "ProxyAvailable", f"{ready} proxy pods are ready.")
+    return _Cond("ProxyReady", False, "ProxyNotReady", f"{ready} of {want} proxy pods are ready.")
+
+
+def _metadata_condition(dep: PDDeployment, observed: Observed) -> _Cond:
+    ready, _ = _deployment_ready(_child(observed, "Deployment", f"{dep.name}-metadata"))
+    if ready >= 1:
+        return _Cond("MetadataReady", True, "ServerAvailable", "The Mooncake metadata server is ready.")
+    return _Cond("MetadataReady", False, "ServerNotReady",
+                 "The Mooncake metadata server has no ready pod yet; engines cannot register.")
+
+
+def _degraded(observed: Observed) -> _Cond:
+    limited = [d for d in observed.restarts if d.action == "limited"]
+    if limited:
+        names = ", ".join(d.instance for d in limited)
+        return _Cond("Degraded", True, "GroupRestartLimited",
+                     f"Instances {names} keep failing; group restarts stopped after the limit. Check "
+                     "the pods' logs, fix the cause, then delete the pods to retry.")
+    restarted = [d for d in observed.restarts if d.action == "restart"]
+    if restarted:
+        return _Cond("Degraded", True, "GroupRestart",
+                     f"Restarted all pods of {', '.join(d.instance for d in restarted)} after "
+                     f"{', '.join(p for d in restarted for p in d.failed)} failed.")
+    if observed.blocked:
+        names = ", ".join(f"{m['kind']} {m['metadata']['name']}" for m in observed.blocked)
+        return _Cond("Degraded", True, "NameConflict",
+                     f"{names} already exist(s) without this PDDeployment as owner; delete or rename "
+                     "them so the operator can create its own.")
+    if observed.foreign:
+        names = ", ".join(f"{m['kind']} {m['metadata']['name']}" for m in observed.foreign)
+        return _Cond("Degraded", True, "ForeignChild",
+                     f"{names} carry this PDDeployment's labels but are not owned by it; they are "
+                     "left alone. Remove the labels or the objects.")
+    return _Cond("Degraded", False, "AsExpected", "Nothing is degraded.")
+
+
+def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> list[_Cond]:
+    if not validation.ok:
+        text = _errors_text(validation.errors)
+        return [_Cond("Ready", False, validation.errors[0].code if validation.errors else "InvalidSpec",
+                      f"The spec is invalid; the children of the last valid spec are unchanged. {text}"),
+                _Cond("Progressing", False, "InvalidSpec", "Fix the spec to continue.")]
+    failing = [c for c in parts if c.ok is not True]
+    if not failing:
+        ready = _Cond("Ready", True, "Serving", "Prefill, decode and the proxy are ready.")
+    else:
+        ready = _Cond("Ready", False, failing[0].reason, failing[0].message)
+    if observed.rolling:
+        progressing = _Cond("Progressing", True, "RollingOut",
+                            "A new KV layout is rolling out; the proxy routes only between instances "
+                            "of the new layout.")
+    elif failing:
+        progressing = _Cond("Progressing", True, "WaitingForPods", failing[0].message)
+    else:
+        progressing = _Cond("Progressing", False, "Complete", "Every child is up to date and ready.")
+    return [ready, progressing]
+
+
+def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
+    dep = validation.deployment
+    kv = _kv_condition(validation)
+    if dep is None or not validation.ok:
+        return [kv, *_summary(validation, [], observed), _degraded(observed)]
+    ready = _ready_counts(validation, observed)
+    parts = []
+    if dep.spec.kv_transfer.metadata.mode == "http":
+        parts.append(_metadata_condition(dep, observed))
+    parts += [_role_condition(dep, role, ready[role]) for role in ROLES]
+    parts.append(_proxy_condition(dep, observed))
+    return [kv, *parts, *_summary(validation, parts, observed), _degraded(observed)]
+
+
+def _status_word(ok: bool | None) -> str:
+    return "Unknown" if ok is None else "True" if ok else "False"
+
+
+def conditions(validation: Validation, observed: Observed, previous: list[dict], generation: int | None,
+               now: str) -> list[dict]:
+    """The conditions, in TYPES order; lastTransitionTime kept from `previous` unless status changed."""
+    before = {c.get("type"): c for c in previous}
+    out = []
+    for cond in sorted(_evaluate(validation, observed), key=lambda c: TYPES.index(c.type)):
+        status = _status_word(cond.ok)
+        prior = before.get(cond.type)
+        since = prior.get("lastTransitionTime") if prior and prior.get("status") == status else None
+        out.append({"type": cond.type, "status": status, "reason": cond.reason,
+                    "message": cond.message[:MAX_MESSAGE], "observedGeneration": generation,
+                    "lastTransitionTime": since or now})
+    return out
+
+
+def _role_status(dep: PDDeployment, role: str, ready: int) -> dict:
+    return {"desiredInstances": dep.role(role).replicas, "readyInstances": ready, "shape": shape(dep, role)}
+
+
+def status(validation: Validation, observed: Observed, previous: dict, generation: int | None,
+           now: str) -> dict:
+    """The whole `.status`. With an invalid spec the last valid layout and role figures are kept."""
+    out = dict(previous)
+    out["observedGeneration"] = generation
+    out["conditions"] = conditions(validation, observed, previous.get("conditions") or [], generation, now)
+    dep, report = validation.deployment, validation.report
+    if not validation.ok or dep is None or report is None:
+        return out
+    ready = _ready_counts(validation, observed)
+    for role in ROLES:
+        out[role] = _role_status(dep, role, ready[role])
+    p, d = report.prefill_layout, report.decode_layout
+    assert p is not None and d is not None
+    out["kvLayout"] = {"prefillBlockSize": p.engine_block_size, "decodeBlockSize": d.engine_block_size,
+                       "segmentTokens": report.segment_tokens, "hash": layout_hash(validation)}
+    if dep.spec.proxy.enabled:
+        out["proxyEndpoint"] = f"{dep.name}-proxy.{dep.namespace}.svc:{dep.spec.proxy.port}"
+    else:
+        out.pop("proxyEndpoint", None)
+    return out
+
+
+SIGNIFICANT = {"KVCompatible", "Ready", "Degraded"}
+
+
+def transitions(previous: list[dict], current: list[dict]) -> list[tuple[str, str, str]]:
+    """Events for significant condition changes: (type Normal|Warning, reason, message)."""
+    before = {c["type"]: c for c in previous}
+    out = []
+    for cond in current:
+        prior = before.get(cond["type"])
+        if cond["type"] not in SIGNIFICANT or (
+                prior and (prior["status"], prior["reason"]) == (cond["status"], cond["reason"])):
+            continue
+        if prior is None and cond["type"] == "Degraded" and cond["status"] == "False":
+            continue  # "not degraded" at creation is not news
+        bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
+        out.append(("Warning" if bad else "Normal", cond["reason"], cond["message"]))
+    return out
