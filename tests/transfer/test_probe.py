@@ -15,7 +15,7 @@ from pd_operator.kv import presets
 from pd_operator.kv.side import Side
 from pd_operator.manifest import PairInput
 from pd_operator.transfer.engine import P2P
-from pd_operator.transfer.metadata_server import free_port, http_metadata_server
+from pd_operator.transfer.metadata_server import free_port
 from pd_operator.transfer.probe_geometry import probe_geometry
 
 pytestmark = pytest.mark.transfer
@@ -32,15 +32,6 @@ def discovery_flags(metadata_server: str) -> list[str]:
 
 def env() -> dict[str, str]:
     return {**os.environ, **ENV_LOOPBACK}
-
-
-@pytest.fixture(params=["p2p", "http"])
-def metadata_server(request) -> Iterator[str]:
-    if request.param == "p2p":
-        yield P2P
-    else:
-        with http_metadata_server() as url:
-            yield url
 
 
 def serve(metadata_server: str, pairing: list[str]) -> tuple[subprocess.Popen, str]:
@@ -62,9 +53,10 @@ def check(metadata_server: str, peer: str, pairing: list[str]) -> tuple[int, dic
 
 
 @pytest.fixture
-def served(metadata_server) -> Iterator[tuple[str, subprocess.Popen, str]]:
-    proc, peer = serve(metadata_server, GLM_P8_D4)
-    yield metadata_server, proc, peer
+def served(discovery) -> Iterator[tuple[str, subprocess.Popen, str]]:
+    """A serving probe under the session's metadata discovery (conftest: P2P, then HTTP)."""
+    proc, peer = serve(discovery, GLM_P8_D4)
+    yield discovery, proc, peer
     proc.terminate()
     proc.wait(10)
 
@@ -90,7 +82,7 @@ def test_check_refuses_a_peer_serving_another_pairing(served):
     assert "prefill.engineBlockSize: this side has 1152, the peer 640" in error
 
 
-@pytest.mark.parametrize("metadata_server", [P2P], indirect=True)
+@pytest.mark.parametrize("discovery", ["p2p"], indirect=True)
 def test_check_fails_when_the_peer_is_gone(served):
     metadata_server, proc, peer = served
     proc.kill()
@@ -100,10 +92,15 @@ def test_check_fails_when_the_peer_is_gone(served):
     assert f"cannot fetch the descriptor from http://{peer}/descriptor" in result["errors"][0]
 
 
-def test_bad_input_is_one_line_and_exit_2():
-    done = subprocess.run([*PROBE, "check", "--peer", "127.0.0.1:1", "--model", "no-such-model",
-                           "--prefill-tp", "8", "--decode-tp", "4"],
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "no-such-model", "--prefill-tp", "8", "--decode-tp", "4"],
+     "--model: unknown model preset 'no-such-model'"),
+    ([*GLM_P8_D4, "--layers", "0"], "--layers: 0 must be at least 1"),
+    (["--model", "glm-5.3-flash", "--prefill-tp", "8", "--decode-tp", "3"], "the pairing is incompatible: "),
+])
+def test_bad_input_is_one_line_and_exit_2(flags, message):
+    done = subprocess.run([*PROBE, "check", "--peer", "127.0.0.1:1", *flags],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith("pd-kv-probe: --model: unknown model preset 'no-such-model'")
-    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"pd-kv-probe: {message}")
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1

@@ -59,16 +59,6 @@ class InputError(Exception):
     """Input the probe cannot use; printed as one line, exit code 2."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 # --- pairing and discovery --------------------------------------------------------------------
 
 def pairing(args: argparse.Namespace) -> PairInput:
@@ -98,7 +88,15 @@ def pairing(args: argparse.Namespace) -> PairInput:
                      side("decode", args.decode_tp, 1, args.decode_block_size), DEFAULT_CONNECTOR)
 
 
+POSITIVE_FLAGS = ("prefill_tp", "prefill_pp", "decode_tp", "prefill_block_size", "decode_block_size",
+                  "kernel_block_size", "prompt_tokens", "layers")
+
+
 def geometry(args: argparse.Namespace) -> ProbeGeometry:
+    for name in POSITIVE_FLAGS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InputError(f"--{name.replace('_', '-')}: {value} must be at least 1")
     try:
         return probe_geometry(pairing(args), args.prompt_tokens, args.layers)
     except GeometryError as err:
@@ -270,17 +268,17 @@ def parser() -> argparse.ArgumentParser:
     pair = common.add_argument_group("pairing")
     pair.add_argument("--config", help="PDDeployment manifest (YAML or JSON) to take the pairing from")
     pair.add_argument("--model", help="built-in model preset (see `pdctl models`)")
-    pair.add_argument("--prefill-tp", type=_positive)
-    pair.add_argument("--prefill-pp", type=_positive, default=1)
-    pair.add_argument("--decode-tp", type=_positive)
-    pair.add_argument("--prefill-block-size", type=_positive)
-    pair.add_argument("--decode-block-size", type=_positive)
-    pair.add_argument("--kernel-block-size", type=_positive, default=ASCEND_KERNEL_BLOCK)
+    pair.add_argument("--prefill-tp", type=int)
+    pair.add_argument("--prefill-pp", type=int, default=1)
+    pair.add_argument("--decode-tp", type=int)
+    pair.add_argument("--prefill-block-size", type=int)
+    pair.add_argument("--decode-block-size", type=int)
+    pair.add_argument("--kernel-block-size", type=int, default=ASCEND_KERNEL_BLOCK)
     pair.add_argument("--kv-cache-dtype", default="auto")
     pair.add_argument("--num-speculative-tokens", type=int, default=0)
-    pair.add_argument("--prompt-tokens", type=_positive, default=DEFAULT_PROMPT_TOKENS,
+    pair.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS,
                       help=f"test prompt length (default {DEFAULT_PROMPT_TOKENS}, ends mid-block)")
-    pair.add_argument("--layers", type=_positive, default=DEFAULT_LAYERS,
+    pair.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
                       help=f"layers per cache group to register (default {DEFAULT_LAYERS})")
     disc = common.add_argument_group("discovery")
     disc.add_argument("--metadata-server", default=P2P,

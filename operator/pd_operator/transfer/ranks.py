@@ -77,7 +77,8 @@ def differences(memory: np.ndarray, views: dict[RegionKey, np.ndarray], layout: 
     for key, view in views.items():
         bad = np.flatnonzero(view != expected_views[key])
         if len(bad):
-            problems.append(f"rank {rank} region {key}: {len(bad)} bytes differ, "
+            blank = int(np.count_nonzero(view[bad] == UNWRITTEN))
+            problems.append(f"rank {rank} region {key}: {len(bad)} bytes differ ({blank} never written), "
                             f"first at offset {int(bad[0])}")
         start = int(view.ctypes.data) - base
         covered[start: start + len(view)] = True
