@@ -29,8 +29,8 @@ def _decorated_methods() -> dict[str, bool]:
     for fn in cls.body:
         if not isinstance(fn, ast.FunctionDef) or fn.name == "_request":
             continue
-        sends = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "_request"
-                    for c in ast.walk(fn))
+        sends = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                    and c.func.attr == "_request" for c in ast.walk(fn))
         if sends:
             out[fn.name] = any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "needs"
                                for d in fn.decorator_list)

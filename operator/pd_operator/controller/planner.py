@@ -35,7 +35,10 @@ def is_owned_by(obj: dict, uid: str) -> bool:
 
 def manifest_hash(manifest: dict) -> str:
     body = json.loads(json.dumps(manifest))
-    body["metadata"].get("annotations", {}).pop(APPLIED_HASH, None)
+    annotations = body["metadata"].get("annotations", {})
+    annotations.pop(APPLIED_HASH, None)
+    if not annotations:
+        body["metadata"].pop("annotations", None)  # stamped or not, the same manifest
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

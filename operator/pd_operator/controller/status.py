@@ -244,6 +244,8 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
 
 
 SIGNIFICANT = {"KVCompatible", "Ready", "Degraded"}
+STARTING = {"InstancesNotReady", "ProxyNotReady", "ServerNotReady", "NoUpstreams"}
+"""Ready=False reasons that only mean "not up yet": no event when an object starts with them."""
 
 
 def transitions(previous: list[dict], current: list[dict]) -> list[tuple[str, str, str]]:
@@ -255,8 +257,11 @@ def transitions(previous: list[dict], current: list[dict]) -> list[tuple[str, st
         if cond["type"] not in SIGNIFICANT or (
                 prior and (prior["status"], prior["reason"]) == (cond["status"], cond["reason"])):
             continue
-        if prior is None and cond["type"] == "Degraded" and cond["status"] == "False":
+        if prior is None and (cond["type"], cond["status"]) == ("Degraded", "False"):
             continue  # "not degraded" at creation is not news
+        starting = (cond["type"], cond["status"]) == ("Ready", "False") and cond["reason"] in STARTING
+        if prior is None and starting:
+            continue
         bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
         out.append(("Warning" if bad else "Normal", cond["reason"], cond["message"]))
     return out

@@ -1,0 +1,99 @@
+"""The pure planner: what to apply, what to prune, what to leave alone."""
+
+from __future__ import annotations
+
+import copy
+
+from helpers import OWNER_UID, desired, validated
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pd_operator.controller.planner import APPLIED_HASH, key, manifest_hash, plan
+
+
+def _names(objs: list[dict]) -> list[str]:
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
+
+
+def test_stamp_adopts_with_a_controller_reference_and_records_the_hash():
+    manifest = desired(validated())[0]
+    (ref,) = manifest["metadata"]["ownerReferences"]
+    assert ref["uid"] == OWNER_UID and ref["controller"] is True and ref["blockOwnerDeletion"] is True
+    assert manifest["metadata"]["annotations"][APPLIED_HASH] == manifest_hash(manifest)
+
+
+def test_hash_follows_the_spec_and_ignores_itself():
+    a = desired(validated())
+    b = desired(validated(decode__replicas=2))
+    assert [x["metadata"]["annotations"][APPLIED_HASH] for x in a] == \
+        [x["metadata"]["annotations"][APPLIED_HASH] for x in desired(validated())]
+    sts = {key(m): m for m in a if m["kind"] == "StatefulSet"}
+    changed = [m for m in b if key(m) in sts and manifest_hash(m) != manifest_hash(sts[key(m)])]
+    proxy = [m for m in b if m["metadata"]["name"] == "glm-flash-proxy" and m["kind"] == "Deployment"]
+    assert not changed, "adding a decode instance must not touch the existing StatefulSets"
+    assert manifest_hash(proxy[0]) != manifest_hash(next(m for m in a if key(m) == key(proxy[0])))
+
+
+def test_nothing_observed_applies_everything_in_render_order():
+    want = desired(validated())
+    result = plan(want, [], OWNER_UID)
+    assert result.apply == want and not result.prune and result.unchanged == 0
+
+
+def test_unchanged_children_need_no_request_even_with_server_added_fields():
+    want = desired(validated())
+    observed = copy.deepcopy(want)
+    for obj in observed:
+        obj["metadata"]["resourceVersion"] = "7"
+        obj["status"] = {"readyReplicas": 1}
+    result = plan(want, observed, OWNER_UID)
+    assert result.apply == [] and result.prune == [] and result.unchanged == len(want)
+
+
+def test_changed_missing_and_unwanted_children():
+    old = desired(validated(decode__replicas=2))
+    new = desired(validated())
+    observed = [o for o in old if o["metadata"]["name"] != "glm-flash-kv"]
+    result = plan(new, observed, OWNER_UID)
+    assert _names(result.prune) == ["Service/glm-flash-decode-1", "StatefulSet/glm-flash-decode-1"]
+    assert _names(result.apply) == ["Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv"]
+
+
+def test_foreign_objects_are_never_applied_over_nor_pruned():
+    want = desired(validated())
+    foreign_same_name = copy.deepcopy(want[0])
+    foreign_same_name["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    foreign_other = copy.deepcopy(want[1])
+    foreign_other["metadata"]["name"] = "hand-made"
+    del foreign_other["metadata"]["ownerReferences"]
+    result = plan(want, [foreign_same_name, foreign_other], OWNER_UID)
+    assert _names(result.blocked) == _names([want[0]])
+    assert key(want[0]) not in {key(m) for m in result.apply}
+    assert _names(result.foreign) == _names([foreign_same_name, foreign_other])
+    assert result.prune == []
+
+
+def test_terminating_children_are_not_deleted_again():
+    old = desired(validated(decode__replicas=2))
+    for obj in old:
+        obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert plan(desired(validated()), old, OWNER_UID).prune == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_plan_partitions_desired_and_only_prunes_owned_leftovers(data):
+    want = desired(validated(decode__replicas=2))
+    observed = data.draw(st.lists(st.sampled_from(want), unique_by=key))
+    observed = copy.deepcopy(observed)
+    for obj in observed:
+        if data.draw(st.booleans()):
+            obj["metadata"]["annotations"][APPLIED_HASH] = "stale"
+        if data.draw(st.booleans()):
+            obj["metadata"]["ownerReferences"] = [{"uid": "other"}]
+    subset = data.draw(st.lists(st.sampled_from(want), unique_by=key))
+    result = plan(subset, observed, OWNER_UID)
+    handled = {key(m) for m in result.apply} | {key(m) for m in result.blocked}
+    assert len(handled) + result.unchanged == len(subset)
+    assert {key(m) for m in result.prune}.isdisjoint({key(m) for m in subset})
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == OWNER_UID for o in result.prune)

@@ -1,0 +1,62 @@
+"""Group-restart decisions for multi-pod instances (pure, explicit clock)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from helpers import pod
+
+from pd_operator.controller.restarts import HISTORY, LIMIT, WINDOW, decide
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+LABELS = {"pd.serving.dev/role": "decode", "pd.serving.dev/instance": "0"}
+
+
+def _sts(replicas: int, history: list[datetime] | str = ()) -> dict:
+    text = history if isinstance(history, str) else ",".join(t.isoformat() for t in history)
+    return {"metadata": {"name": "glm-decode-0", "annotations": {HISTORY: text} if text else {}},
+            "spec": {"replicas": replicas}}
+
+
+def _group(n: int, **broken: dict) -> list[dict]:
+    return [pod(f"glm-decode-0-{i}", LABELS, **broken.get(f"p{i}", {})) for i in range(n)]
+
+
+def test_healthy_group_needs_nothing():
+    assert decide(_sts(2), _group(2), NOW).action == "none"
+
+
+def test_single_pod_instances_are_left_to_the_kubelet():
+    assert decide(_sts(1), _group(1, p0={"restarts": 3}), NOW).action == "none"
+
+
+@pytest.mark.parametrize("broken", [{"restarts": 1}, {"phase": "Failed", "ready": False}])
+def test_one_failed_rank_restarts_the_whole_group(broken):
+    d = decide(_sts(2), _group(2, p1=broken), NOW)
+    assert d.action == "restart" and d.failed == ("glm-decode-0-1",)
+    assert d.pods == ("glm-decode-0-0", "glm-decode-0-1")
+    assert d.history == (NOW.isoformat(),)
+
+
+def test_terminating_pods_are_not_counted_twice():
+    group = _group(2, p1={"restarts": 1})
+    group[1]["metadata"]["deletionTimestamp"] = NOW.isoformat()
+    assert decide(_sts(2), group, NOW).action == "none"
+
+
+def test_restarts_are_rate_limited_within_the_window():
+    recent = [NOW - timedelta(minutes=m) for m in range(1, LIMIT + 1)]
+    d = decide(_sts(2, recent), _group(2, p0={"restarts": 1}), NOW)
+    assert d.action == "limited" and d.pods == ()
+
+
+def test_old_restarts_fall_out_of_the_window():
+    old = [NOW - WINDOW - timedelta(seconds=1)] * LIMIT
+    d = decide(_sts(2, old), _group(2, p0={"restarts": 1}), NOW)
+    assert d.action == "restart" and d.history == (NOW.isoformat(),)
+
+
+def test_a_garbled_history_does_not_block_restarts():
+    d = decide(_sts(2, "yesterday,,not-a-time"), _group(2, p0={"restarts": 1}), NOW)
+    assert d.action == "restart"

@@ -1,0 +1,133 @@
+"""The pure status function: conditions, role figures, the KV layout and events."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import example
+from helpers import desired, pods_of, validated, with_status
+
+from pd_operator.controller.restarts import Decision
+from pd_operator.controller.status import TYPES, Observed, conditions, shape, status, transitions
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def _by_type(conds: list[dict]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in conds}
+
+
+def _serving(validation) -> Observed:
+    children = with_status(desired(validation))
+    return Observed(children=children, pods=pods_of(children))
+
+
+def test_nothing_running_yet():
+    v = validated()
+    got = _by_type(conditions(v, Observed(), [], 1, T0))
+    assert got == {"KVCompatible": ("True", "Compatible"), "PrefillReady": ("False", "InstancesNotReady"),
+                   "DecodeReady": ("False", "InstancesNotReady"), "ProxyReady": ("False", "ProxyNotReady"),
+                   "Ready": ("False", "InstancesNotReady"), "Progressing": ("True", "WaitingForPods"),
+                   "Degraded": ("False", "AsExpected")}
+
+
+def test_everything_ready_is_ready_and_complete():
+    v = validated()
+    st = status(v, _serving(v), {}, 3, T0)
+    got = _by_type(st["conditions"])
+    assert got["Ready"] == ("True", "Serving") and got["Progressing"] == ("False", "Complete")
+    assert all(c["observedGeneration"] == 3 for c in st["conditions"])
+    assert st["prefill"] == {"desiredInstances": 1, "readyInstances": 1, "shape": "1xTP8"}
+    assert st["decode"] == {"desiredInstances": 1, "readyInstances": 1, "shape": "1xDP2xTP4"}
+    assert {k: st["kvLayout"][k] for k in ("prefillBlockSize", "decodeBlockSize", "segmentTokens")} == \
+        {"prefillBlockSize": 640, "decodeBlockSize": 1152, "segmentTokens": 128}
+    assert st["proxyEndpoint"] == "glm-flash-proxy.default.svc:8000"
+    assert [c["type"] for c in st["conditions"]] == [t for t in TYPES if t != "MetadataReady"]
+
+
+def test_pods_of_another_kv_layout_do_not_count_as_ready():
+    v = validated()
+    children = with_status(desired(v))
+    observed = Observed(children=children, pods=pods_of(children, layout="old"))
+    got = _by_type(conditions(v, observed, [], 1, T0))
+    assert got["PrefillReady"][0] == got["DecodeReady"][0] == "False"
+
+
+def test_a_missing_rank_keeps_a_multi_pod_instance_not_ready():
+    v = validated(decode__npusPerNode=4)  # DP2xTP4 on 4-NPU nodes: two pods per decode instance
+    children = with_status(desired(v))
+    pods = [p for p in pods_of(children) if p["metadata"]["name"] != "glm-flash-decode-0-1"]
+    got = _by_type(conditions(v, Observed(children=children, pods=pods), [], 1, T0))
+    assert got["DecodeReady"] == ("False", "InstancesNotReady") and got["PrefillReady"][0] == "True"
+
+
+def test_last_transition_time_moves_only_when_the_status_does():
+    v = validated()
+    first = conditions(v, Observed(), [], 1, T0)
+    again = conditions(v, Observed(), first, 1, T1)
+    assert [c["lastTransitionTime"] for c in again] == [T0] * len(again)
+    ready = conditions(v, _serving(v), again, 1, T1)
+    moved = {c["type"] for c in ready if c["lastTransitionTime"] == T1}
+    assert moved == {"PrefillReady", "DecodeReady", "ProxyReady", "Ready", "Progressing"}
+
+
+def test_incompatible_spec_names_the_field_and_keeps_the_last_layout():
+    v = validated(example("incompatible-glm-tp8-tp3.yaml"))
+    previous = {"kvLayout": {"hash": "before"}, "conditions": []}
+    st = status(v, Observed(), previous, 2, T0)
+    got = {c["type"]: c for c in st["conditions"]}
+    kv = got["KVCompatible"]
+    assert (kv["status"], kv["reason"]) == ("False", "HeadsNotDivisibleByTP")
+    assert "spec.decode.tensorParallelSize" in got["KVCompatible"]["message"]
+    assert got["Ready"]["status"] == "False" and "unchanged" in got["Ready"]["message"]
+    assert got["Progressing"]["reason"] == "InvalidSpec"
+    assert st["kvLayout"] == {"hash": "before"} and st["observedGeneration"] == 2
+
+
+def test_metadata_condition_only_in_http_mode():
+    v = validated(example("qwen3-next-http-metadata.yaml"))
+    got = _by_type(status(v, _serving(v), {}, 1, T0)["conditions"])
+    assert got["MetadataReady"] == ("True", "ServerAvailable") and got["Ready"] == ("True", "Serving")
+    children = with_status(desired(v))
+    for c in children:
+        if c["metadata"]["name"].endswith("-metadata") and c["kind"] == "Deployment":
+            c["status"]["readyReplicas"] = 0
+    got = _by_type(conditions(v, Observed(children=children, pods=pods_of(children)), [], 1, T0))
+    assert got["MetadataReady"] == ("False", "ServerNotReady") and got["Ready"] == ("False", "ServerNotReady")
+
+
+@pytest.mark.parametrize(("observed", "reason"), [
+    (Observed(foreign=[{"kind": "Service", "metadata": {"name": "x"}}]), "ForeignChild"),
+    (Observed(blocked=[{"kind": "Service", "metadata": {"name": "x"}}]), "NameConflict"),
+    (Observed(restarts=[Decision("d-0", "restart", ("p-1",), ("p-0", "p-1"))]), "GroupRestart"),
+    (Observed(restarts=[Decision("d-0", "limited", ("p-1",))]), "GroupRestartLimited"),
+])
+def test_degraded_reasons(observed, reason):
+    got = _by_type(conditions(validated(), observed, [], 1, T0))
+    assert got["Degraded"] == ("True", reason)
+
+
+def test_rolling_out_is_progressing():
+    v = validated()
+    got = _by_type(conditions(v, Observed(rolling=True), [], 1, T0))
+    assert got["Progressing"] == ("True", "RollingOut")
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({}, "1xTP8"), ({"prefill__replicas": 3}, "3xTP8"),
+    ({"prefill__dataParallelSize": 2, "prefill__tensorParallelSize": 4}, "1xDP2xTP4"),
+    ({"prefill__pipelineParallelSize": 2, "prefill__npusPerNode": 16}, "1xTP8xPP2"),
+])
+def test_shape(changes, expected):
+    dep = validated(**changes).deployment
+    assert dep is not None and shape(dep, "prefill") == expected
+
+
+def test_events_only_for_significant_transitions():
+    v = validated()
+    first = conditions(v, Observed(), [], 1, T0)
+    assert transitions([], first) == [("Normal", "Compatible", first[0]["message"])]  # starting is no news
+    assert transitions(first, conditions(v, Observed(), first, 1, T1)) == []
+    ready = conditions(v, _serving(v), first, 1, T1)
+    assert [(t, r) for t, r, _ in transitions(first, ready)] == [("Normal", "Serving")]
+    degraded = conditions(v, Observed(foreign=[{"kind": "Service", "metadata": {"name": "x"}}]), ready, 1, T1)
+    assert ("Warning", "ForeignChild") in [(t, r) for t, r, _ in transitions(ready, degraded)]
