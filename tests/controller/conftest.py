@@ -84,8 +84,9 @@ def start_operator(cluster: DevCluster) -> Iterator[Callable[..., OperatorThread
     started: list[OperatorThread] = []
 
     def start(**overrides: Any) -> OperatorThread:
-        options = Options(kubeconfig=cluster.kubeconfig_path, webhook=False, health_port=free_port(),
-                          metrics_port=free_port(), **overrides)
+        settings = {"kubeconfig": cluster.kubeconfig_path, "webhook": False, "health_port": free_port(),
+                    "metrics_port": free_port(), **overrides}
+        options = Options(**settings)
         op = OperatorThread(options).start()
         started.append(op)
         return op
