@@ -9,6 +9,8 @@ import pytest
 import yaml
 from chart_render import RELEASE, REPO, operator_container, operator_deployment, rendered, template
 
+from pd_operator.controller.main import options_from
+
 FULLNAME = f"{RELEASE}-pd-operator"
 COMMON = ["--health-port=8080", "--metrics-port=9090"]
 SELF_SIGNED = ["--webhook-port=9443", "--webhook-self-signed", f"--webhook-config-name={FULLNAME}"]
@@ -112,3 +114,23 @@ def test_extra_pod_labels_cannot_break_the_selector():
     assert labels["team"] == "llm"
     for key, value in deployment["spec"]["selector"]["matchLabels"].items():
         assert labels[key] == value
+
+
+@pytest.mark.parametrize("value_set", sorted(EXPECTED_ARGS))
+def test_the_operator_accepts_the_rendered_command_line(value_set, tmp_path):
+    # The real parser of `pd-operator run`: every flag the chart passes must mean what the chart means.
+    (tmp_path / "tls.crt").write_text("cert")  # the cert-manager Secret, as mounted
+    (tmp_path / "tls.key").write_text("key")
+    cert_dir = "--webhook-cert-dir=/etc/pd-operator/webhook-tls"
+    args = [f"--webhook-cert-dir={tmp_path}" if a == cert_dir else a for a in EXPECTED_ARGS[value_set]]
+    options = options_from(args)
+
+    values = {"namespaced": ["llm-prod", "llm-staging"], "peering-namespaced": ["llm-prod"]}
+    assert options.namespaces == values.get(value_set, [])
+    assert (options.health_port, options.metrics_port) == (8080, 9090)
+    assert options.webhook == ("--no-webhook" not in args)
+    assert options.webhook_self_signed == ("--webhook-self-signed" in args)
+    assert options.webhook_config_name == (FULLNAME if options.webhook_self_signed else None)
+    assert options.webhook_cert_dir == (str(tmp_path) if cert_dir in EXPECTED_ARGS[value_set] else None)
+    assert options.peering == {"peering": "pd-operator-peers", "peering-namespaced": FULLNAME}.get(value_set)
+    assert options.log_format == ("plain" if value_set == "webhook-off" else "json")

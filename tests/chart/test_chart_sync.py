@@ -16,8 +16,9 @@ from pd_operator.tools import chart_sync
 # (apiGroup, resource, verb) triples kopf itself needs, by mode; nothing else may be granted.
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
 NAMESPACE_READ = {("", "namespaces", v) for v in ("get", "list", "watch")}
-CA_BUNDLE_PATCH = {
-    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", v) for v in ("get", "patch")
+# kopf's managed (self-signed) webhook: try-create, then patch this release's configuration.
+WEBHOOK_CONFIG = {
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", v) for v in ("create", "patch")
 }
 PEERING = ("get", "list", "watch", "patch")
 
@@ -57,9 +58,10 @@ def test_cluster_mode_grants_the_rules_cluster_wide():
     docs = rendered("default")
     role = one(docs, "ClusterRole")
     assert find(docs, "Role") == [] and find(docs, "RoleBinding") == []
-    assert _triples(role["rules"]) == OPERATOR | CRD_READ | CA_BUNDLE_PATCH
-    (ca_rule,) = [r for r in role["rules"] if "resourceNames" in r]
-    assert ca_rule["resourceNames"] == [one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"]]
+    assert _triples(role["rules"]) == OPERATOR | CRD_READ | WEBHOOK_CONFIG
+    (named,) = [r for r in role["rules"] if "resourceNames" in r]
+    assert named["verbs"] == ["patch"]  # only `create` cannot be limited to one name
+    assert named["resourceNames"] == [one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"]]
 
 
 def test_namespaced_mode_grants_the_rules_per_namespace_only():
@@ -70,8 +72,8 @@ def test_namespaced_mode_grants_the_rules_per_namespace_only():
         assert _triples(role["rules"]) == OPERATOR
     bound = sorted(b["metadata"]["namespace"] for b in find(docs, "RoleBinding"))
     assert bound == ["llm-prod", "llm-staging"]
-    # What stays cluster-wide is read-only apart from this release's own webhook configuration.
-    assert _triples(one(docs, "ClusterRole")["rules"]) == CRD_READ | NAMESPACE_READ | CA_BUNDLE_PATCH
+    # What stays cluster-wide is read-only apart from the webhook configuration kopf manages.
+    assert _triples(one(docs, "ClusterRole")["rules"]) == CRD_READ | NAMESPACE_READ | WEBHOOK_CONFIG
 
 
 def test_no_webhook_means_no_webhook_permission():

@@ -4,7 +4,8 @@ bindings reach the ServiceAccount, peering objects carry the name the operator i
 
 from __future__ import annotations
 
-from chart_render import NAMESPACE, find, one, operator_container, operator_deployment, rendered
+import yaml
+from chart_render import NAMESPACE, find, one, operator_container, operator_deployment, rendered, template
 
 WEBHOOK_PATH = "/validate-pddeployment"
 
@@ -36,14 +37,24 @@ def test_services_select_the_operator_pods_on_named_ports(value_set):
             assert port["targetPort"] in port_names, port
 
 
+def _webhook_services(docs: list[dict]) -> list[dict]:
+    return [s for s in find(docs, "Service") if s["metadata"]["name"].endswith("-webhook")]
+
+
 def test_webhook_configuration_reaches_the_webhook_service(value_set):
     docs = rendered(value_set)
     configs = find(docs, "ValidatingWebhookConfiguration")
     if _flag(docs, "webhook-port") is None:
-        assert configs == []
-        assert not [s for s in find(docs, "Service") if s["metadata"]["name"].endswith("-webhook")]
+        assert configs == [] and _webhook_services(docs) == []
         return
     (config,) = configs
+    if "--webhook-self-signed" in operator_container(docs)["args"]:
+        # kopf fills this object in (and calls the pod IP): the chart adds no webhook of its own.
+        assert _flag(docs, "webhook-config-name") == config["metadata"]["name"]
+        assert config["webhooks"] == [] and _webhook_services(docs) == []
+        env = {e["name"]: e for e in operator_container(docs)["env"]}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        return
     (hook,) = config["webhooks"]
     ref = hook["clientConfig"]["service"]
     service = one(docs, "Service", ref["name"], ref["namespace"])
@@ -52,24 +63,37 @@ def test_webhook_configuration_reaches_the_webhook_service(value_set):
     (rule,) = hook["rules"]
     assert rule["apiGroups"] == ["pd.serving.dev"] and rule["apiVersions"] == ["v1alpha1"]
     assert rule["resources"] == ["pddeployments"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
-    if _flag(docs, "webhook-config-name") is not None:
-        assert _flag(docs, "webhook-config-name") == config["metadata"]["name"]
+    assert _flag(docs, "webhook-config-name") is None  # the operator leaves this configuration alone
+
+
+def _cert_manager_webhook(*settings: str) -> dict:
+    result = template("--set", "webhook.certManager.enabled=true", *settings)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    (config,) = find(docs, "ValidatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    return hook
 
 
 def test_webhook_is_limited_to_the_watched_namespaces():
-    (config,) = find(rendered("namespaced"), "ValidatingWebhookConfiguration")
-    (expression,) = config["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+    hook = _cert_manager_webhook("--set", "watchNamespaces={llm-prod,llm-staging}")
+    (expression,) = hook["namespaceSelector"]["matchExpressions"]
     assert expression == {
         "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["llm-prod", "llm-staging"],
     }
-    (cluster_wide,) = find(rendered("default"), "ValidatingWebhookConfiguration")
-    assert "namespaceSelector" not in cluster_wide["webhooks"][0]
+    assert "namespaceSelector" not in _cert_manager_webhook()
 
 
-def test_failure_policy_follows_the_value():
-    for value_set, policy in (("default", "Fail"), ("cert-manager", "Ignore")):
-        (config,) = find(rendered(value_set), "ValidatingWebhookConfiguration")
-        assert config["webhooks"][0]["failurePolicy"] == policy
+def test_failure_policy_and_timeout_follow_the_values():
+    assert _cert_manager_webhook()["failurePolicy"] == "Fail"
+    hook = _cert_manager_webhook("--set", "webhook.failurePolicy=Ignore", "--set", "webhook.timeoutSeconds=5")
+    assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
+
+
+def test_self_signed_webhook_refuses_a_failure_policy_it_cannot_apply():
+    result = template("--set", "webhook.failurePolicy=Ignore")
+    assert result.returncode != 0
+    assert "webhook.failurePolicy: the operator's self-signed webhook always fails closed" in result.stderr
 
 
 def test_cert_manager_certificate_reaches_the_pod_and_the_ca_bundle():
@@ -100,6 +124,7 @@ def test_self_signed_mode_has_no_cert_manager_objects():
     assert find(docs, "Certificate") == [] and find(docs, "Issuer") == []
     (config,) = find(docs, "ValidatingWebhookConfiguration")
     assert "annotations" not in config["metadata"]
+    assert not [v for v in operator_deployment(docs)["spec"]["template"]["spec"]["volumes"] if "secret" in v]
 
 
 def test_service_monitor_scrapes_the_metrics_service():

@@ -51,7 +51,7 @@ app.kubernetes.io/part-of: pd-operator
 {{- if gt (int .Values.replicaCount) 1 }}true{{ end }}
 {{- end }}
 
-{{/* The operator makes and injects its own certificate; it must be allowed to patch the caBundle. */}}
+{{/* The operator makes its own certificate and (through kopf) its own webhook configuration. */}}
 {{- define "pd-operator.webhookSelfSigned" -}}
 {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}true{{ end }}
 {{- end }}

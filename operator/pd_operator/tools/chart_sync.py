@@ -70,8 +70,16 @@ def split_by_scope(rules: Iterable[dict]) -> dict[str, list[dict]]:
     return {"namespaced": namespaced, "clusterScoped": cluster}
 
 
+class _NoAliases(yaml.SafeDumper):
+    """Rules sharing one verbs list would otherwise come out as YAML anchors and aliases."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
 def rules_document(rules: Iterable[dict]) -> str:
-    return HEADER + yaml.safe_dump(split_by_scope(rules), sort_keys=False, default_flow_style=None)
+    body = yaml.dump(split_by_scope(rules), Dumper=_NoAliases, sort_keys=False, default_flow_style=None)
+    return HEADER + body
 
 
 def _write_if_changed(path: Path, text: str) -> bool:
