@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import pathlib
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pd_operator.controller.main import Options, run
+from pd_operator.controller.background import BackgroundOperator
+from pd_operator.controller.main import Options
 from pd_operator.devcluster import DevCluster
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -43,35 +43,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "c
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-class OperatorThread:
-    """The real operator in a thread; `stop()` ends it the way SIGTERM would."""
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self.stop_flag = threading.Event()
-        self.ready_flag = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, name="pd-operator", daemon=True)
-
-    def _main(self) -> None:
-        try:
-            run(self.options, stop_flag=self.stop_flag, ready_flag=self.ready_flag)
-        except BaseException as err:  # surfaced by stop()
-            self.error = err
-
-    def start(self) -> OperatorThread:
-        self.thread.start()
-        if not self.ready_flag.wait(20):
-            raise AssertionError(f"operator did not start: {self.error!r}")
-        return self
-
-    def stop(self) -> None:
-        self.stop_flag.set()
-        self.thread.join(timeout=20)
-        assert not self.thread.is_alive(), "operator did not stop"
-        assert self.error is None, repr(self.error)
-
-
 @pytest.fixture
 def cluster() -> Iterator[DevCluster]:
     with DevCluster(crd_paths=[str(CRD)], namespaces=("default", "other")) as running:
@@ -80,14 +51,14 @@ def cluster() -> Iterator[DevCluster]:
 
 
 @pytest.fixture
-def start_operator(cluster: DevCluster) -> Iterator[Callable[..., OperatorThread]]:
-    started: list[OperatorThread] = []
+def start_operator(cluster: DevCluster) -> Iterator[Callable[..., BackgroundOperator]]:
+    started: list[BackgroundOperator] = []
 
-    def start(**overrides: Any) -> OperatorThread:
+    def start(**overrides: Any) -> BackgroundOperator:
         settings = {"kubeconfig": cluster.kubeconfig_path, "webhook": False, "health_port": free_port(),
                     "metrics_port": free_port(), **overrides}
         options = Options(**settings)
-        op = OperatorThread(options).start()
+        op = BackgroundOperator(options).start()
         started.append(op)
         return op
 
@@ -95,6 +66,7 @@ def start_operator(cluster: DevCluster) -> Iterator[Callable[..., OperatorThread
     for op in started:
         if op.thread.is_alive():
             op.stop()
+        assert op.error is None, repr(op.error)
 
 
 @pytest.fixture
