@@ -42,9 +42,13 @@ OWNED_FLAGS: dict[str, str] = {
     "--pipeline-parallel-size": "spec.{role}.pipelineParallelSize",
     "-pp": "spec.{role}.pipelineParallelSize",
     "--data-parallel-size-local": "the operator's pod plan",
+    "-dpl": "the operator's pod plan",
     "--data-parallel-start-rank": "the operator's pod plan",
+    "-dpr": "the operator's pod plan",
     "--data-parallel-address": "the operator's pod plan",
+    "-dpa": "the operator's pod plan",
     "--data-parallel-rpc-port": "the operator's port plan",
+    "-dpp": "the operator's port plan",
     "--headless": "the operator's pod plan",
     "--block-size": "spec.{role}.blockSize",
     "--kv-transfer-config": "spec.kvTransfer",
@@ -58,7 +62,28 @@ OWNED_FLAGS: dict[str, str] = {
 
 
 def flag_name(arg: str) -> str | None:
-    """`--block-size=128` -> `--block-size`; values and positional words -> None."""
+    """The option a word names, spelled the way vLLM's parser reads it: `--block_size=128` ->
+    `--block-size`, `--kv-transfer-config.kv_role` -> `--kv-transfer-config`; values and positional
+    words -> None. (vLLM 0.34 FlexibleArgumentParser.parse_args turns `_` into `-` in long option
+    names, and `--flag.key value` sets one key of the JSON flag `--flag`.)"""
     if not arg.startswith("-"):
         return None
-    return arg.split("=", 1)[0]
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        name = name.split(".", 1)[0].replace("_", "-")
+    return name
+
+
+def owned_flag(arg: str) -> str | None:
+    """The owned flag an extraArgs word sets, or None.
+
+    argparse (allow_abbrev, which vLLM keeps) also takes any unambiguous prefix of an option, so
+    `--tensor-parallel 2` or `-t 2` set the tensor parallel size: a prefix of an owned flag counts
+    as that flag. A prefix that is ambiguous makes vLLM exit, so refusing it costs nothing.
+    """
+    name = flag_name(arg)
+    if name is None or name.strip("-") == "":
+        return None
+    if name in OWNED_FLAGS:
+        return name
+    return next((flag for flag in OWNED_FLAGS if flag.startswith(name)), None)

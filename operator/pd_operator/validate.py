@@ -24,7 +24,7 @@ from pd_operator.kv.hf_config import ConfigError, model_from_hf_config
 from pd_operator.kv.model import ModelKV
 from pd_operator.kv.side import Side
 from pd_operator.names import Names
-from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, flag_name
+from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, owned_flag
 from pd_operator.ports import port_findings
 from pd_operator.topology import PodPlan, TopologyError, pod_plan
 
@@ -157,11 +157,13 @@ def _override_findings(role: str, spec: RoleSpec) -> list[Finding]:
                                f"{env.name} is set by the operator ({OWNED_ENV[env.name]}); remove it "
                                "from env."))
     for i, arg in enumerate(spec.extra_args):
-        flag = flag_name(arg)
-        if flag in OWNED_FLAGS:
+        flag = owned_flag(arg)
+        if flag is not None:
             owner = OWNED_FLAGS[flag].format(role=role)
+            given = arg.split("=", 1)[0]
+            spelled = flag if given == flag else f"{given} (which vLLM reads as {flag})"
             out.append(Finding("ArgOverride", "error", f"spec.{role}.extraArgs[{i}]", "",
-                               f"{flag} is rendered by the operator from {owner}; remove it from "
+                               f"{spelled} is rendered by the operator from {owner}; remove it from "
                                "extraArgs and set that instead."))
     return out
 
@@ -180,6 +182,18 @@ def _role_findings(dep: PDDeployment, role: str) -> tuple[PodPlan | None, list[F
     kv = dep.spec.kv_transfer
     out += port_findings(role, kv.kv_port, dep.spec.serving_port, plan, spec.npus_per_node, kv.protocol)
     return plan, out
+
+
+def _metadata_port_findings(dep: PDDeployment) -> list[Finding]:
+    """The NetworkPolicy opens the serving port of every pod it isolates (the metadata server's
+    too) to the namespace, so the metadata server must not listen on it: anyone there could
+    rewrite the engines' transfer metadata."""
+    meta = dep.spec.kv_transfer.metadata
+    if meta.mode != "http" or meta.server_port != dep.spec.serving_port:
+        return []
+    return [Finding("MetadataPortExposed", "error", "spec.kvTransfer.metadata.serverPort", "",
+                    f"The metadata server port {meta.server_port} equals spec.servingPort, which the "
+                    "NetworkPolicy opens to every pod of the namespace; choose another serverPort.")]
 
 
 def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Finding]:
@@ -215,6 +229,7 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
         if plan is not None:
             plans[role] = plan
     findings += _name_findings(dep, plans)
+    findings += _metadata_port_findings(dep)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
     findings += model_findings
     if model is None:

@@ -87,8 +87,9 @@ def serving_container(ctx: Context, role: str, index: int, mounts: list[dict]) -
         "resources": resources(side.resources, side.npu_resource_name, ctx.plans[role].npus_per_pod),
         "volumeMounts": mounts,
         **probes(ctx, role),
-        # The device plugin grants the NPUs: no privileged mode, no extra capabilities.
-        "securityContext": {"privileged": False},
+        # The device plugin grants the NPUs: no privileged mode, no extra capabilities, and no
+        # setuid path to gain them (allowPrivilegeEscalation defaults to true when unset).
+        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
     }
 
 

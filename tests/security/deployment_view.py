@@ -1,0 +1,65 @@
+"""What the security tests need to know about a rendered PDDeployment: its pods (one per
+workload, with the template's labels and named ports) and the ports each serving pod listens on."""
+
+from __future__ import annotations
+
+import copy
+
+from netpol import Pod
+
+from pd_operator.ports import PROBE_PORT, kv_handshake, side_channel
+from pd_operator.render import render
+from pd_operator.validate import Validation, validate
+
+WORKLOADS = ("StatefulSet", "Deployment")
+
+
+def workload_pods(manifests: list[dict]) -> dict[str, Pod]:
+    """Pod of each workload by workload name (all pods of a template share labels and ports)."""
+    out = {}
+    for m in manifests:
+        if m["kind"] not in WORKLOADS:
+            continue
+        template = m["spec"]["template"]
+        ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"]
+                 for p in c.get("ports", []) if "name" in p}
+        out[m["metadata"]["name"]] = Pod(m["metadata"]["name"], m["metadata"]["namespace"],
+                                         dict(template["metadata"]["labels"]), ports)
+    return out
+
+
+def pod_specs(manifests: list[dict]) -> list[tuple[str, dict]]:
+    """(workload name, pod spec) of every workload."""
+    return [(m["metadata"]["name"], m["spec"]["template"]["spec"]) for m in manifests
+            if m["kind"] in WORKLOADS]
+
+
+def component(pod: Pod) -> str:
+    return pod.labels.get("app.kubernetes.io/component", "")
+
+
+def kv_ports(validation: Validation, role: str) -> dict[str, int]:
+    """The first port of each KV-side range a pod of `role` listens on (pod 0 of the instance)."""
+    spec, plan = validation.deployment.spec, validation.pod_plans[role]
+    kv_port = spec.kv_transfer.kv_port
+    out = {"KV handshake": kv_handshake(kv_port, plan, 0).start,
+           "KV side channel": side_channel(kv_port, plan, 0).start}
+    if role == "prefill" and spec.model.preset is not None:
+        out["KV-link probe"] = PROBE_PORT
+    return out
+
+
+def stranger(pod: Pod, *, name: str | None = None, namespace: str | None = None,
+             labels: dict[str, str] | None = None) -> Pod:
+    """A copy of `pod` under another deployment name, namespace or label set."""
+    new_labels = copy.deepcopy(pod.labels if labels is None else labels)
+    if name is not None:
+        new_labels = {k: (name if v == pod.labels.get("pd.serving.dev/deployment") else v)
+                      for k, v in new_labels.items()}
+    return Pod(f"{pod.name}-stranger", namespace or pod.namespace, new_labels, pod.ports)
+
+
+def validated_render(doc: dict) -> tuple[Validation, list[dict]]:
+    validation = validate(doc)
+    assert validation.ok, [f.line() for f in validation.errors]
+    return validation, render(validation)
