@@ -9,7 +9,7 @@ loopback through the real Mooncake engine (tcp), one process per rank, and compa
 Each figure is the median of --repeats pulls, taken in turns; throughput is bytes of the whole
 request over the time from the first rank's start to the last rank's end. Prints one
 `name: value` line per figure.
-Usage: bench/transfer.py [--prompt-tokens N] [--lanes N] [--repeats N]
+Usage: bench/transfer.py [--prompt-tokens N] [--lanes N] [--queue-limit N] [--repeats N]
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import argparse
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import SideLayout, side_layout
 from pd_operator.kv.plan import TransferPlan, plan_transfer
 from pd_operator.kv.side import Side
 from pd_operator.transfer.engine import P2P
-from pd_operator.transfer.executor import PullOptions
+from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions
 from pd_operator.transfer.loopback import Pairing, arena_bytes, requests, span
 from pd_operator.transfer.ranks import RankWorker, start_workers
 
@@ -88,6 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-tokens", type=int, default=32768)
     parser.add_argument("--lanes", type=int, default=8, help="MC_TCP_LANES_PER_PEER of every rank")
+    parser.add_argument("--queue-limit", type=int, default=DEFAULT_QUEUE_LIMIT,
+                        help="MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER of every rank")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
@@ -99,13 +102,16 @@ def main() -> None:
     naive = plan_transfer(p, d, args.prompt_tokens, prefill_blocks=req.prefill.blocks,
                           decode_blocks=req.decode.blocks, prefill_slot=req.prefill.slot,
                           decode_slot=req.decode.slot, merge=False)
-    env = {"MC_TCP_LANES_PER_PEER": str(args.lanes)}
+    env = {"MC_TCP_LANES_PER_PEER": str(args.lanes),
+           "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": str(args.queue_limit)}
     workers: list[RankWorker] = start_workers(12, P2P, arena_bytes(p, d, args.prompt_tokens, 1), env)
     try:
         pairing = Pairing.place(workers, p, d, args.prompt_tokens)
         touch(pairing, merged)
-        runs = {"ceiling": ceiling(pairing, merged), "naive": pull_plan(pairing, naive, PullOptions())}
-        runs |= {f"streams_{s}": pull_plan(pairing, merged, PullOptions(streams_per_peer=s)) for s in STREAMS}
+        one_stream = PullOptions(queue_limit=args.queue_limit)
+        runs = {"ceiling": ceiling(pairing, merged), "naive": pull_plan(pairing, naive, one_stream)}
+        runs |= {f"streams_{s}": pull_plan(pairing, merged, replace(one_stream, streams_per_peer=s))
+                 for s in STREAMS}
         figures = round_robin(runs, args.repeats)
     finally:
         for w in workers:
@@ -117,6 +123,7 @@ def main() -> None:
     print(f"merged_entries: {merged.entries}")
     print(f"naive_entries: {naive.entries}")
     print(f"lanes_per_peer: {args.lanes}")
+    print(f"queue_limit: {args.queue_limit}")
     for s, value in by_streams.items():
         print(f"merged_gbps_streams_{s}: {value:.3f}")
     print(f"merged_gbps: {by_streams[best]:.3f}")
