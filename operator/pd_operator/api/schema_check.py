@@ -105,11 +105,24 @@ def with_defaults(schema: dict, value: Any) -> Any:
     return value
 
 
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def _wide_integers(value: Any, path: list) -> list[Problem]:
+    """Integers outside int64, which Kubernetes cannot store and CEL cannot hold (celpy raises on
+    them), even in free-form fields the schema does not bound."""
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+        return [(_path(path) or "(root)", f"{value} is outside the 64-bit integer range")]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [p for key, item in items for p in _wide_integers(item, [*path, key])]
+
+
 def schema_problems(doc: dict) -> list[Problem]:
     """Every way `doc` fails the CRD schema; CEL rules run only on structurally valid documents,
     as in the API server (a rule over a wrongly typed field would only repeat the type error)."""
     problems = [(_path(err.absolute_path) or "(root)", err.message)
                 for err in sorted(_validator().iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+    problems += _wide_integers(doc, [])
     if problems:
         return problems
     return _cel_problems(_crd_schema(), with_defaults(_crd_schema(), doc), [])
