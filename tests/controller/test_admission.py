@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import example
+from controller_support import example
 
 from pd_operator.controller.admission import UPDATE_NOTE, verdict
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import EXAMPLES
+from controller_support import EXAMPLES
 
 from pd_operator import demo
 

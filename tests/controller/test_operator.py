@@ -13,7 +13,7 @@ import urllib.request
 
 import kubernetes
 import pytest
-from conftest import API, example, free_port, wait_for
+from controller_support import API, example, free_port, wait_for
 
 from pd_operator.controller.restarts import HISTORY
 
@@ -182,7 +182,8 @@ def test_failed_rank_restarts_its_whole_group(cluster, start_operator):
     assert cluster.get("v1", "Pod", NS, "glm-flash-prefill-0-0")["metadata"]["uid"] == prefill_uid
     sts = cluster.get("apps/v1", "StatefulSet", NS, "glm-flash-decode-0")
     assert len(sts["metadata"]["annotations"][HISTORY].split(",")) == 1
-    events = [e for e in cluster.list("v1", "Event", NS) if e["reason"] == "GroupRestart"]
+    events = wait_for(lambda: [e for e in cluster.list("v1", "Event", NS) if e["reason"] == "GroupRestart"],
+                      what="the GroupRestart event")
     assert len(events) == 1 and "glm-flash-decode-0-1" in events[0]["message"]
     serve(cluster)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from helpers import OWNER_UID, desired, validated
+from controller_helpers import OWNER_UID, desired, validated
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from helpers import pod
+from controller_helpers import pod
 
 from pd_operator.controller.restarts import HISTORY, LIMIT, WINDOW, decide
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import desired, pods_of, validated
+from controller_helpers import desired, pods_of, validated
 
 from pd_operator.controller.rollout import gate
 from pd_operator.controller.status import layout_hash

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import example
-from helpers import desired, pods_of, validated, with_status
+from controller_helpers import desired, pods_of, validated, with_status
+from controller_support import example
 
 from pd_operator.controller.restarts import Decision
 from pd_operator.controller.status import TYPES, Observed, conditions, shape, status, transitions

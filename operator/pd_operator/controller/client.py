@@ -48,13 +48,15 @@ def _group(api_version: str) -> str:
 
 CHILDREN: list[tuple[str, str]] = [(_group(av), plural) for (av, _), plural in CHILD_KINDS.items()]
 
-# What kopf does on the operator's behalf with its own API client: watch the PDDeployments and the
-# children the handlers react to, and patch the PDDeployments' annotations (its progress and
-# last-handled configuration). Login, peering and the webhook configuration are the chart's.
+# What kopf does on the operator's behalf with its own API client: list and watch the PDDeployments,
+# their children and pods (the handlers react to them, and the reconcile reads children and pods
+# from kopf's in-memory indexes instead of listing them), and patch the PDDeployments' annotations
+# (its progress and last-handled configuration). Login, peering and the webhook configuration are
+# the chart's.
+WATCHED: list[tuple[str, str]] = [(GROUP, PLURAL), *CHILDREN, ("", "pods")]
 FRAMEWORK: set[Need] = {
-    ("list", GROUP, PLURAL), ("watch", GROUP, PLURAL), ("patch", GROUP, PLURAL),
-    *(("watch", group, plural) for group, plural in CHILDREN),
-    ("watch", "", "pods"),
+    *((verb, group, plural) for group, plural in WATCHED for verb in ("list", "watch")),
+    ("patch", GROUP, PLURAL),
 }
 
 DECLARED: dict[str, set[Need]] = {}
@@ -167,15 +169,6 @@ class Client:
             content_type="application/apply-patch+yaml")
         return result
 
-    @needs(*_children("list"))
-    def list_children(self, namespace: str, selector: str) -> list[dict]:
-        out = []
-        for (api_version, kind), plural in CHILD_KINDS.items():
-            data = self._request("list", api_version, plural, "GET", _path(api_version, plural, namespace),
-                                 query=[("labelSelector", selector)])
-            out += [{"apiVersion": api_version, "kind": kind, **item} for item in data.get("items", [])]
-        return out
-
     @needs(*_children("delete"))
     def delete(self, obj: dict) -> None:
         """Delete one child; the API server's garbage collector removes what it owns (its pods)."""
@@ -207,12 +200,6 @@ class Client:
         return value if isinstance(value, str) else None
 
     # -- pods -----------------------------------------------------------------------------------------
-
-    @needs(("list", "", "pods"))
-    def list_pods(self, namespace: str, selector: str) -> list[dict]:
-        data = self._request("list", "v1", "pods", "GET", _path("v1", "pods", namespace),
-                             query=[("labelSelector", selector)])
-        return [{"apiVersion": "v1", "kind": "Pod", **item} for item in data.get("items", [])]
 
     @needs(("delete", "", "pods"))
     def delete_pod(self, namespace: str, name: str, uid: str) -> None:

@@ -7,6 +7,7 @@ can run in one process (tests, the demo) and importing this module has no side e
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller import admission
 from pd_operator.controller.client import CHILDREN, ApiError
 from pd_operator.controller.reconcile import InvalidSpec
-from pd_operator.controller.runner import Runner
+from pd_operator.controller.runner import Runner, index_id
 from pd_operator.render.labels import DEPLOYMENT
 
 WEBHOOK_ID = "validate-pddeployment"
@@ -62,24 +63,35 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: bool) 
         memo["drift"].cancel()
         await runner.close()
 
+    owned = [*CHILDREN, ("", "pods")]
+    plurals = [plural for _, plural in owned]
+
+    def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
+        return {(namespace, labels[DEPLOYMENT]): copy.deepcopy(dict(body))}
+
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, field="spec", registry=registry)
     @kopf.on.resume(*resource, registry=registry)
-    async def reconcile_pdd(*, namespace: str | None, name: str, reason: str, retry: int, **_: Any) -> None:
+    async def reconcile_pdd(*, namespace: str | None, name: str, reason: str, retry: int, **kw: Any) -> None:
+        runner.use_indexes(plurals, kw)
         await _reconcile_for_kopf(runner, namespace or "", name, str(reason), retry)
 
     @kopf.on.event(*resource, registry=registry)
-    async def follow_pdd(*, type: str, namespace: str | None, name: str, **_: Any) -> None:
+    async def follow_pdd(*, type: str, namespace: str | None, name: str, **kw: Any) -> None:
+        runner.use_indexes(plurals, kw)
         if type == "DELETED":
             runner.forget(namespace or "", name)
         else:
             runner.track(namespace or "", name)
 
-    async def poke_owner(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    async def poke_owner(*, namespace: str | None, labels: Mapping[str, str], **kw: Any) -> None:
+        runner.use_indexes(plurals, kw)
         runner.poke(namespace or "", labels[DEPLOYMENT])
 
-    for group, plural in [*CHILDREN, ("", "pods")]:
-        kopf.on.event(group, "v1", plural, labels={DEPLOYMENT: kopf.PRESENT}, registry=registry,
+    for group, plural in owned:
+        only_ours = {DEPLOYMENT: kopf.PRESENT}
+        kopf.index(group, "v1", plural, labels=only_ours, registry=registry, id=index_id(plural))(by_owner)
+        kopf.on.event(group, "v1", plural, labels=only_ours, registry=registry,
                       id=f"child-{plural}")(poke_owner)
 
     if webhook:

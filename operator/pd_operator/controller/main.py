@@ -72,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", metavar="NAME", help="kopf peering object (default: standalone)")
     run.add_argument("--log-format", choices=("plain", "json"), default="plain")
     run.add_argument("--kubeconfig", metavar="PATH", help="default: in-cluster, else $KUBECONFIG")
+    run.add_argument("--drift-interval", type=float, default=30.0, metavar="SECONDS",
+                     help="reconcile an object nothing else reconciled for this long (default 30)")
     return top
 
 
@@ -82,6 +84,8 @@ def options_from(argv: Sequence[str]) -> Options:
         top.error("--webhook-config-name needs --webhook-self-signed (cert-manager manages it otherwise)")
     if not args.no_webhook and not (args.webhook_cert_dir or args.webhook_self_signed):
         top.error("give --webhook-cert-dir DIR, --webhook-self-signed or --no-webhook")
+    if args.drift_interval <= 0:
+        top.error("--drift-interval must be positive")
     if args.webhook_cert_dir:
         for name in ("tls.crt", "tls.key"):
             if not (pathlib.Path(args.webhook_cert_dir) / name).is_file():
@@ -90,7 +94,8 @@ def options_from(argv: Sequence[str]) -> Options:
                    webhook=not args.no_webhook, webhook_port=args.webhook_port,
                    webhook_cert_dir=args.webhook_cert_dir, webhook_self_signed=args.webhook_self_signed,
                    webhook_config_name=args.webhook_config_name, peering=args.peering,
-                   log_format=args.log_format, kubeconfig=args.kubeconfig)
+                   log_format=args.log_format, kubeconfig=args.kubeconfig,
+                   drift_interval_s=args.drift_interval)
 
 
 def _webhook_server(options: Options, workdir: pathlib.Path) -> kopf.WebhookServer:

@@ -21,7 +21,7 @@ from pd_operator.controller.planner import Plan, is_owned_by, key, plan, stamp
 from pd_operator.controller.pods import label
 from pd_operator.names import Names
 from pd_operator.render import render
-from pd_operator.render.labels import DEPLOYMENT, INSTANCE, ROLE
+from pd_operator.render.labels import INSTANCE, ROLE
 from pd_operator.validate import Validation, validate
 
 logger = logging.getLogger(__name__)
@@ -123,17 +123,16 @@ def _write_status(client: Client, body: dict, validation: Validation, observed: 
         client.post_event(body, type_, reason, message)
 
 
-def reconcile(client: Client, body: dict, now: datetime | None = None) -> Outcome:
-    """Bring the children of one PDDeployment to its spec. Raises InvalidSpec (after recording the
-    findings in the status) when the spec cannot be served, client.ApiError on API failures."""
+def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict],
+              now: datetime | None = None) -> Outcome:
+    """Bring the children of one PDDeployment to its spec. `children` and `pods` are the objects
+    carrying its `pd.serving.dev/deployment` label, as observed. Raises InvalidSpec (after recording
+    the findings in the status) when the spec cannot be served, client.ApiError on API failures."""
     now = now or _now()
     meta = body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
+    ns = meta["namespace"]
     validation = validate(manifest_of(body),
                           read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k))
-    selector = f"{DEPLOYMENT}={name}"
-    children = client.list_children(ns, selector)
-    pods = client.list_pods(ns, selector)
     outcome = Outcome()
     if not validation.ok:
         observed = status_mod.Observed(children=children, pods=pods)
@@ -143,12 +142,12 @@ def reconcile(client: Client, body: dict, now: datetime | None = None) -> Outcom
     the_plan = plan(desired, children, meta["uid"])
     children = _apply(client, the_plan, children, outcome)
     decisions = _group_restarts(client, body, children, pods, now, outcome)
-    if outcome.restarted:
-        pods = client.list_pods(ns, selector)
+    gone = {pod for d in decisions if d.action == "restart" for pod in d.pods}
+    pods = [p for p in pods if p["metadata"]["name"] not in gone]
     observed = status_mod.Observed(children=children, pods=pods, foreign=the_plan.foreign,
                                    blocked=the_plan.blocked, rolling=rolling, restarts=decisions)
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted:
-        logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s", ns, name,
+        logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s", ns, meta["name"],
                     outcome.applied, outcome.pruned, outcome.restarted)
     return outcome

@@ -3,15 +3,22 @@ coalescing bursts of child events, plus the drift loop.
 
 Handlers and child events only say *which* object to reconcile; the runner reads the object
 itself under the object's lock, so two triggers never race and a stale event body can never make
-a redundant status write. The drift loop replaces `@kopf.timer`: kopf puts a finalizer on every
+a redundant status write. Children and pods come from kopf's indexes (kept current by its watches,
+like an informer cache), so a reconcile costs one read instead of a list per kind. An index may lag
+an apply by one event; that event triggers the next reconcile, which then sees it.
+
+The drift loop replaces `@kopf.timer`: kopf puts a finalizer on every
 object with a timer, and this operator needs none (children go with their owner references).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pd_operator.controller.client import ApiError, Client
 from pd_operator.controller.metrics import Metrics
@@ -20,6 +27,11 @@ from pd_operator.controller.reconcile import InvalidSpec, Outcome, reconcile
 logger = logging.getLogger(__name__)
 
 ObjKey = tuple[str, str]
+
+
+def index_id(plural: str) -> str:
+    """The kopf id of the index of one watched kind, by owning PDDeployment (also its kwarg name)."""
+    return f"{plural}_by_owner"
 
 
 class Runner:
@@ -33,6 +45,19 @@ class Runner:
         self._pending: set[ObjKey] = set()
         self._last_run: dict[ObjKey, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._indexes: dict[str, Mapping[ObjKey, Iterable[dict]]] = {}
+
+    def use_indexes(self, plurals: Iterable[str], handler_kwargs: Mapping[str, Any]) -> None:
+        """Remember kopf's indexes, which it only hands to handlers (as keyword arguments)."""
+        self._indexes = {plural: handler_kwargs[index_id(plural)] for plural in plurals}
+
+    def _snapshot(self, key: ObjKey) -> tuple[list[dict], list[dict]]:
+        """(children, pods) of one PDDeployment, copied in the event loop (kopf mutates them there)."""
+        children: list[dict] = []
+        pods: list[dict] = []
+        for plural, index in self._indexes.items():
+            (pods if plural == "pods" else children).extend(copy.deepcopy(list(index.get(key, []))))
+        return children, pods
 
     async def run(self, namespace: str, name: str, trigger: str) -> Outcome | None:
         """Reconcile now; None when the object is gone. Raises InvalidSpec or ApiError."""
@@ -45,7 +70,8 @@ class Runner:
                 if body is None:
                     self.forget(namespace, name)
                     return None
-                outcome = await asyncio.to_thread(reconcile, self.client, body)
+                children, pods = self._snapshot(key)
+                outcome = await asyncio.to_thread(reconcile, self.client, body, children, pods)
                 self.metrics.observe(namespace, name, outcome.ready, outcome.kv_compatible)
                 return outcome
             except InvalidSpec:

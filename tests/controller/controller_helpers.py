@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from conftest import example
+from controller_support import example
 
 from pd_operator.controller.planner import stamp
 from pd_operator.render import render
