@@ -13,7 +13,7 @@ import urllib.request
 
 import kubernetes
 import pytest
-from controller_support import API, example, free_port, wait_for
+from controller_support import API, ROOT, example, free_port, wait_for
 
 from pd_operator.controller.restarts import HISTORY
 
@@ -111,6 +111,27 @@ def test_glm_example_converges_to_ready_and_then_writes_nothing(cluster, start_o
         (r.method, r.path) for r in cluster.requests[-20:] if r.method != "GET"]
     reasons = [e["reason"] for e in cluster.list("v1", "Event", NS)]
     assert reasons.count("Serving") == 1 and reasons.count("Compatible") == 1
+
+    # No finalizer: deletion needs no operator; the owner references take the children along.
+    assert not pdd(cluster)["metadata"].get("finalizers")
+    cluster.delete(API, "PDDeployment", NS, "glm-flash")
+    wait_for(lambda: children(cluster) == {}, what="children collected with their owner")
+
+
+def test_model_config_from_a_config_map(cluster, start_operator):
+    start_operator(drift_interval_s=0.5)  # nothing of ours changes when the ConfigMap appears
+    doc = example()
+    doc["spec"]["model"].pop("preset")
+    doc["spec"]["model"]["hfConfigMap"] = {"name": "glm-config"}
+    cluster.create(doc)
+    wait_for(lambda: condition(cluster, "KVCompatible") == ("False", "ConfigMapNotFound"), what="missing")
+    assert children(cluster) == {}
+    config = (ROOT / "tests" / "kv" / "hf_configs" / "glm-5.3-flash" / "config.json").read_text()
+    cluster.create({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "glm-config", "namespace": NS}, "data": {"config.json": config}})
+    wait_for(lambda: condition(cluster, "KVCompatible") == ("True", "Compatible"), what="read from the map")
+    wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
+    assert pdd(cluster)["status"]["kvLayout"]["decodeBlockSize"] == 1152
 
 
 def test_incompatible_manifest_admitted_anyway_creates_nothing(cluster, start_operator):

@@ -45,6 +45,16 @@ def test_terminating_pods_are_not_counted_twice():
     assert decide(_sts(2), group, NOW).action == "none"
 
 
+def test_pods_from_before_the_last_restart_are_a_stale_view():
+    group = _group(2, p1={"restarts": 1})
+    for p in group:
+        p["metadata"]["creationTimestamp"] = "2026-01-01T11:58:00Z"
+    assert decide(_sts(2, [NOW - timedelta(minutes=1)]), group, NOW).action == "none"
+    for p in group:
+        p["metadata"]["creationTimestamp"] = "2026-01-01T11:59:30Z"  # made by that restart, failed again
+    assert decide(_sts(2, [NOW - timedelta(minutes=1)]), group, NOW).action == "restart"
+
+
 def test_restarts_are_rate_limited_within_the_window():
     recent = [NOW - timedelta(minutes=m) for m in range(1, LIMIT + 1)]
     d = decide(_sts(2, recent), _group(2, p0={"restarts": 1}), NOW)

@@ -149,5 +149,6 @@ def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict]
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted:
         logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s", ns, meta["name"],
-                    outcome.applied, outcome.pruned, outcome.restarted)
+                    outcome.applied, outcome.pruned, outcome.restarted,
+                    extra={"object": f"{ns}/{meta['name']}"})
     return outcome

@@ -11,7 +11,7 @@ times live in an annotation on the StatefulSet.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from pd_operator.controller.pods import has_failed, is_terminating
 
@@ -42,6 +42,11 @@ def _parse(times: str) -> list[datetime]:
     return out
 
 
+def _created(pod: dict) -> datetime:
+    stamp = pod["metadata"].get("creationTimestamp")
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else datetime.max.replace(tzinfo=UTC)
+
+
 def recent_restarts(stateful_set: dict, now: datetime) -> list[datetime]:
     raw = (stateful_set["metadata"].get("annotations") or {}).get(HISTORY, "")
     return [t for t in _parse(raw) if now - t < WINDOW]
@@ -57,6 +62,8 @@ def decide(stateful_set: dict, pods: list[dict], now: datetime) -> Decision:
     if not failed:
         return Decision(name, "none")
     history = recent_restarts(stateful_set, now)
+    if history and any(_created(p) < max(history) for p in live):
+        return Decision(name, "none")  # a view from before the last restart (a lagging cache)
     stamps = tuple(t.isoformat() for t in history)
     if len(history) >= LIMIT:
         return Decision(name, "limited", failed, (), stamps)
