@@ -9,6 +9,7 @@ structural part (with the Kubernetes extensions `x-kubernetes-int-or-string`,
 from __future__ import annotations
 
 import copy
+import logging
 from functools import cache
 from typing import Any
 
@@ -18,6 +19,10 @@ import jsonschema
 from pd_operator.api.crd import openapi_schema
 
 Problem = tuple[str, str]
+
+# celpy logs every evaluation step at DEBUG (kilobytes a rule); an operator running with verbose
+# logs would spend its time formatting them.
+logging.getLogger("celpy").setLevel(logging.WARNING)
 
 
 def _to_jsonschema(node: Any) -> Any:
