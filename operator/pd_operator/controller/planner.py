@@ -55,6 +55,20 @@ def applied_hash(obj: dict) -> str | None:
     return (obj.get("metadata", {}).get("annotations") or {}).get(APPLIED_HASH)
 
 
+def holds(observed: object, desired: object) -> bool:
+    """Whether `observed` still has every field of `desired` with its value: fields the API server
+    or others added are ignored, a hand edit of one the operator sets (replicas, image, env) is
+    not, even when the applied-hash annotation was left as it was. Scalars compare as text since
+    the API server returns quantities as strings."""
+    if isinstance(desired, dict):
+        return isinstance(observed, dict) and all(k in observed and holds(observed[k], v)
+                                                  for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(observed, list) and len(observed) == len(desired)
+                and all(holds(o, d) for o, d in zip(observed, desired, strict=True)))
+    return str(observed) == str(desired)
+
+
 @dataclass(frozen=True)
 class Plan:
     apply: list[dict] = field(default_factory=list)
@@ -78,7 +92,8 @@ def plan(desired: list[dict], observed: list[dict], owner_uid: str) -> Plan:
         current = seen.get(key(manifest))
         if key(manifest) in foreign_keys:
             blocked.append(manifest)
-        elif current is not None and applied_hash(current) == applied_hash(manifest):
+        elif (current is not None and applied_hash(current) == applied_hash(manifest)
+              and holds(current, manifest)):
             unchanged += 1
         else:
             apply.append(manifest)

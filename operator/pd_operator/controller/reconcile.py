@@ -33,8 +33,9 @@ class InvalidSpec(Exception):
 
 @dataclass
 class Outcome:
-    applied: list[str] = field(default_factory=list)
-    pruned: list[str] = field(default_factory=list)
+    applied: list[dict] = field(default_factory=list)
+    """The objects as the API server returned them from the apply."""
+    pruned: list[dict] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
     status_written: bool = False
     ready: bool = False
@@ -48,6 +49,10 @@ def manifest_of(body: dict) -> dict:
             "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "generation", "labels")
                          if k in meta},
             "spec": body.get("spec")}
+
+
+def _names(objs: list[dict]) -> list[str]:
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
 
 
 def _now() -> datetime:
@@ -70,12 +75,12 @@ def _apply(client: Client, the_plan: Plan, children: list[dict], outcome: Outcom
     """Apply and prune; the children as they are afterwards."""
     current = {key(c): c for c in children}
     for manifest in the_plan.apply:
-        current[key(manifest)] = client.apply(manifest)
-        outcome.applied.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
+        current[key(manifest)] = applied = client.apply(manifest)
+        outcome.applied.append(applied)
     for obj in the_plan.prune:
         client.delete(obj)
         current.pop(key(obj), None)
-        outcome.pruned.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        outcome.pruned.append(obj)
     return list(current.values())
 
 
@@ -149,6 +154,6 @@ def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict]
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted:
         logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s", ns, meta["name"],
-                    outcome.applied, outcome.pruned, outcome.restarted,
+                    _names(outcome.applied), _names(outcome.pruned), outcome.restarted,
                     extra={"object": f"{ns}/{meta['name']}"})
     return outcome

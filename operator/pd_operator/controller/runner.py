@@ -5,7 +5,8 @@ Handlers and child events only say *which* object to reconcile; the runner reads
 itself under the object's lock, so two triggers never race and a stale event body can never make
 a redundant status write. Children and pods come from kopf's indexes (kept current by its watches,
 like an informer cache), so a reconcile costs one read instead of a list per kind. An index may lag
-an apply by one event; that event triggers the next reconcile, which then sees it.
+an apply under load, so the runner remembers what it wrote itself until the index shows it (at
+most WRITE_MEMORY_S): otherwise every child event of a fresh object would re-apply its siblings.
 
 The drift loop replaces `@kopf.timer`: kopf puts a finalizer on every
 object with a timer, and this operator needs none (children go with their owner references).
@@ -22,11 +23,14 @@ from typing import Any
 
 from pd_operator.controller.client import ApiError, Client
 from pd_operator.controller.metrics import Metrics
+from pd_operator.controller.planner import Key
+from pd_operator.controller.planner import key as child_key
 from pd_operator.controller.reconcile import InvalidSpec, Outcome, reconcile
 
 logger = logging.getLogger(__name__)
 
 ObjKey = tuple[str, str]
+WRITE_MEMORY_S = 10.0
 
 
 def index_id(plural: str) -> str:
@@ -46,18 +50,44 @@ class Runner:
         self._last_run: dict[ObjKey, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._indexes: dict[str, Mapping[ObjKey, Iterable[dict]]] = {}
+        # Own writes the indexes may not show yet: child key -> (when, object or None if deleted).
+        self._written: dict[ObjKey, dict[Key, tuple[float, dict | None]]] = {}
 
     def use_indexes(self, plurals: Iterable[str], handler_kwargs: Mapping[str, Any]) -> None:
         """Remember kopf's indexes, which it only hands to handlers (as keyword arguments)."""
         self._indexes = {plural: handler_kwargs[index_id(plural)] for plural in plurals}
 
     def _snapshot(self, key: ObjKey) -> tuple[list[dict], list[dict]]:
-        """(children, pods) of one PDDeployment, copied in the event loop (kopf mutates them there)."""
+        """(children, pods) of one PDDeployment, copied in the event loop (kopf mutates them there),
+        with this runner's own recent writes laid over children the index does not show yet."""
         children: list[dict] = []
         pods: list[dict] = []
         for plural, index in self._indexes.items():
             (pods if plural == "pods" else children).extend(copy.deepcopy(list(index.get(key, []))))
-        return children, pods
+        return self._with_own_writes(key, children), pods
+
+    def _with_own_writes(self, key: ObjKey, children: list[dict]) -> list[dict]:
+        written = self._written.get(key, {})
+        indexed = {child_key(c): c for c in children}
+        now = time.monotonic()
+        for k, (when, obj) in list(written.items()):
+            seen = indexed.get(k)
+            caught_up = (seen is not None) if obj is not None else (seen is None)
+            if caught_up or now - when > WRITE_MEMORY_S:
+                del written[k]
+            elif obj is None:
+                indexed.pop(k)
+            else:
+                indexed[k] = copy.deepcopy(obj)
+        return list(indexed.values())
+
+    def _remember(self, key: ObjKey, outcome: Outcome) -> None:
+        written = self._written.setdefault(key, {})
+        now = time.monotonic()
+        for obj in outcome.applied:
+            written[child_key(obj)] = (now, obj)
+        for obj in outcome.pruned:
+            written[child_key(obj)] = (now, None)
 
     async def run(self, namespace: str, name: str, trigger: str) -> Outcome | None:
         """Reconcile now; None when the object is gone. Raises InvalidSpec or ApiError."""
@@ -72,6 +102,7 @@ class Runner:
                     return None
                 children, pods = self._snapshot(key)
                 outcome = await asyncio.to_thread(reconcile, self.client, body, children, pods)
+                self._remember(key, outcome)
                 self.metrics.observe(namespace, name, outcome.ready, outcome.kv_compatible)
                 return outcome
             except InvalidSpec:
@@ -94,6 +125,7 @@ class Runner:
     def forget(self, namespace: str, name: str) -> None:
         self._last_run.pop((namespace, name), None)
         self._locks.pop((namespace, name), None)
+        self._written.pop((namespace, name), None)
         self.metrics.forget(namespace, name)
 
     def poke(self, namespace: str, name: str, trigger: str = "child") -> None:
