@@ -43,12 +43,15 @@ def start_operator(cluster: DevCluster, **options: Any) -> BackgroundOperator:
     return BackgroundOperator(Options(**settings)).start()
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> float:
-    """Seconds until `predicate()` is true; fails the test after `timeout`."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.1,
+               detail: Callable[[], Any] | None = None) -> float:
+    """Seconds until `predicate()` is true; fails the test after `timeout`, with `detail()` (what is
+    still wrong) in the message."""
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
+                                 + (f": {detail()}" if detail else ""))
         time.sleep(poll)
     return time.monotonic() - started
 
@@ -65,6 +68,23 @@ def merge_patch(cluster: DevCluster, api_version: str, kind: str, namespace: str
     """A hand edit (kubectl edit): through the store, so the injected API faults never hit it."""
     rt = cluster.store.find_type(api_version, kind)
     return cluster.store.patch(rt, namespace, name, MERGE_PATCH, patch)[0]
+
+
+def hand_edit(cluster: DevCluster, api_version: str, kind: str, namespace: str, name: str,
+              change: Callable[[dict], None]) -> dict:
+    """Read, change and replace an object (kubectl edit), through the store so no injected fault
+    hits it; retried when the operator wrote it in between."""
+    rt = cluster.store.find_type(api_version, kind)
+    for _ in range(20):
+        obj = cluster.get(api_version, kind, namespace, name)
+        assert obj is not None, f"{kind} {name} is gone"
+        change(obj)
+        try:
+            return cluster.store.update(rt, namespace, name, obj)
+        except Exception as err:  # kmock's 409 on a stale resourceVersion: read again
+            if getattr(err, "status", None) != 409:
+                raise
+    raise AssertionError(f"{kind} {name} kept changing under the edit")
 
 
 def conditions(obj: dict | None) -> dict[str, tuple[str, str]]:
