@@ -167,9 +167,13 @@ def test_invalid_update_keeps_children_and_a_fix_or_scale_down_applies(cluster, 
 
 
 def test_deleted_child_is_restored_and_foreign_one_left_alone(cluster, start_operator):
-    start_operator()
+    start_operator(namespaces=["default"])  # --namespace default: "other" is not served
+    elsewhere = example()
+    elsewhere["metadata"]["namespace"] = "other"
+    cluster.create(elsewhere)
     cluster.create(example())
     wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
+    assert cluster.list("apps/v1", "StatefulSet", "other") == []
     old = children(cluster)["Service/glm-flash-decode-0"]["metadata"]["uid"]
     cluster.delete("v1", "Service", NS, "glm-flash-decode-0")
     wait_for(lambda: (children(cluster).get("Service/glm-flash-decode-0") or {"metadata": {"uid": old}})
