@@ -104,6 +104,7 @@ plan: install
 bench: install
 	$(PY) bench/plan.py
 	$(PY) bench/transfer.py
+	$(PY) bench/reconcile.py
 
 bench-transfer: install
 	$(PY) bench/transfer.py
