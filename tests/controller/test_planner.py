@@ -97,3 +97,18 @@ def test_plan_partitions_desired_and_only_prunes_owned_leftovers(data):
     assert len(handled) + result.unchanged == len(subset)
     assert {key(m) for m in result.prune}.isdisjoint({key(m) for m in subset})
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == OWNER_UID for o in result.prune)
+
+
+def test_a_hand_edit_of_an_owned_field_is_reapplied_even_with_the_hash_left_alone():
+    want = desired(validated())
+    observed = copy.deepcopy(want)
+    sts = next(o for o in observed if o["kind"] == "StatefulSet")
+    sts["spec"]["replicas"] = 5
+    sts["spec"]["template"]["spec"]["containers"][0]["image"] = "hand/edited:1"
+    assert _names(plan(want, observed, OWNER_UID).apply) == _names([sts])
+
+
+def test_server_side_text_forms_of_numbers_are_not_drift():
+    from pd_operator.controller.planner import holds
+    assert holds({"limits": {"cpu": "8"}, "extra": 1}, {"limits": {"cpu": 8}})
+    assert not holds({"args": ["a"]}, {"args": ["a", "b"]})
