@@ -277,3 +277,28 @@ def test_webhook_over_https_rejects_incompatible_and_warns(cluster, start_operat
     assert "keeps serving" in bad["status"]["message"]
     good = review(example(), "CREATE")
     assert good["allowed"] is True and any("spec.decode.blockSize" in w for w in good.get("warnings", []))
+
+
+def test_kv_layout_rollout_never_routes_across_layouts(cluster, start_operator, custom):
+    start_operator()
+    cluster.create(example())
+    wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
+    serve(cluster)
+    old_layout = pdd(cluster)["status"]["kvLayout"]["hash"]
+    # Slow StatefulSet patches widen the window in which the two roles run different layouts.
+    cluster.faults.configure(rate=1.0, kinds=["slow"], verbs=["patch"], resources=["statefulsets"],
+                             delay_s=0.5)
+    patch_spec(custom, {"image": {"name": "registry.example.com/pd-operator/vllm-ascend:v0.24.0-pd1"}})
+
+    def proxy_gated() -> bool:
+        status = pdd(cluster).get("status") or {}
+        proxy = cluster.get("apps/v1", "Deployment", NS, "glm-flash-proxy")
+        return (condition(cluster, "Progressing") == ("True", "RollingOut")
+                and status["kvLayout"]["hash"] != old_layout and proxy["spec"]["replicas"] == 0)
+    wait_for(proxy_gated, what="RollingOut with the proxy scaled to zero")
+    cluster.faults.off()
+    serve(cluster)
+    assert cluster.get("apps/v1", "Deployment", NS, "glm-flash-proxy")["spec"]["replicas"] == 1
+    new_layout = pdd(cluster)["status"]["kvLayout"]["hash"]
+    assert {p["metadata"]["labels"]["pd.serving.dev/kv-layout"]
+            for p in cluster.list("v1", "Pod", NS, "pd.serving.dev/role in (prefill,decode)")} == {new_layout}

@@ -84,9 +84,13 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: bool) 
         else:
             runner.track(namespace or "", name)
 
-    async def poke_owner(*, namespace: str | None, labels: Mapping[str, str], **kw: Any) -> None:
+    async def poke_owner(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                         **kw: Any) -> None:
         runner.use_indexes(plurals, kw)
-        runner.poke(namespace or "", labels[DEPLOYMENT])
+        owner = (namespace or "", labels[DEPLOYMENT])
+        runner.child_event(owner, {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                                   "metadata": {"name": body.metadata.name}})
+        runner.poke(*owner)
 
     for group, plural in owned:
         only_ours = {DEPLOYMENT: kopf.PRESENT}

@@ -5,8 +5,9 @@ Handlers and child events only say *which* object to reconcile; the runner reads
 itself under the object's lock, so two triggers never race and a stale event body can never make
 a redundant status write. Children and pods come from kopf's indexes (kept current by its watches,
 like an informer cache), so a reconcile costs one read instead of a list per kind. An index may lag
-an apply under load, so the runner remembers what it wrote itself until the index shows it (at
-most WRITE_MEMORY_S): otherwise every child event of a fresh object would re-apply its siblings.
+an apply under load, so the runner remembers what it wrote itself until a watch event for that
+child arrives (at most WRITE_MEMORY_S): otherwise every child event of a fresh object would
+re-apply its siblings. Any event ends the memory, so a hand deletion is seen as soon as it happens.
 
 The drift loop replaces `@kopf.timer`: kopf puts a finalizer on every
 object with a timer, and this operator needs none (children go with their owner references).
@@ -52,6 +53,7 @@ class Runner:
         self._indexes: dict[str, Mapping[ObjKey, Iterable[dict]]] = {}
         # Own writes the indexes may not show yet: child key -> (when, object or None if deleted).
         self._written: dict[ObjKey, dict[Key, tuple[float, dict | None]]] = {}
+        self._event_at: dict[tuple[ObjKey, Key], float] = {}
 
     def use_indexes(self, plurals: Iterable[str], handler_kwargs: Mapping[str, Any]) -> None:
         """Remember kopf's indexes, which it only hands to handlers (as keyword arguments)."""
@@ -71,29 +73,39 @@ class Runner:
         indexed = {child_key(c): c for c in children}
         now = time.monotonic()
         for k, (when, obj) in list(written.items()):
-            seen = indexed.get(k)
-            caught_up = (seen is not None) if obj is not None else (seen is None)
-            if caught_up or now - when > WRITE_MEMORY_S:
+            if now - when > WRITE_MEMORY_S:
                 del written[k]
             elif obj is None:
-                indexed.pop(k)
+                indexed.pop(k, None)
             else:
                 indexed[k] = copy.deepcopy(obj)
         return list(indexed.values())
 
-    def _remember(self, key: ObjKey, outcome: Outcome) -> None:
+    def child_event(self, key: ObjKey, child: dict) -> None:
+        """A watch event for one child: the index now shows it, so forget our own write of it."""
+        if child.get("kind") == "Pod":
+            return  # pods are never written through this runner's memory
+        ck = child_key(child)
+        self._event_at[(key, ck)] = time.monotonic()
+        self._written.get(key, {}).pop(ck, None)
+
+    def _remember(self, key: ObjKey, outcome: Outcome, since: float) -> None:
+        """Remember this reconcile's writes, unless their watch event already came (after `since`)."""
         written = self._written.setdefault(key, {})
         now = time.monotonic()
-        for obj in outcome.applied:
-            written[child_key(obj)] = (now, obj)
-        for obj in outcome.pruned:
-            written[child_key(obj)] = (now, None)
+        writes = [(obj, obj) for obj in outcome.applied] + [(obj, None) for obj in outcome.pruned]
+        for obj, memory in writes:
+            ck = child_key(obj)
+            seen_at = self._event_at.get((key, ck))
+            if seen_at is None or seen_at < since:
+                written[ck] = (now, memory)
 
     async def run(self, namespace: str, name: str, trigger: str) -> Outcome | None:
         """Reconcile now; None when the object is gone. Raises InvalidSpec or ApiError."""
         key = (namespace, name)
         async with self._locks.setdefault(key, asyncio.Lock()):
             started = time.perf_counter()
+            since = time.monotonic()
             result = "ok"
             try:
                 body = await asyncio.to_thread(self.client.get_pddeployment, namespace, name)
@@ -102,7 +114,7 @@ class Runner:
                     return None
                 children, pods = self._snapshot(key)
                 outcome = await asyncio.to_thread(reconcile, self.client, body, children, pods)
-                self._remember(key, outcome)
+                self._remember(key, outcome, since)
                 self.metrics.observe(namespace, name, outcome.ready, outcome.kv_compatible)
                 return outcome
             except InvalidSpec:
@@ -126,6 +138,8 @@ class Runner:
         self._last_run.pop((namespace, name), None)
         self._locks.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
+        for k in [k for k in self._event_at if k[0] == (namespace, name)]:
+            del self._event_at[k]
         self.metrics.forget(namespace, name)
 
     def poke(self, namespace: str, name: str, trigger: str = "child") -> None:
