@@ -38,8 +38,8 @@ def test_fleet_converges_under_api_faults(cluster, operator):
     anchor = cluster.create({"apiVersion": "v1", "kind": "ConfigMap",
                              "metadata": {"name": "not-a-pdd", "namespace": NS}, "data": {}})
     foreign = [cluster.create(obj) for obj in foreign_objects(anchor["metadata"]["uid"])]
-    foreign_refs = {f"{o['kind']}/{o['metadata']['name']}" for o in foreign}
-    untouched = {ref: o["metadata"]["resourceVersion"] for ref, o in zip(foreign_refs, foreign, strict=False)}
+    untouched = {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"] for o in foreign}
+    foreign_refs = set(untouched)
 
     cluster.faults.configure(rate=FAULT_RATE, kinds=["500", "drop"], seed=7)
     operator(drift_interval_s=3.0)
