@@ -131,3 +131,31 @@ def test_events_only_for_significant_transitions():
     assert [(t, r) for t, r, _ in transitions(first, ready)] == [("Normal", "Serving")]
     degraded = conditions(v, Observed(foreign=[{"kind": "Service", "metadata": {"name": "x"}}]), ready, 1, T1)
     assert ("Warning", "ForeignChild") in [(t, r) for t, r, _ in transitions(ready, degraded)]
+
+
+def test_every_reason_the_status_gives_is_documented():
+    from pd_operator.controller.status import FINDING, REASONS
+    from pd_operator.findings import CATALOG
+
+    documented = {(t, s, r) for t, s, r, _ in REASONS}
+    v = validated()
+    children = with_status(desired(v))
+    scenarios = [
+        (v, Observed()), (v, _serving(v)), (v, Observed(rolling=True)),
+        (validated(prefill__replicas=0), Observed()),
+        (validated(proxy__enabled=False), _serving(validated(proxy__enabled=False))),
+        (validated(example("qwen3-next-http-metadata.yaml")), Observed()),
+        (validated(example("incompatible-glm-tp8-tp3.yaml")), Observed()),
+        (v, Observed(children=[{**c, "spec": {**c["spec"], "replicas": 0}} if c["kind"] == "Deployment" else c
+                               for c in children], pods=pods_of(children))),
+        *((v, o) for o in [Observed(foreign=[{"kind": "Service", "metadata": {"name": "x"}}]),
+                           Observed(blocked=[{"kind": "Service", "metadata": {"name": "x"}}]),
+                           Observed(restarts=[Decision("d-0", "restart", ("p",), ("p",))]),
+                           Observed(restarts=[Decision("d-0", "limited", ("p",))])]),
+    ]
+    for validation, observed in scenarios:
+        for c in conditions(validation, observed, [], 1, T0):
+            reason = FINDING if c["reason"] in CATALOG and c["type"] in ("KVCompatible",) else c["reason"]
+            if c["type"] == "Ready" and c["status"] == "False":
+                reason = "<reason of the first failing condition>"
+            assert (c["type"], c["status"], reason) in documented, c

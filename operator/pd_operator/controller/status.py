@@ -20,6 +20,49 @@ from pd_operator.validate import Validation
 TYPES = ("KVCompatible", "MetadataReady", "PrefillReady", "DecodeReady", "ProxyReady", "Ready",
          "Progressing", "Degraded")
 MAX_MESSAGE = 1024
+FINDING = "<finding code>"
+"""Stands for a finding code (see the findings catalog) in REASONS."""
+
+_ROLE_REASONS = [
+    ("True", "InstancesReady", "Every instance of the role has all its pods Ready on the wanted KV layout."),
+    ("True", "ScaledToZero", "The role has replicas 0."),
+    ("False", "InstancesNotReady", "Some instances are starting or loading the model; see their pods."),
+]
+REASONS: list[tuple[str, str, str, str]] = [
+    ("KVCompatible", "True", "Compatible", "Prefill and decode KV layouts pair; the message gives both "
+     "engine block sizes and the segment size."),
+    ("KVCompatible", "False", FINDING, "The KV check failed; the message names the field to change. "
+     "Children of the last valid spec keep running."),
+    ("MetadataReady", "True", "ServerAvailable",
+     "The Mooncake HTTP metadata server is ready (metadata mode http only)."),
+    ("MetadataReady", "False", "ServerNotReady",
+     "Engines cannot register until the metadata server is ready."),
+    *((f"{role}Ready", status, reason, text) for role in ("Prefill", "Decode")
+      for status, reason, text in _ROLE_REASONS),
+    ("ProxyReady", "True", "ProxyAvailable", "The routing proxy's pods are ready."),
+    ("ProxyReady", "True", "Disabled", "spec.proxy.enabled is false."),
+    ("ProxyReady", "False", "NoUpstreams", "Scaled to zero: a role has no instance it may route to "
+     "(none yet, or none on the new KV layout during a rollout)."),
+    ("ProxyReady", "False", "ProxyNotReady", "The proxy's pods are not ready yet."),
+    ("Ready", "True", "Serving", "Prefill, decode (and the metadata server and proxy when used) are ready."),
+    ("Ready", "False", "<reason of the first failing condition>", "Copied from the first condition above "
+     "that is not True, or a finding code when the spec is invalid."),
+    ("Progressing", "True", "RollingOut", "A new KV layout is rolling out; the proxy pairs only instances of "
+     "the new layout."),
+    ("Progressing", "True", "WaitingForPods", "Children are applied; pods are not all ready yet."),
+    ("Progressing", "False", "Complete", "Every child is up to date and ready."),
+    ("Progressing", "False", "InvalidSpec", "The spec is invalid; fix it to continue."),
+    ("Degraded", "True", "GroupRestart", "A rank of a multi-pod instance failed, so all its pods were "
+     "restarted together."),
+    ("Degraded", "True", "GroupRestartLimited", "An instance keeps failing; group restarts stopped at the "
+     "limit (3 per 10 minutes). Fix the cause, then delete its pods."),
+    ("Degraded", "True", "NameConflict", "An object the operator would create exists without this "
+     "PDDeployment as owner; delete or rename it."),
+    ("Degraded", "True", "ForeignChild", "An object carries this PDDeployment's labels but is not owned by "
+     "it; it is left alone."),
+    ("Degraded", "False", "AsExpected", "Nothing is degraded."),
+]
+"""Every condition with the reasons it can have, for the README (tools/docs.py)."""
 
 
 @dataclass(frozen=True)
