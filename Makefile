@@ -21,9 +21,9 @@ TOOLS_STAMP := $(TOOLS)/.installed-$(notdir $(KUBECTL_LAYER))
 HELM3_STAMP := $(HELM3_DIR)/.installed-$(notdir $(HELM3_LAYER))
 CHART := charts/pd-operator
 # Committed files that generators write; `make verify` fails when regenerating changes them.
-GENERATED := crds $(CHART)/crds $(CHART)/files
+GENERATED := crds $(CHART)/crds $(CHART)/files docs/api.md README.md
 
-.PHONY: install system-deps vllm-env tools chart-sync test test-fast demo crds plan bench bench-transfer lint verify clean
+.PHONY: install system-deps vllm-env tools chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean
 
 # Mooncake's wheel links libibverbs even on machines without RDMA hardware.
 system-deps:
@@ -82,6 +82,10 @@ $(HELM3_STAMP):
 
 tools: $(TOOLS_STAMP) $(HELM3_STAMP)
 
+# The API reference (docs/api.md) and the README's findings/conditions tables come from the code.
+docs: install
+	$(PY) -m pd_operator.tools.docs
+
 # The CRD is generated from the pydantic API models (one source of truth).
 crds: install
 	$(PY) -m pd_operator.api.crd crds
@@ -118,6 +122,7 @@ lint: install tools
 verify: install tools
 	$(MAKE) crds
 	$(MAKE) chart-sync
+	$(MAKE) docs
 	git diff --exit-code -- $(GENERATED)
 	@new=$$(git ls-files --others --exclude-standard -- $(GENERATED)); \
 	  if [ -n "$$new" ]; then echo "verify: generated but not committed: $$new" >&2; exit 1; fi

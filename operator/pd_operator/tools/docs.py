@@ -91,9 +91,9 @@ GENERATED = {"findings": findings_table, "conditions": conditions_table}
 
 def fill(readme: str) -> str:
     for name, build in GENERATED.items():
-        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", re.S)
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
         if pattern.search(readme):
-            readme = pattern.sub(lambda m, text=build(): m.group(1) + text + m.group(2), readme)
+            readme = pattern.sub(lambda m, text=build(): m.group(1) + text + "\n" + m.group(2), readme)
     return readme
 
 
