@@ -209,7 +209,8 @@ def test_failed_rank_restarts_its_whole_group(cluster, start_operator):
     assert len(sts["metadata"]["annotations"][HISTORY].split(",")) == 1
     events = wait_for(lambda: [e for e in cluster.list("v1", "Event", NS) if e["reason"] == "GroupRestart"],
                       what="the GroupRestart event")
-    assert len(events) == 1 and "glm-flash-decode-0-1" in events[0]["message"]
+    assert len(events) == 1 and "glm-flash-decode-0-1" in events[0]["message"], [
+        (e["message"], e["metadata"].get("creationTimestamp")) for e in events]
     serve(cluster)
 
 

@@ -45,14 +45,17 @@ def test_terminating_pods_are_not_counted_twice():
     assert decide(_sts(2), group, NOW).action == "none"
 
 
-def test_pods_from_before_the_last_restart_are_a_stale_view():
+def test_pods_the_last_restart_deleted_are_a_stale_view():
     group = _group(2, p1={"restarts": 1})
-    for p in group:
-        p["metadata"]["creationTimestamp"] = "2026-01-01T11:58:00Z"
-    assert decide(_sts(2, [NOW - timedelta(minutes=1)]), group, NOW).action == "none"
-    for p in group:
-        p["metadata"]["creationTimestamp"] = "2026-01-01T11:59:30Z"  # made by that restart, failed again
-    assert decide(_sts(2, [NOW - timedelta(minutes=1)]), group, NOW).action == "restart"
+    first = decide(_sts(2), group, NOW)
+    assert first.deleted_uids == ("uid-glm-decode-0-0", "uid-glm-decode-0-1")
+    sts = _sts(2)
+    sts["metadata"]["annotations"] = first.annotations()
+    assert decide(sts, group, NOW).action == "none"  # the cache still shows the deleted pods
+    fresh = [pod(f"glm-decode-0-{i}", LABELS, restarts=i) for i in range(2)]
+    for p in fresh:
+        p["metadata"]["uid"] += "-new"
+    assert decide(sts, fresh, NOW).action == "restart"  # the new group failed again
 
 
 def test_restarts_are_rate_limited_within_the_window():

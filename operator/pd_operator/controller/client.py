@@ -182,11 +182,12 @@ class Client:
                 raise
 
     @needs(("patch", "apps", "statefulsets"))
-    def annotate_stateful_set(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        self._request("patch", "apps/v1", "statefulsets", "PATCH",
+    def annotate_stateful_set(self, namespace: str, name: str, annotations: dict[str, str]) -> dict:
+        result: dict = self._request("patch", "apps/v1", "statefulsets", "PATCH",
                       _path("apps/v1", "statefulsets", namespace, name),
                       body={"metadata": {"annotations": annotations}},
                       content_type="application/merge-patch+json")
+        return {"apiVersion": "apps/v1", "kind": "StatefulSet", **result}
 
     @needs(("get", "", "configmaps"))
     def read_config_map_key(self, namespace: str, name: str, key: str) -> str | None:

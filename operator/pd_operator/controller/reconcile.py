@@ -34,7 +34,7 @@ class InvalidSpec(Exception):
 @dataclass
 class Outcome:
     applied: list[dict] = field(default_factory=list)
-    """The objects as the API server returned them from the apply."""
+    """Children as the API server returned them from this reconcile's writes (applies, annotations)."""
     pruned: list[dict] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
     status_written: bool = False
@@ -94,17 +94,13 @@ def _group_restarts(client: Client, body: dict, children: list[dict], pods: list
         role, index = label(sts, ROLE), label(sts, INSTANCE)
         members = [p for p in pods if label(p, ROLE) == role and label(p, INSTANCE) == index]
         decision = restarts.decide(sts, members, now)
-        if decision.action == "restart":
+        if decision.action == "restart":  # the Degraded=GroupRestart transition posts the event
             ns = sts["metadata"]["namespace"]
-            history = {restarts.HISTORY: ",".join(decision.history)}
-            client.annotate_stateful_set(ns, decision.instance, history)
+            annotated = client.annotate_stateful_set(ns, decision.instance, decision.annotations())
+            outcome.applied.append(annotated)
             for pod in members:
                 if pod["metadata"]["name"] in decision.pods:
                     client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
-            client.post_event(body, "Warning", "GroupRestart",
-                              f"Restarting all {len(decision.pods)} pods of {decision.instance}: "
-                              f"{', '.join(decision.failed)} failed and the other ranks cannot "
-                              "recover alone.")
             outcome.restarted.append(decision.instance)
         if decision.action != "none":
             decisions.append(decision)

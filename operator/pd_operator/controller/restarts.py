@@ -5,17 +5,19 @@ of them dies: the survivors wait on collectives that never complete. So when any
 instance failed or restarted, every pod of the instance is deleted and the StatefulSet recreates
 the group. Pods made by that restart start with restartCount 0, so "any restartCount > 0" is the
 whole trigger and needs no remembered baseline. Restarts are rate limited per instance; their
-times live in an annotation on the StatefulSet.
+times, and the uids of the pods the last one deleted (a lagging cache may still show them), live in
+annotations on the StatefulSet.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from pd_operator.controller.pods import has_failed, is_terminating
 
 HISTORY = "pd.serving.dev/group-restarts"
+DELETED = "pd.serving.dev/group-restart-deleted"
 WINDOW = timedelta(minutes=10)
 LIMIT = 3
 """At most LIMIT group restarts of one instance per WINDOW; after that it stays Degraded."""
@@ -29,6 +31,11 @@ class Decision:
     failed: tuple[str, ...] = ()
     pods: tuple[str, ...] = ()
     history: tuple[str, ...] = ()
+    deleted_uids: tuple[str, ...] = ()
+    """The uids of `pods` (restart) to record, so a stale view of them is never restarted again."""
+
+    def annotations(self) -> dict[str, str]:
+        return {HISTORY: ",".join(self.history), DELETED: ",".join(self.deleted_uids)}
     """Restart times within the window, including a new one when action is restart."""
 
 
@@ -42,11 +49,6 @@ def _parse(times: str) -> list[datetime]:
     return out
 
 
-def _created(pod: dict) -> datetime:
-    stamp = pod["metadata"].get("creationTimestamp")
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else datetime.max.replace(tzinfo=UTC)
-
-
 def recent_restarts(stateful_set: dict, now: datetime) -> list[datetime]:
     raw = (stateful_set["metadata"].get("annotations") or {}).get(HISTORY, "")
     return [t for t in _parse(raw) if now - t < WINDOW]
@@ -57,15 +59,15 @@ def decide(stateful_set: dict, pods: list[dict], now: datetime) -> Decision:
     name = stateful_set["metadata"]["name"]
     if (stateful_set.get("spec") or {}).get("replicas", 1) <= 1:
         return Decision(name, "none")  # a single pod restarts fine on its own
-    live = [p for p in pods if not is_terminating(p)]
+    deleted = set((stateful_set["metadata"].get("annotations") or {}).get(DELETED, "").split(","))
+    live = [p for p in pods if not is_terminating(p) and p["metadata"].get("uid") not in deleted]
     failed = tuple(sorted(p["metadata"]["name"] for p in live if has_failed(p)))
     if not failed:
         return Decision(name, "none")
     history = recent_restarts(stateful_set, now)
-    if history and any(_created(p) < max(history) for p in live):
-        return Decision(name, "none")  # a view from before the last restart (a lagging cache)
     stamps = tuple(t.isoformat() for t in history)
     if len(history) >= LIMIT:
         return Decision(name, "limited", failed, (), stamps)
-    return Decision(name, "restart", failed, tuple(sorted(p["metadata"]["name"] for p in live)),
-                    (*stamps, now.isoformat()))
+    live.sort(key=lambda p: p["metadata"]["name"])
+    return Decision(name, "restart", failed, tuple(p["metadata"]["name"] for p in live),
+                    (*stamps, now.isoformat()), tuple(p["metadata"]["uid"] for p in live))

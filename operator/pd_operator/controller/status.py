@@ -190,7 +190,8 @@ def _degraded(observed: Observed) -> _Cond:
     if restarted:
         return _Cond("Degraded", True, "GroupRestart",
                      f"Restarted all pods of {', '.join(d.instance for d in restarted)} after "
-                     f"{', '.join(p for d in restarted for p in d.failed)} failed.")
+                     f"{', '.join(p for d in restarted for p in d.failed)} failed: the other ranks "
+                     "of an engine cannot recover alone.")
     if observed.blocked:
         names = ", ".join(f"{m['kind']} {m['metadata']['name']}" for m in observed.blocked)
         return _Cond("Degraded", True, "NameConflict",
