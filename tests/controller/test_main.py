@@ -35,3 +35,14 @@ def test_bad_flags_exit_2_with_one_line(argv, says, capsys):
         options_from(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and says in err and "Traceback" not in err
+
+
+def test_peers_get_distinct_priorities_so_one_of_them_works(tmp_path):
+    # Equal priorities make kopf pause every peer; each process draws its own.
+    from pd_operator.controller.main import settings_for
+
+    options = options_from(["run", "--no-webhook", "--peering=pd-operator"])
+    priorities = {settings_for(options, tmp_path).peering.priority for _ in range(5)}
+    assert len(priorities) == 5 and min(priorities) > 0
+    standalone = settings_for(options_from(["run", "--no-webhook"]), tmp_path)
+    assert standalone.peering.priority == 0

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import os
 import pathlib
+import random
 import socket
 import sys
 import tempfile
@@ -117,6 +118,11 @@ def settings_for(options: Options, workdir: pathlib.Path) -> kopf.OperatorSettin
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.enabled = False  # the reconcile posts its own events, only on transitions
+    if options.peering:
+        # kopf pauses every peer while another of the same priority is alive (kopf 1.45
+        # peering.py), so equal replicas would all stand still: a random priority per process
+        # makes the highest one work and the others wait as hot standbys.
+        settings.peering.priority = random.randrange(1, 2**31)
     if options.webhook:
         settings.admission.server = _webhook_server(options, workdir)
         settings.admission.managed = options.webhook_config_name
