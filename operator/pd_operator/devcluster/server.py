@@ -84,11 +84,16 @@ def verb_of(request: rendering.Request) -> str | None:
     return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
 
 
+# Requests kept in kmock's own history: far more than can be in flight between arrival and routing.
+KMOCK_HISTORY = 1024
+
+
 @attrs.define(kw_only=True)
 class ApiHandler(kmock.KubernetesEmulator):
     store: Store
     faults: FaultInjector = attrs.field(factory=FaultInjector)
     log: RequestLog = attrs.field(factory=RequestLog)
+    _served: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -110,8 +115,13 @@ class ApiHandler(kmock.KubernetesEmulator):
         self.log.append(record)
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
-            request = self._parse(raw_request, body, id=len(self._requests))
+            request = self._parse(raw_request, body, id=self._served)
+            self._served += 1
             self._requests.append(request)
+            # kmock routes a request by scanning its whole history for it (O(history) per request,
+            # which made long operator runs quadratic). Only requests still being routed need to be
+            # there; `self.log` is the history tests read.
+            del self._requests[:-KMOCK_HISTORY]
             record.verb = verb_of(request)
             response = await self._inject_fault(request, raw_request, record)
             if response is None:
