@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import zlib
+from collections import defaultdict
 from typing import Any
 
 import kmock
@@ -72,6 +73,12 @@ class WorkloadControllers:
             self.store.unwatch(watch)
 
     def reconcile_all(self) -> None:
+        # One listing of all pods per pass, grouped by owner: listing per workload made every
+        # event cost O(workloads x pods) deep copies.
+        pods_by_owner: dict[str, dict[str, Obj]] = defaultdict(dict)
+        for pod in self.store.list(self.pods, None)[0]:
+            for ref in pod["metadata"].get("ownerReferences") or []:
+                pods_by_owner[ref.get("uid")][pod["metadata"]["name"]] = pod
         work = [
             (sts, self.sts, _sts_pod_names(sts), _sts_revision(sts))
             for sts in self.store.list(self.sts, None)[0]
@@ -84,7 +91,7 @@ class WorkloadControllers:
             if owner["metadata"].get("deletionTimestamp"):
                 continue
             try:
-                self._reconcile(owner, rt, names, revision)
+                self._reconcile(owner, rt, names, revision, pods_by_owner.get(owner["metadata"]["uid"], {}))
             except kmock.KubernetesError as e:  # e.g. a foreign pod squats a name: report, keep going
                 logger.warning(
                     "Cannot reconcile %s %s/%s: %s",
@@ -94,23 +101,20 @@ class WorkloadControllers:
                     e.message,
                 )
 
-    def _reconcile(self, owner: Obj, rt: ResourceType, names: list[str], revision: str) -> None:
-        ns, uid = owner["metadata"]["namespace"], owner["metadata"]["uid"]
-        owned = {
-            p["metadata"]["name"]: p
-            for p in self.store.list(self.pods, ns)[0]
-            if any(ref.get("uid") == uid for ref in p["metadata"].get("ownerReferences") or [])
-        }
+    def _reconcile(
+        self, owner: Obj, rt: ResourceType, names: list[str], revision: str, owned: dict[str, Obj]
+    ) -> None:
+        ns = owner["metadata"]["namespace"]
         revision_label = "controller-revision-hash" if rt is self.sts else "pod-template-hash"
+        live = dict(owned)
         for name, pod in owned.items():
             stale = pod["metadata"].get("labels", {}).get(revision_label) != revision
             if (name not in names or stale) and not pod["metadata"].get("deletionTimestamp"):
                 self.store.delete(self.pods, ns, name)
-        live = {
-            p["metadata"]["name"]: p
-            for p in self.store.list(self.pods, ns)[0]
-            if p["metadata"]["name"] in owned
-        }
+                try:  # a pod with finalizers stays, terminating
+                    live[name] = self.store.get(self.pods, ns, name)
+                except kmock.KubernetesError:
+                    del live[name]
         for name in names:
             if name not in live:
                 live[name] = self.store.create(
