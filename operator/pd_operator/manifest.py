@@ -33,5 +33,6 @@ def pair_from_manifest(doc: object) -> PairInput:
         problems = result.errors or result.findings
         raise ManifestError("; ".join(f"{f.path}: {f.message}" if f.path else f.message for f in problems))
     kv_findings = set(result.report.findings)
-    return PairInput(result.report.prefill, result.report.decode, result.deployment.spec.kv_transfer.connector,
+    connector = result.deployment.spec.kv_transfer.connector
+    return PairInput(result.report.prefill, result.report.decode, connector,
                      [f for f in result.findings if f not in kv_findings])

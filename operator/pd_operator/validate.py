@@ -77,10 +77,12 @@ def _pydantic_path(loc: tuple) -> str:
 
 def _shape_findings(doc: Any) -> list[Finding]:
     if not isinstance(doc, dict):
-        return [_invalid("(root)", "The document must be a mapping with apiVersion, kind, metadata and spec.")]
+        return [_invalid("(root)",
+                         "The document must be a mapping with apiVersion, kind, metadata and spec.")]
     out = []
     if doc.get("apiVersion") != API_VERSION:
-        out.append(_invalid("apiVersion", f"apiVersion must be {API_VERSION}, not {doc.get('apiVersion')!r}."))
+        out.append(_invalid("apiVersion",
+                            f"apiVersion must be {API_VERSION}, not {doc.get('apiVersion')!r}."))
     if doc.get("kind") != KIND:
         out.append(_invalid("kind", f"kind must be {KIND}, not {doc.get('kind')!r}."))
     meta = doc.get("metadata")
@@ -198,8 +200,8 @@ def _metadata_port_findings(dep: PDDeployment) -> list[Finding]:
 
 def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Finding]:
     names = Names(dep.name, dep.namespace)
-    replicas = {role: dep.role(role).replicas for role in ROLES}
-    pods = {role: plans[role].pods if role in plans else 1 for role in ROLES}
+    replicas: dict[str, int] = {role: dep.role(role).replicas for role in ROLES}
+    pods: dict[str, int] = {role: plans[role].pods if role in plans else 1 for role in ROLES}
     out = []
     for name, limit in names.limits(replicas, pods):
         if len(name) > limit:

@@ -71,11 +71,13 @@ def _merge_variants(variants: list[dict]) -> dict:
         needs = [f for f in v.get("required", []) if f not in common]
         allowed = set(v["properties"])
         if needs:
-            rules.append({"rule": f"self.kind != '{kind}' || ({' && '.join(f'has(self.{f})' for f in needs)})",
+            present = " && ".join(f"has(self.{f})" for f in needs)
+            rules.append({"rule": f"self.kind != '{kind}' || ({present})",
                           "message": f"kind {kind} needs {', '.join(needs)}"})
         foreign = sorted(set().union(*(x["properties"] for x in variants)) - allowed)
         if foreign:
-            rules.append({"rule": f"self.kind != '{kind}' || !({' || '.join(f'has(self.{f})' for f in foreign)})",
+            absent = " || ".join(f"has(self.{f})" for f in foreign)
+            rules.append({"rule": f"self.kind != '{kind}' || !({absent})",
                           "message": f"kind {kind} does not take {', '.join(foreign)}"})
     merged["properties"]["kind"] = {"type": "string", "enum": kinds}
     merged["required"] = sorted(common)
@@ -104,7 +106,8 @@ def _structural(node: Any) -> Any:
         elif all(o.get("type") == "object" and "kind" in o.get("properties", {}) for o in non_null):
             node = {**_merge_variants(non_null), **{k: v for k, v in node.items() if k == "description"}}
         elif {o.get("type") for o in non_null} == {"integer", "string"}:
-            node = {"x-kubernetes-int-or-string": True, **{k: v for k, v in node.items() if k == "description"}}
+            described = {k: v for k, v in node.items() if k == "description"}
+            node = {"x-kubernetes-int-or-string": True, **described}
         else:
             raise ValueError(f"cannot express this union structurally: {options}")
     if "const" in node:

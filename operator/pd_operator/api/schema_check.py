@@ -126,7 +126,8 @@ def schema_problems(doc: dict) -> list[Problem]:
     """Every way `doc` fails the CRD schema; CEL rules run only on structurally valid documents,
     as in the API server (a rule over a wrongly typed field would only repeat the type error)."""
     problems = [(_path(err.absolute_path) or "(root)", err.message)
-                for err in sorted(_validator().iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+                for err in sorted(_validator().iter_errors(doc),
+                                  key=lambda e: list(map(str, e.absolute_path)))]
     problems += _wide_integers(doc, [])
     if problems:
         return problems

@@ -8,7 +8,7 @@ declared here too (`cel(...)`), so the API server enforces them even without the
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -17,9 +17,9 @@ from pd_operator.schema import ApiModel, cel, preserve_unknown
 
 GROUP = "pd.serving.dev"
 VERSION = "v1alpha1"
-KIND = "PDDeployment"
+KIND: Final = "PDDeployment"
 PLURAL = "pddeployments"
-API_VERSION = f"{GROUP}/{VERSION}"
+API_VERSION: Final = "pd.serving.dev/v1alpha1"
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 DNSLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]

@@ -62,8 +62,10 @@ def api_reference() -> str:
             lines += ["| field | type | default | description |", "|---|---|---|---|"]
             required = set(node.get("required", []))
             for key, sub in node["properties"].items():
-                default = f"`{sub['default']}`" if "default" in sub else ("required" if key in required else "")
-                bounds = [f"{k} {sub[k]}" for k in ("minimum", "maximum", "maxLength", "maxItems") if k in sub]
+                default = f"`{sub['default']}`" if "default" in sub else \
+                    ("required" if key in required else "")
+                bounds = [f"{k} {sub[k]}" for k in ("minimum", "maximum", "maxLength", "maxItems")
+                          if k in sub]
                 desc = _cell(sub.get("description", "")) + (f" ({', '.join(bounds)})" if bounds else "")
                 lines.append(f"| `{key}` | {_type(sub)} | {default} | {desc} |")
             lines.append("")
@@ -93,7 +95,12 @@ def fill(readme: str) -> str:
     for name, build in GENERATED.items():
         pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
         if pattern.search(readme):
-            readme = pattern.sub(lambda m, text=build(): m.group(1) + text + "\n" + m.group(2), readme)
+            text = build()
+
+            def replace(m: re.Match[str], text: str = text) -> str:
+                return m.group(1) + text + "\n" + m.group(2)
+
+            readme = pattern.sub(replace, readme)
     return readme
 
 
