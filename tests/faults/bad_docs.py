@@ -44,8 +44,8 @@ def malformed(draw) -> Any:
     targets = paths(doc)
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(targets))
-        parent = _parent(doc, path)
         try:
+            parent = _parent(doc, path)
             kind = draw(st.sampled_from(["wrong", "delete", "unknown", "huge-string"]))
             if kind == "wrong":
                 parent[path[-1]] = draw(WRONG_VALUES)
