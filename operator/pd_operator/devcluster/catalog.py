@@ -56,7 +56,8 @@ def _bundled_builtins() -> dict[kmock.resource, kmock.ResourceInfo]:
         bundled.load_bundled()
     result = {}
     for res in bundled:
-        group_version = f"{res.group}/{res.version}" if res.group else res.version
+        # `or ""` is for the type only: neither None nor "" is a BUILTINS key
+        group_version = f"{res.group}/{res.version}" if res.group else (res.version or "")
         if res.plural in BUILTINS.get(group_version, ()):
             info = bundled[res]
             info.subresources &= SERVED_SUBRESOURCES  # advertise only what is actually served

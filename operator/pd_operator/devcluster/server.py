@@ -55,6 +55,7 @@ WATCH_POLL_S = 1.0  # how often an idle watch checks for a gone client or an exp
 def parse_path(path: str) -> parsing.ParsedPath:
     """Split a Kubernetes API path into group/version/plural/namespace/name/subresource."""
     parts = [p for p in path.split("/") if p]
+    version: str | None
     if len(parts) >= 2 and parts[0] == "api":
         group, version, rest = "", parts[1], parts[2:]
     elif len(parts) >= 2 and parts[0] == "apis":
@@ -376,7 +377,10 @@ class ApiHandler(kmock.KubernetesEmulator):
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         assert request.resource is not None
         group, version = request.resource.group or "", request.resource.version
-        resources = [res for res in list(self._resources) if (res.group, res.version) == (group, version)]
+        # iter(): ResourcesArray yields kmock.resource; its Mapping base is typed with the wider key
+        resources = [
+            res for res in list(iter(self._resources)) if (res.group, res.version) == (group, version)
+        ]
         if not resources:
             raise api_error(404, "NotFound", "the server could not find the requested resource")
         entries = []

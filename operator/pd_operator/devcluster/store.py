@@ -37,6 +37,7 @@ Semantics (mirroring kube-apiserver):
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import copy
 import dataclasses
@@ -188,7 +189,8 @@ class Store:
     def find_type(self, api_version: str, kind: str) -> ResourceType:
         group, _, version = api_version.rpartition("/")
         with self._lock:
-            for res in list(self.resources):
+            # iter(): ResourcesArray yields kmock.resource; its Mapping base is typed with the wider key
+            for res in list(iter(self.resources)):
                 if res.group == group and res.version == version and self.resources[res].kind == kind:
                     rt = self.resource_type(group, version, res.plural)
                     assert rt is not None
@@ -223,7 +225,7 @@ class Store:
         namespace: str | None,
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> tuple[list[Obj], int]:
+    ) -> tuple[builtins.list[Obj], int]:
         match = self._matcher(rt, label_selector, field_selector)
         with self._lock:
             items = [
@@ -379,7 +381,7 @@ class Store:
 
     def delete_collection(
         self, rt: ResourceType, namespace: str | None, label_selector: str | None, field_selector: str | None
-    ) -> list[Obj]:
+    ) -> builtins.list[Obj]:
         with self._lock:
             items, _ = self.list(rt, namespace, label_selector, field_selector)
             return [
@@ -397,7 +399,7 @@ class Store:
         label_selector: str | None = None,
         field_selector: str | None = None,
         since: int | None = None,
-    ) -> tuple[Watch, list[dict[str, Any]]]:
+    ) -> tuple[Watch, builtins.list[dict[str, Any]]]:
         """Subscribe; returns the watch and the events to send first (replay or initial ADDED)."""
         watch = Watch(loop, rt, namespace, self._matcher(rt, label_selector, field_selector))
         with self._lock:
@@ -564,6 +566,7 @@ class Store:
     def _bucket_type(self, bucket: Bucket) -> ResourceType | None:
         for res in self.resources:
             if (res.group, res.plural) == bucket:
+                assert res.group is not None  # equal to the bucket's group, which is a str
                 return self.resource_type(res.group, res.version, res.plural)
         return None
 

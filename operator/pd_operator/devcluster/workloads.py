@@ -163,7 +163,7 @@ class WorkloadControllers:
             spec.setdefault("hostname", name)
             if owner["spec"].get("serviceName"):
                 spec.setdefault("subdomain", owner["spec"]["serviceName"])
-        pod = {
+        pod: Obj = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
