@@ -99,15 +99,31 @@ def options_from(argv: Sequence[str]) -> Options:
                    drift_interval_s=args.drift_interval)
 
 
+# The API server stores objects up to ~1.5 MiB (etcd's request limit) and an UPDATE review carries
+# the object twice; aiohttp's default body limit of 1 MiB would answer such reviews 413.
+MAX_REVIEW_BYTES = 8 * 1024 * 1024
+
+
+class ReviewServer(kopf.WebhookServer):
+    """kopf's webhook server, accepting AdmissionReviews of every size the API server sends.
+
+    kopf 1.45 (pinned) builds its aiohttp application without a body limit of its own; raising
+    the limit on each request before kopf reads it keeps the rest of kopf's server as it is."""
+
+    @staticmethod
+    async def _serve(fn, request):  # kopf 1.45 private API (pinned): (fn, aiohttp request)
+        return await kopf.WebhookServer._serve(fn, request.clone(client_max_size=MAX_REVIEW_BYTES))
+
+
 def _webhook_server(options: Options, workdir: pathlib.Path) -> kopf.WebhookServer:
     if options.webhook_cert_dir:
         cert_dir = pathlib.Path(options.webhook_cert_dir)
-        return kopf.WebhookServer(addr="0.0.0.0", port=options.webhook_port,
+        return ReviewServer(addr="0.0.0.0", port=options.webhook_port,
                                   certfile=cert_dir / "tls.crt", pkeyfile=cert_dir / "tls.key")
     # The API server reaches the pod by its IP (the chart sets POD_IP from the downward API).
     host = os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
     ca = certs.self_signed(workdir, [host, "localhost", "127.0.0.1"])
-    return kopf.WebhookServer(addr="0.0.0.0", port=options.webhook_port, host=host,
+    return ReviewServer(addr="0.0.0.0", port=options.webhook_port, host=host,
                               certfile=workdir / "tls.crt", pkeyfile=workdir / "tls.key", cadata=ca)
 
 
