@@ -76,14 +76,14 @@ class WorkloadControllers:
         # One listing of all pods per pass, grouped by owner: listing per workload made every
         # event cost O(workloads x pods) deep copies.
         pods_by_owner: dict[str, dict[str, Obj]] = defaultdict(dict)
-        for pod in self.store.list(self.pods, None)[0]:
+        for pod in self.store.list(self.pods, None, shared=True)[0]:
             for ref in pod["metadata"].get("ownerReferences") or []:
                 pods_by_owner[ref.get("uid")][pod["metadata"]["name"]] = pod
         work = [
             (sts, self.sts, _sts_pod_names(sts), _sts_revision(sts))
-            for sts in self.store.list(self.sts, None)[0]
+            for sts in self.store.list(self.sts, None, shared=True)[0]
         ]
-        for deploy in self.store.list(self.deploys, None)[0]:
+        for deploy in self.store.list(self.deploys, None, shared=True)[0]:
             rev = _template_hash(deploy)
             names = [f"{deploy['metadata']['name']}-{rev}-{i}" for i in range(_replicas(deploy))]
             work.append((deploy, self.deploys, names, rev))
@@ -112,7 +112,7 @@ class WorkloadControllers:
             if (name not in names or stale) and not pod["metadata"].get("deletionTimestamp"):
                 self.store.delete(self.pods, ns, name)
                 try:  # a pod with finalizers stays, terminating
-                    live[name] = self.store.get(self.pods, ns, name)
+                    live[name] = self.store.get(self.pods, ns, name, shared=True)
                 except kmock.KubernetesError:
                     del live[name]
         for name in names:
