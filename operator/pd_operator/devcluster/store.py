@@ -176,6 +176,8 @@ class Store:
         # Memoised (every request resolves its type; kmock's resource lookup costs ~0.5 ms); the
         # memo is dropped whenever the registry changes (CRD created or deleted).
         key = (group, version, plural)
+        if key in self._types:  # no lock needed: a dict read is atomic and entries never change
+            return self._types[key]
         with self._lock:
             if key not in self._types:
                 self._types[key] = self._lookup_type(group, version, plural)
@@ -226,14 +228,16 @@ class Store:
     # Reads return deep copies the caller may change, or with ``shared=True`` read-only objects
     # that share all but their top level with the store (stored objects are never changed in
     # place, only replaced): for callers that only read or serialise them (the HTTP layer, the
-    # workload controllers), since deep copies were a large share of the emulator's time.
+    # workload controllers), since deep copies were a large share of the emulator's time. Copies
+    # are made after the lock is released, so a test thread copying every pod does not stall the
+    # server thread.
 
     def get(self, rt: ResourceType, namespace: str | None, name: str, *, shared: bool = False) -> Obj:
         with self._lock:
             obj = self._objects[rt.bucket].get((self._ns(rt, namespace), name))
-            if obj is None:
-                raise rt.not_found(name)
-            return self._render(rt, obj, shared)
+        if obj is None:
+            raise rt.not_found(name)
+        return self._render(rt, obj, shared)
 
     def list(
         self,
@@ -251,8 +255,9 @@ class Store:
                 for key, obj in self._objects[rt.bucket].items()
                 if (namespace is None or key[0] == namespace) and match(obj)
             ]
-            selected.sort(key=lambda kv: (kv[0][0] or "", kv[0][1]))
-            return [self._render(rt, obj, shared) for _, obj in selected], self._rv
+            rv = self._rv
+        selected.sort(key=lambda kv: (kv[0][0] or "", kv[0][1]))
+        return [self._render(rt, obj, shared) for _, obj in selected], rv
 
     @staticmethod
     def _matcher(

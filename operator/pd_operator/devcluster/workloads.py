@@ -47,6 +47,9 @@ class WorkloadControllers:
         self.pods = self._type("", "v1", "pods")
         self.sts = self._type("apps", "v1", "statefulsets")
         self.deploys = self._type("apps", "v1", "deployments")
+        # Template hashes by (uid, generation): a template change bumps the generation, and
+        # hashing every template on every pass was most of a pass's time.
+        self._hashes: dict[tuple[str, Any], str] = {}
 
     def _type(self, group: str, version: str, plural: str) -> ResourceType:
         rt = self.store.resource_type(group, version, plural)
@@ -79,12 +82,13 @@ class WorkloadControllers:
         for pod in self.store.list(self.pods, None, shared=True)[0]:
             for ref in pod["metadata"].get("ownerReferences") or []:
                 pods_by_owner[ref.get("uid")][pod["metadata"]["name"]] = pod
+        hashes: dict[tuple[str, Any], str] = {}
         work = [
-            (sts, self.sts, _sts_pod_names(sts), _sts_revision(sts))
+            (sts, self.sts, _sts_pod_names(sts), f"{sts['metadata']['name']}-{self._hash(sts, hashes)}")
             for sts in self.store.list(self.sts, None, shared=True)[0]
         ]
         for deploy in self.store.list(self.deploys, None, shared=True)[0]:
-            rev = _template_hash(deploy)
+            rev = self._hash(deploy, hashes)
             names = [f"{deploy['metadata']['name']}-{rev}-{i}" for i in range(_replicas(deploy))]
             work.append((deploy, self.deploys, names, rev))
         for owner, rt, names, revision in work:
@@ -100,6 +104,12 @@ class WorkloadControllers:
                     owner["metadata"]["name"],
                     e.message,
                 )
+        self._hashes = hashes  # forget deleted and superseded templates
+
+    def _hash(self, owner: Obj, seen: dict[tuple[str, Any], str]) -> str:
+        key = (owner["metadata"]["uid"], owner["metadata"].get("generation"))
+        seen[key] = self._hashes.get(key) or _template_hash(owner)
+        return seen[key]
 
     def _reconcile(
         self, owner: Obj, rt: ResourceType, names: list[str], revision: str, owned: dict[str, Obj]
@@ -251,10 +261,6 @@ def _replicas(owner: Obj) -> int:
 def _template_hash(owner: Obj) -> str:
     text = json.dumps(owner["spec"].get("template") or {}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
-
-
-def _sts_revision(sts: Obj) -> str:
-    return f"{sts['metadata']['name']}-{_template_hash(sts)}"
 
 
 def _sts_pod_names(sts: Obj) -> list[str]:
