@@ -13,7 +13,7 @@ from operator_env import API, DEPLOYMENT_LABEL, merge_patch, wait_until
 
 pytestmark = pytest.mark.faults
 
-N = 12  # 100 cannot finish in ~2 min: the emulated API server serves ~15 requests/s (see report)
+N = 100
 FAULT_RATE = 0.10
 CONVERGE_S = 120
 
