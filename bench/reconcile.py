@@ -20,7 +20,6 @@ import copy
 import logging
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from collections.abc import Callable, Iterator
 import yaml
 
 from pd_operator.devcluster import DevCluster
+from pd_operator.localnet import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "pd.serving.dev_pddeployments.yaml"
@@ -39,12 +39,6 @@ API = "pd.serving.dev/v1alpha1"
 OBJECTS = 100
 DRIFT_S = 2.0
 TIMEOUT_S = 300.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _is_true(obj: dict | None, kind: str) -> bool:
@@ -63,7 +57,7 @@ def _kubelets(cluster: DevCluster, stop: threading.Event) -> None:
 @contextlib.contextmanager
 def _operator(cluster: DevCluster, metrics_port: int) -> Iterator[subprocess.Popen]:
     proc = subprocess.Popen([sys.executable, "-m", "pd_operator", "run", "--no-webhook", "--log-format=json",
-                             f"--kubeconfig={cluster.kubeconfig_path}", f"--health-port={_free_port()}",
+                             f"--kubeconfig={cluster.kubeconfig_path}", f"--health-port={free_port()}",
                              f"--metrics-port={metrics_port}", f"--drift-interval={DRIFT_S}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -102,7 +96,7 @@ def run(count: int) -> dict[str, float]:
     doc = yaml.safe_load(EXAMPLE.read_text())
     with DevCluster(crd_paths=[str(CRD)]) as cluster:
         cluster.run_workload_controllers(pod_ready=False)
-        metrics_port = _free_port()
+        metrics_port = free_port()
         stop = threading.Event()
         kubelets = threading.Thread(target=_kubelets, args=(cluster, stop), daemon=True)
         with _operator(cluster, metrics_port) as proc:

@@ -19,7 +19,6 @@ import copy
 import json
 import pathlib
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import yaml
 
 from pd_operator.devcluster import DevCluster
 from pd_operator.devcluster.patching import MERGE_PATCH
+from pd_operator.localnet import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "pd.serving.dev_pddeployments.yaml"
@@ -38,12 +38,6 @@ EXAMPLE = ROOT / "examples" / "glm-5.3-flash-1p1d-tp4.yaml"
 API = "pd.serving.dev/v1alpha1"
 NS = "default"
 ERRORS = "pd_operator_reconcile_errors_total"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:

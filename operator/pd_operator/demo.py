@@ -12,7 +12,6 @@ import argparse
 import logging
 import pathlib
 import re
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -23,9 +22,8 @@ import kubernetes
 import yaml
 
 from pd_operator.api.types import GROUP, KIND, PLURAL, VERSION
-from pd_operator.controller.background import BackgroundOperator
+from pd_operator.controller.background import BackgroundOperator, local_options
 from pd_operator.controller.client import CHILD_KINDS
-from pd_operator.controller.main import Options
 from pd_operator.devcluster import DevCluster
 from pd_operator.kv.summary import report_table
 from pd_operator.render.labels import DEPLOYMENT
@@ -34,12 +32,6 @@ from pd_operator.validate import validate
 CRD = pathlib.Path(__file__).resolve().parents[2] / "crds" / f"{GROUP}_{PLURAL}.yaml"
 READY_TIMEOUT_S = 30.0
 FILTER = re.compile(r'^(?P<list>[.\w]+)\[\?\(@\.(?P<key>\w+)=="(?P<value>[^"]*)"\)\]\.(?P<field>\w+)$')
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _path(obj: Any, dotted: str) -> Any:
@@ -121,9 +113,7 @@ def demo(manifest_path: str) -> int:
     started = time.monotonic()
     with DevCluster(crd_paths=[str(CRD)], namespaces=(namespace,)) as cluster:
         cluster.run_workload_controllers(pod_ready=False)
-        options = Options(kubeconfig=cluster.kubeconfig_path, webhook=False, health_port=_free_port(),
-                          metrics_port=_free_port())
-        with BackgroundOperator(options):
+        with BackgroundOperator(local_options(cluster.kubeconfig_path)):
             config = kubernetes.client.Configuration()
             kubernetes.config.load_kube_config(config_file=cluster.kubeconfig_path,
                                                client_configuration=config)

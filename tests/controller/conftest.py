@@ -8,10 +8,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from controller_support import CRD, example, free_port
+from controller_support import CRD, example
 
-from pd_operator.controller.background import BackgroundOperator
-from pd_operator.controller.main import Options
+from pd_operator.controller.background import BackgroundOperator, operators
 from pd_operator.devcluster import DevCluster
 
 
@@ -24,21 +23,8 @@ def cluster() -> Iterator[DevCluster]:
 
 @pytest.fixture
 def start_operator(cluster: DevCluster) -> Iterator[Callable[..., BackgroundOperator]]:
-    started: list[BackgroundOperator] = []
-
-    def start(**overrides: Any) -> BackgroundOperator:
-        settings = {"kubeconfig": cluster.kubeconfig_path, "webhook": False, "health_port": free_port(),
-                    "metrics_port": free_port(), **overrides}
-        options = Options(**settings)
-        op = BackgroundOperator(options).start()
-        started.append(op)
-        return op
-
-    yield start
-    for op in started:
-        if op.thread.is_alive():
-            op.stop()
-        assert op.error is None, repr(op.error)
+    with operators(cluster.kubeconfig_path) as start:
+        yield start
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,12 +17,6 @@ API = "pd.serving.dev/v1alpha1"
 
 def example(name: str = "glm-5.3-flash-tp8-dp2tp4.yaml") -> dict[str, Any]:
     return yaml.safe_load((EXAMPLES / name).read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:

@@ -13,9 +13,10 @@ import urllib.request
 
 import kubernetes
 import pytest
-from controller_support import API, ROOT, example, free_port, wait_for
+from controller_support import API, ROOT, example, wait_for
 
 from pd_operator.controller.restarts import HISTORY
+from pd_operator.localnet import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from operator_env import CRD, NAMESPACES, start_operator
+from operator_env import CRD, NAMESPACES
 
-from pd_operator.controller.background import BackgroundOperator
+from pd_operator.controller.background import BackgroundOperator, operators
 from pd_operator.devcluster import DevCluster
 
 RENDER_TESTS = str(Path(__file__).resolve().parents[1] / "render")
@@ -34,15 +33,5 @@ def cluster() -> Iterator[DevCluster]:
 def operator(cluster: DevCluster) -> Iterator[Callable[..., BackgroundOperator]]:
     """Start the real operator (`main.run`, as `pd-operator run`) against the cluster; stopped at the
     end of the test, which fails if it died with an error."""
-    started: list[BackgroundOperator] = []
-
-    def start(**options: Any) -> BackgroundOperator:
-        op = start_operator(cluster, **options)
-        started.append(op)
-        return op
-
-    yield start
-    for op in started:
-        if op.thread.is_alive():
-            op.stop()
-        assert op.error is None, repr(op.error)
+    with operators(cluster.kubeconfig_path) as start:
+        yield start

@@ -3,7 +3,6 @@ scenarios share (waiting, children of a deployment, edits through the store that
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,8 +10,7 @@ from typing import Any
 
 import yaml
 
-from pd_operator.controller.background import BackgroundOperator
-from pd_operator.controller.main import Options
+from pd_operator.controller.background import BackgroundOperator, local_options
 from pd_operator.devcluster import DevCluster
 from pd_operator.devcluster.patching import MERGE_PATCH
 
@@ -31,16 +29,8 @@ def example(name: str = "glm-5.3-flash-1p1d-tp4.yaml") -> dict[str, Any]:
     return yaml.safe_load((EXAMPLES / name).read_text())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_operator(cluster: DevCluster, **options: Any) -> BackgroundOperator:
-    settings = {"kubeconfig": cluster.kubeconfig_path, "webhook": False, "health_port": free_port(),
-                "metrics_port": free_port(), **options}
-    return BackgroundOperator(Options(**settings)).start()
+    return BackgroundOperator(local_options(cluster.kubeconfig_path, **options)).start()
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.1,

@@ -22,11 +22,12 @@ import pytest
 import yaml
 from bad_docs import MB, documents
 from hypothesis import HealthCheck, given, settings
-from operator_env import CRD, NAMESPACES, example, free_port, start_operator
+from operator_env import CRD, NAMESPACES, example, start_operator
 
 from pd_operator import cli
 from pd_operator.controller.reconcile import manifest_of
 from pd_operator.devcluster import DevCluster
+from pd_operator.localnet import free_port
 from pd_operator.render import render
 from pd_operator.validate import validate
 

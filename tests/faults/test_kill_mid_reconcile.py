@@ -12,7 +12,9 @@ import time
 
 import pytest
 from fleet import NS, fleet_doc, problems
-from operator_env import children, free_port, wait_until
+from operator_env import children, wait_until
+
+from pd_operator.localnet import free_port
 
 pytestmark = pytest.mark.faults
 

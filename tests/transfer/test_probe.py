@@ -13,9 +13,9 @@ import pytest
 
 from pd_operator.kv import presets
 from pd_operator.kv.side import Side
+from pd_operator.localnet import free_port
 from pd_operator.manifest import PairInput
 from pd_operator.transfer.engine import P2P
-from pd_operator.transfer.metadata_server import free_port
 from pd_operator.transfer.probe_geometry import probe_geometry
 
 pytestmark = pytest.mark.transfer

@@ -6,9 +6,13 @@ It is the same `main.run` as `pd-operator run`; `stop()` ends it the way SIGTERM
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
+from typing import Any
 
 from pd_operator.controller.main import Options, run
+from pd_operator.localnet import free_port
 
 START_TIMEOUT_S = 20.0
 
@@ -47,3 +51,28 @@ class BackgroundOperator:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def local_options(kubeconfig: str, **overrides: Any) -> Options:
+    """Options for an operator next to a local (emulated or test) cluster: no webhook unless asked,
+    health and metrics on free loopback ports."""
+    return Options(**{"kubeconfig": kubeconfig, "webhook": False, "health_port": free_port(),
+                      "metrics_port": free_port(), **overrides})
+
+
+@contextmanager
+def operators(kubeconfig: str) -> Iterator[Callable[..., BackgroundOperator]]:
+    """Start operators against one cluster as needed (`start(**overrides)`); on exit every one
+    still running is stopped, and any that failed raises."""
+    started: list[BackgroundOperator] = []
+
+    def start(**overrides: Any) -> BackgroundOperator:
+        op = BackgroundOperator(local_options(kubeconfig, **overrides)).start()
+        started.append(op)
+        return op
+
+    yield start
+    for op in started:
+        if op.thread.is_alive():
+            op.stop()
+        assert op.error is None, repr(op.error)

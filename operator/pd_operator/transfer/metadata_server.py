@@ -7,7 +7,6 @@ engines given that URL publish and look up segment descriptors there instead of 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,18 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pd_operator.localnet import free_port
+
 SCRIPT = "mooncake_http_metadata_server"
 
 
 class MetadataServerError(RuntimeError):
     pass
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the kernel's pick for an ephemeral bind)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _script() -> str:

@@ -36,11 +36,11 @@ import yaml
 from pd_operator.kv import presets
 from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
 from pd_operator.kv.simulate import UNWRITTEN, regions
+from pd_operator.localnet import free_port
 from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
 from pd_operator.transfer import arena
 from pd_operator.transfer.engine import P2P, Engine, EngineError, open_engine
 from pd_operator.transfer.executor import Peer, pull
-from pd_operator.transfer.metadata_server import free_port
 from pd_operator.transfer.probe_geometry import (
     DEFAULT_LAYERS,
     DEFAULT_PROMPT_TOKENS,

@@ -226,8 +226,8 @@ def start_workers(count: int, metadata_server: str, capacity: int,
                   env: dict[str, str] | None = None) -> list[RankWorker]:
     """Start `count` rank processes in parallel. With a metadata server each gets a unique
     `127.0.0.1:<port>` hostname (else `Duplicate rpc_meta key`, facts.md section 4)."""
+    from pd_operator.localnet import free_port
     from pd_operator.transfer.engine import P2P
-    from pd_operator.transfer.metadata_server import free_port
 
     ports: set[int] = set()
     while metadata_server != P2P and len(ports) < count:
