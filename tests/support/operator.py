@@ -1,0 +1,166 @@
+"""The operator as users install it: `helm install` of charts/pd-operator, then the operator process
+with the chart's own command and arguments, authenticated only as the chart's ServiceAccount.
+
+    release = helm_install(cp, workdir)                  # the real chart, into pd-system
+    with release.operator(cp, workdir) as op:            # `pd-operator run <the chart's args>`
+        op.wait_health(lambda h: h["webhook"]["ok"])     # /healthz, kopf probes (webhook state)
+        ...
+        op.kill()                                        # SIGKILL, for crash tests
+
+The Deployment the chart creates runs on a kwok node, where nothing executes; the real process
+runs here with POD_IP=127.0.0.1 (what the downward API would give it), so the API server calls
+its webhook on loopback. Its health, metrics and webhook ports are moved to free ones (the
+chart's fixed 8080/9090/9443 may be taken on a shared machine); every other argument is the chart's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from support.cluster import ControlPlane, pick_port, service_account_user, wait_for
+from support.kube import CHART, helm
+
+PORT_FLAGS = ("--health-port=", "--metrics-port=", "--webhook-port=")
+RELEASE = "pd-operator"
+NAMESPACE = "pd-system"
+
+
+def _flag(args: Sequence[str], prefix: str) -> str | None:
+    return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
+
+
+def local_ports(args: Sequence[str]) -> list[str]:
+    """The same arguments with health, metrics and webhook on free loopback ports."""
+    return [f"{p}{pick_port()}" if (p := next((f for f in PORT_FLAGS if a.startswith(f)), None)) else a
+            for a in args]
+
+
+class OperatorProcess:
+    """`pd-operator <args>` in its own process, its output in `log`."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: pathlib.Path) -> None:
+        self.argv, self.env, self.log = argv, env, log
+        self.process: subprocess.Popen[bytes] | None = None
+        port = _flag(argv, "--health-port=")
+        self.health_url = f"http://127.0.0.1:{port}/healthz" if port else None
+
+    def start(self) -> OperatorProcess:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def __enter__(self) -> OperatorProcess:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM (as the kubelet stops a pod) and wait; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.running():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        if self.running():
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def health(self) -> dict[str, Any]:
+        assert self.health_url, "no --health-port"
+        with urllib.request.urlopen(self.health_url, timeout=5) as response:
+            return dict(json.load(response))
+
+    def wait_health(self, check: Callable[[dict[str, Any]], bool], what: str = "operator health",
+                    timeout: float = 120) -> dict[str, Any]:
+        """Wait until /healthz answers and `check` accepts it (fails at once if the process exits)."""
+        def ok() -> dict[str, Any] | None:
+            if not self.running():
+                raise AssertionError(f"the operator exited ({self.process and self.process.returncode}):\n"
+                                     f"{self.output()[-3000:]}")
+            health = self.health()
+            return health if check(health) else None
+        return dict(wait_for(what, ok, timeout))
+
+
+@dataclass
+class Release:
+    """An installed chart: what it rendered and who its operator is."""
+
+    name: str
+    namespace: str
+    manifest: list[dict]
+
+    def find(self, kind: str) -> list[dict]:
+        return [d for d in self.manifest if d.get("kind") == kind]
+
+    @property
+    def container(self) -> dict:
+        (deployment,) = self.find("Deployment")
+        containers = deployment["spec"]["template"]["spec"]["containers"]
+        (container,) = [c for c in containers if c["name"] == "operator"]
+        return dict(container)
+
+    @property
+    def service_account(self) -> str:
+        (deployment,) = self.find("Deployment")
+        return str(deployment["spec"]["template"]["spec"]["serviceAccountName"])
+
+    @property
+    def user(self) -> str:
+        """The operator's user name in the API server's audit log."""
+        return service_account_user(self.namespace, self.service_account)
+
+    def operator(self, cp: ControlPlane, workdir: pathlib.Path, *, server: str | None = None,
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> OperatorProcess:
+        """The chart's operator command with a TokenRequest kubeconfig of the chart's ServiceAccount
+        (through `server`, e.g. a FaultProxy URL, when given); not started yet."""
+        path = workdir / f"{self.service_account}.kubeconfig"
+        kubeconfig = cp.service_account_kubeconfig(self.namespace, self.service_account, path, server=server)
+        command = self.container["command"]
+        # The image's `pd-operator` is the console script installed beside this interpreter.
+        program = pathlib.Path(sys.executable).parent / command[0]
+        argv = [str(program), *command[1:], *local_ports(self.container["args"]), *extra_args,
+                f"--kubeconfig={kubeconfig}"]
+        return OperatorProcess(argv, {**os.environ, "POD_IP": "127.0.0.1", "POD_NAMESPACE": self.namespace,
+                                      "POD_ID": f"{self.name}-local", **(env or {})},
+                               workdir / "operator.log")
+
+
+def helm_install(cp: ControlPlane, workdir: pathlib.Path, *, release: str = RELEASE,
+                 namespace: str = NAMESPACE, values: Sequence[str] = ()) -> Release:
+    """`helm install RELEASE charts/pd-operator -n NAMESPACE --create-namespace [--set ...]`."""
+    sets = [a for v in values for a in ("--set", v)]
+    helm(cp.kubeconfig, "install", release, str(CHART), "-n", namespace, "--create-namespace", *sets)
+    manifest = helm(cp.kubeconfig, "get", "manifest", release, "-n", namespace).stdout
+    return Release(release, namespace, [d for d in yaml.safe_load_all(manifest) if d])
+
+
+def helm_uninstall(cp: ControlPlane, release: Release) -> None:
+    helm(cp.kubeconfig, "uninstall", release.name, "-n", release.namespace, check=False)
