@@ -7,7 +7,7 @@ event names the user, verb, resource and response code:
     mark = cp.audit.mark()                      # remember where the log ends now
     ...                                         # do things
     events = cp.audit.events(since=mark, user=service_account_user("pd-system", "pd-operator"))
-    assert not [e for e in events if e.code == 403]
+    assert not cp.audit.forbidden(mark, user=...)   # RBAC refused nothing
 """
 
 from __future__ import annotations
@@ -63,6 +63,11 @@ class Event:
         return str(self.raw.get("requestURI", ""))
 
     @property
+    def decision(self) -> str:
+        """The authorizer's verdict: allow or forbid (empty for requests never authorized)."""
+        return str((self.raw.get("annotations") or {}).get("authorization.k8s.io/decision", ""))
+
+    @property
     def write(self) -> bool:
         return self.verb in ("create", "update", "patch", "delete", "deletecollection")
 
@@ -108,5 +113,6 @@ class AuditLog:
         return found
 
     def forbidden(self, since: int = 0, *, user: str | None = None) -> list[Event]:
-        """Requests the API server refused with 403 (RBAC said no)."""
-        return [e for e in self.events(since, user=user) if e.code == 403]
+        """Requests the authorizer (RBAC, Node) refused. Not every 403 is one: creating in a
+        namespace being deleted is 403 too, after RBAC allowed it (its decision says allow)."""
+        return [e for e in self.events(since, user=user) if e.decision == "forbid"]

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from pd_operator.api.types import GROUP, PLURAL, VERSION
 from support.cluster import ControlPlane, pick_port, service_account_user, wait_for
 from support.kube import CHART, helm
 
@@ -151,6 +152,33 @@ class Release:
         return OperatorProcess(argv, {**os.environ, "POD_IP": "127.0.0.1", "POD_NAMESPACE": self.namespace,
                                       "POD_ID": f"{self.name}-local", **(env or {})},
                                workdir / "operator.log")
+
+
+def example(path: pathlib.Path, namespace: str | None = None) -> dict:
+    """A manifest from examples/, moved into `namespace` when given (tests use their own)."""
+    doc = dict(yaml.safe_load(path.read_text()))
+    if namespace:
+        doc["metadata"]["namespace"] = namespace
+    return doc
+
+
+def weights_claim(doc: dict) -> str | None:
+    """The PersistentVolumeClaim a PDDeployment's model weights come from, if any."""
+    claim = ((doc["spec"]["model"].get("weights") or {}).get("pvc") or {}).get("claimName")
+    return str(claim) if claim else None
+
+
+def get_pdd(cp: ControlPlane, namespace: str, name: str) -> dict:
+    return dict(cp.api("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"))
+
+
+def condition(obj: dict, kind: str) -> dict:
+    """The status condition of type `kind` ({} when absent)."""
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+def is_ready(cp: ControlPlane, namespace: str, name: str) -> bool:
+    return condition(get_pdd(cp, namespace, name), "Ready").get("status") == "True"
 
 
 def helm_install(cp: ControlPlane, workdir: pathlib.Path, *, release: str = RELEASE,
