@@ -105,8 +105,9 @@ test: install vllm-env tools testcluster
 test-fast: install tools
 	$(PY) -m pytest -m "not integration and not faults and not transfer and not vllm" $(PYTEST_ARGS)
 
+# The plan, then a real control plane (tests/support), helm install, kubectl apply, kubectl get pdd.
 demo: install tools testcluster
-	$(PY) -m pd_operator.demo examples/glm-5.3-flash-tp8-dp2tp4.yaml
+	PYTHONPATH=tests $(PY) -m support.demo examples/glm-5.3-flash-tp8-dp2tp4.yaml
 
 plan: install
 	$(VENV)/bin/pdctl plan examples/glm-5.3-flash-tp8-dp2tp4.yaml

@@ -1,4 +1,5 @@
-"""rbac.RULES (with WEBHOOK_RULES) and the API requests of controller/client.py match exactly, in both directions.
+"""rbac.RULES (with WEBHOOK_RULES) and the API requests of controller/client.py match exactly,
+both ways.
 
 The declarations are found statically (the `@needs(...)` decorators in client.py's source), and
 client.py refuses at run time any request its method did not declare, so what the integration

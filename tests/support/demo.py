@@ -20,14 +20,13 @@ from collections.abc import Sequence
 
 import yaml
 
-from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller.client import CHILD_KINDS
 from pd_operator.kv.summary import report_table
 from pd_operator.render.labels import DEPLOYMENT
 from pd_operator.validate import validate
 from support.cluster import ControlPlane, kubernetes_version, wait_for
 from support.kube import kubectl
-from support.operator import helm_install
+from support.operator import helm_install, is_ready, weights_claim
 
 READY_TIMEOUT_S = 300.0
 
@@ -41,18 +40,11 @@ CONDITIONS = ("{range .status.conditions[*]}{.type}{'\\t'}{.status}{'\\t'}{.reas
 OWNERS = "custom-columns=KIND:.kind,NAME:.metadata.name,OWNER:.metadata.ownerReferences[0].name"
 
 
-def _ready(cp: ControlPlane, namespace: str, name: str) -> bool:
-    obj = cp.api("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}")
-    conditions = obj.get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
 def _prerequisites(cp: ControlPlane, doc: dict, namespace: str) -> None:
     """What the user creates before applying: the namespace and the weights volume the spec names."""
     if namespace != "default":
         cp.create_namespace(namespace)
-    claim = ((doc["spec"]["model"].get("weights") or {}).get("pvc") or {}).get("claimName")
-    if claim:
+    if claim := weights_claim(doc):
         cp.create_weights_volume(namespace, claim)
         print(f"\n== created PersistentVolumeClaim {namespace}/{claim} (the model weights the spec names)")
 
@@ -81,10 +73,11 @@ def demo(manifest_path: str) -> int:
             print(finding.line())
         return 1
     namespace, name = validation.deployment.namespace, validation.deployment.name  # type: ignore[union-attr]
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="pd-demo-"))
     print(f"\n== starting kube-apiserver {kubernetes_version()}, etcd, kube-controller-manager, "
           "kube-scheduler, kwok NPU nodes", flush=True)
-    with ControlPlane(workdir / "cluster") as cp:
+    # The control plane keeps its own directory (component logs) when the demo fails.
+    with ControlPlane() as cp, tempfile.TemporaryDirectory(prefix="pd-demo-") as tmp:
+        workdir = pathlib.Path(tmp)
         print(f"   ready in {cp.start_seconds:.1f} s at {cp.server}")
         admin = cp.kubeconfig
         version = kubectl(admin, "version").stdout.splitlines()
@@ -96,11 +89,13 @@ def demo(manifest_path: str) -> int:
               f"installed: {kinds}")
         with release.operator(cp, workdir) as op:
             health = op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "its webhook")
-            _show(f"pd-operator {' '.join(release.container['args'])}   (as {release.user})",
+            args = " ".join(release.container["args"])
+            _show(f"pd-operator {args}   (the chart's args, as {release.user}; "
+                  "health, metrics and webhook on free local ports)",
                   f"webhook: {health['webhook']['message']}")
             _prerequisites(cp, doc, namespace)
             _show(f"kubectl apply -f {manifest_path}", kubectl(admin, "apply", "-f", manifest_path).stdout)
-            wait_for(f"{namespace}/{name} Ready", lambda: _ready(cp, namespace, name), READY_TIMEOUT_S,
+            wait_for(f"{namespace}/{name} Ready", lambda: is_ready(cp, namespace, name), READY_TIMEOUT_S,
                      interval=0.5)
             _show_result(cp, namespace, name)
             requests = cp.audit.events(user=release.user)
