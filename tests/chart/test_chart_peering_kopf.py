@@ -1,71 +1,57 @@
-"""The chart's peering wiring works with real kopf: started with the flags the chart renders and the
-POD_ID identity the chart sets, kopf finds the chart's peering CRDs and keeps its peer record alive
-in the peering object the chart creates (on the emulated API server)."""
+"""The chart's peering wiring on the real control plane: `helm install` with two replicas renders
+`--peering` and the peering object; two operators started with the chart's arguments, each as the
+chart's ServiceAccount with its own POD_ID (the chart sets it from the pod name), keep their
+records alive in that object, which the chart's RBAC lets them patch."""
 
 from __future__ import annotations
 
-import textwrap
-import time
+import pathlib
 
-import kubernetes
 import pytest
-from chart_render import find, operator_container, rendered
-from kopf.testing import KopfRunner
 
-from pd_operator.devcluster import DevCluster
+from support.cluster import ControlPlane, namespace_name, wait_for
+from support.operator import Release, helm_install, helm_uninstall
 
 pytestmark = pytest.mark.integration
 
-HANDLERS = textwrap.dedent("""
-    import kopf
+PEERS = ("pdo-pd-operator-7d9f8-x2x4q", "pdo-pd-operator-7d9f8-b5n2m")
 
 
-    @kopf.on.login()
-    def login(**kwargs):
-        return kopf.login_via_client(**kwargs)
+def _peering_path(release: Release, kind: str) -> str:
+    (peering,) = release.find(kind)
+    meta = peering["metadata"]
+    if kind == "KopfPeering":
+        return f"/apis/kopf.dev/v1/namespaces/{meta['namespace']}/kopfpeerings/{meta['name']}"
+    return f"/apis/kopf.dev/v1/clusterkopfpeerings/{meta['name']}"
 
 
-    @kopf.on.create("pd.serving.dev", "v1alpha1", "pddeployments")
-    def noop(**_):
-        pass
-""")
-POD_ID = "pdo-pd-operator-7d9f8-x2x4q"
-
-
-def _kopf_flags(docs: list[dict]) -> list[str]:
-    """The chart's flags that `pd-operator run` passes on to kopf itself."""
-    args = operator_container(docs)["args"]
-    return [a for a in args if a == "--all-namespaces" or a.startswith(("--namespace=", "--peering="))]
-
-
-@pytest.mark.parametrize(("value_set", "kind"), [("peering", "ClusterKopfPeering"),
-                                                 ("peering-namespaced", "KopfPeering")])
-def test_kopf_keeps_its_record_in_the_chart_peering_object(value_set, kind, tmp_path, monkeypatch):
-    docs = rendered(value_set)
-    (peering,) = find(docs, kind)
-    with DevCluster(namespaces=("default", "llm-prod")) as cluster:
-        for crd in find(docs, "CustomResourceDefinition"):
-            cluster.register_crd(crd)
-        cluster.create(peering)
-        # login_via_client() -> load_kube_config() reads the default path captured at import time.
-        monkeypatch.setenv("KUBECONFIG", cluster.kubeconfig_path)
-        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION",
-                            cluster.kubeconfig_path)
-        monkeypatch.setattr(kubernetes.client.Configuration, "_default", None)
-        monkeypatch.setenv("POD_ID", POD_ID)
-        handlers = tmp_path / "handlers.py"
-        handlers.write_text(HANDLERS)
-
-        meta = peering["metadata"]
-        args = ["run", *_kopf_flags(docs), "--verbose", str(handlers)]
-        with KopfRunner(args, timeout=30) as runner:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                record = cluster.get("kopf.dev/v1", kind, meta.get("namespace"), meta["name"])
-                if POD_ID in (record or {}).get("status", {}):
-                    break
-                time.sleep(0.1)
-
-    assert runner.exception is None and runner.exit_code == 0, runner.output[-3000:]
-    assert POD_ID in record.get("status", {}), runner.output[-3000:]
-    assert record["status"][POD_ID]["priority"] == 0
+@pytest.mark.parametrize(("namespaced", "kind"), [(False, "ClusterKopfPeering"), (True, "KopfPeering")])
+def test_operators_keep_their_records_in_the_chart_peering_object(control_plane: ControlPlane, namespace: str,
+                                                                  tmp_path: pathlib.Path, namespaced, kind):
+    cp = control_plane
+    home = namespace_name("pdo")
+    values = ["replicaCount=2", "webhook.enabled=false", *([f"watchNamespaces={{{namespace}}}"] * namespaced)]
+    mark = cp.audit.mark()
+    release = helm_install(cp, tmp_path, release="pdo", namespace=home, values=values)
+    try:
+        assert any(a.startswith("--peering=") for a in release.container["args"])
+        path = _peering_path(release, kind)
+        operators = []
+        for peer in PEERS:
+            workdir = tmp_path / peer
+            workdir.mkdir()
+            operators.append(release.operator(cp, workdir, env={"POD_ID": peer}).start())
+        try:
+            def records() -> dict:
+                status = cp.api("GET", path).get("status") or {}
+                return status if set(PEERS) <= set(status) else {}
+            found = wait_for("both peers in the peering object", records, 60)
+        finally:
+            for op in operators:
+                op.stop()
+        priorities = [found[peer]["priority"] for peer in PEERS]
+        assert len(set(priorities)) == 2, found  # equal priorities would pause both
+        assert not cp.audit.forbidden(mark, user=release.user)
+    finally:
+        helm_uninstall(cp, release)
+        cp.delete_namespace(home)

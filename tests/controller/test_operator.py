@@ -1,307 +1,287 @@
-"""The real operator (`main.run`, as `pd-operator run` starts it) against the emulated API server
-with the generated CRD: the scenarios of the controller's contract, a few seconds each."""
+"""The operator on the real control plane (tests/support), installed with `helm install` and run
+with the chart's arguments as the chart's ServiceAccount: the scenarios of the controller's
+contract. The StatefulSet and Deployment controllers create the pods, the scheduler binds them to
+kwok NPU nodes, kwok runs them, the garbage collector deletes children; writes are counted from
+the API server's audit log."""
 
 from __future__ import annotations
 
-import copy
 import json
-import socket
-import ssl
-import subprocess
-import sys
-import urllib.request
 
-import kubernetes
 import pytest
-from controller_support import API, ROOT, example, wait_for
+from cluster_helpers import (
+    GLM,
+    GLM_CHILDREN,
+    READY_TIMEOUT_S,
+    apply,
+    children,
+    cond,
+    config_map_model,
+    create_glm_config,
+    events,
+    glm,
+    operator_writes,
+    patch_spec,
+    pods,
+    serve,
+    wait_cond,
+)
+from controller_support import example
 
+from pd_operator.api.types import GROUP, PLURAL, VERSION
+from pd_operator.controller.admission import UPDATE_NOTE
 from pd_operator.controller.restarts import HISTORY
-from pd_operator.localnet import free_port
+from pd_operator.render.labels import DEPLOYMENT, KV_LAYOUT, ROLE
+from support.cluster import ControlPlane, wait_for
+from support.faultproxy import FaultProxy
+from support.kube import kubectl
+from support.operator import condition, get_pdd
 
 pytestmark = pytest.mark.integration
 
-NS = "default"
-KINDS = [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "Deployment"),
-         ("networking.k8s.io/v1", "NetworkPolicy"), ("policy/v1", "PodDisruptionBudget"), ("v1", "ConfigMap")]
-GLM_CHILDREN = {"Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
-                "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
-                "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv",
-                "PodDisruptionBudget/glm-flash-prefill", "PodDisruptionBudget/glm-flash-decode"}
 
-
-def children(cluster, name="glm-flash") -> dict[str, dict]:
-    out = {}
-    for api, kind in KINDS:
-        for obj in cluster.list(api, kind, NS, f"pd.serving.dev/deployment={name}"):
-            out[f"{kind}/{obj['metadata']['name']}"] = obj
-    return out
-
-
-def pdd(cluster, name="glm-flash") -> dict:
-    return cluster.get(API, "PDDeployment", NS, name)
-
-
-def condition(cluster, type_, name="glm-flash") -> tuple[str, str] | None:
-    for c in (pdd(cluster, name).get("status") or {}).get("conditions", []):
-        if c["type"] == type_:
-            return c["status"], c["reason"]
-    return None
-
-
-def ready_all_pods(cluster) -> int:
-    """Mark every not-ready pod Ready (as kubelets would once engines load); how many changed."""
-    changed = 0
-    for pod in cluster.list("v1", "Pod", NS):
-        conds = pod.get("status", {}).get("conditions", [])
-        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
-            cluster.set_pod_ready(NS, pod["metadata"]["name"], True)
-            changed += 1
-    return changed
-
-
-def serve(cluster, name="glm-flash") -> None:
-    def ready():
-        ready_all_pods(cluster)
-        return condition(cluster, "Ready", name) == ("True", "Serving")
-    wait_for(ready, what=f"{name} Ready")
-
-
-def metric(op, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{op.options.metrics_port}/metrics").read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and not line.startswith("#"))
-
-
-@pytest.fixture
-def custom(cluster):
-    config = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=cluster.kubeconfig_path, client_configuration=config)
-    with kubernetes.client.ApiClient(config) as api:
-        yield kubernetes.client.CustomObjectsApi(api)
-
-
-def patch_spec(custom, spec: dict, name="glm-flash") -> None:
-    custom.patch_namespaced_custom_object("pd.serving.dev", "v1alpha1", NS, "pddeployments", name,
-                                          {"spec": spec})
-
-
-def test_glm_example_converges_to_ready_and_then_writes_nothing(cluster, start_operator):
-    op = start_operator(drift_interval_s=1.0)
-    cluster.create(example())
-    wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="all children")
-    found = children(cluster)
-    uid = pdd(cluster)["metadata"]["uid"]
-    for obj in found.values():
+def test_glm_example_converges_to_ready_and_then_writes_nothing(control_plane, namespace, release,
+                                                                start_operator):
+    cp = control_plane
+    op = start_operator("--drift-interval=1")
+    apply(cp, glm(namespace))
+    wait_for("all children", lambda: set(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
+    uid = get_pdd(cp, namespace, GLM)["metadata"]["uid"]
+    for obj in children(cp, namespace).values():
         (ref,) = obj["metadata"]["ownerReferences"]
         assert (ref["uid"], ref["controller"], ref["kind"]) == (uid, True, "PDDeployment")
-    wait_for(lambda: condition(cluster, "KVCompatible") == ("True", "Compatible"), what="KVCompatible")
-    assert condition(cluster, "Ready") == ("False", "InstancesNotReady")
+    wait_cond(cp, namespace, "KVCompatible", ("True", "Compatible"))
 
-    serve(cluster)
-    status = pdd(cluster)["status"]
+    serve(cp, namespace)
+    status = get_pdd(cp, namespace, GLM)["status"]
     assert status["prefill"]["shape"] == "1xTP8" and status["decode"]["shape"] == "1xDP2xTP4"
     assert status["kvLayout"]["prefillBlockSize"] == 640 and status["kvLayout"]["decodeBlockSize"] == 1152
-    wait_for(lambda: metric(op, "pd_operator_pddeployment_ready{") == 1.0, what="Ready gauge")
-    health = urllib.request.urlopen(f"http://127.0.0.1:{op.options.health_port}/healthz", timeout=5)
-    assert health.status == 200
+    # The pods are the workload controllers', bound by the scheduler to NPU nodes.
+    running = pods(cp, namespace)
+    assert len(running) == 3 and all(p["spec"].get("nodeName") for p in running)
+    assert {p["metadata"]["ownerReferences"][0]["kind"] for p in running} == {"StatefulSet", "ReplicaSet"}
+    wait_for("Ready gauge", lambda: op.metric("pd_operator_pddeployment_ready", namespace=namespace,
+                                              name=GLM) == 1.0)
+    assert op.health()
 
-    wait_for(lambda: condition(cluster, "Progressing") == ("False", "Complete"), what="settled")
-    writes, runs = cluster.requests.count_writes(), metric(op, "pd_operator_reconcile_total")
-    wait_for(lambda: metric(op, "pd_operator_reconcile_total") >= runs + 2, what="two drift reconciles")
-    assert cluster.requests.count_writes() == writes, [
-        (r.method, r.path) for r in cluster.requests[-20:] if r.method != "GET"]
-    reasons = [e["reason"] for e in cluster.list("v1", "Event", NS)]
-    assert reasons.count("Serving") == 1 and reasons.count("Compatible") == 1
+    wait_cond(cp, namespace, "Progressing", ("False", "Complete"))
+    mark = cp.audit.mark()
+    drifts = op.metric("pd_operator_reconcile_total", trigger="drift")
+    pokes = op.metric("pd_operator_reconcile_total", trigger="child")
+    # A change by someone else to a field the operator does not set pokes a reconcile too.
+    kubectl(cp.kubeconfig, "annotate", "service", "glm-flash-proxy", "-n", namespace, "team=llm")
+    wait_for("a reconcile after the annotation",
+             lambda: op.metric("pd_operator_reconcile_total", trigger="child") > pokes)
+    wait_for("two drift reconciles", lambda: op.metric("pd_operator_reconcile_total", trigger="drift")
+             >= drifts + 2)
+    assert operator_writes(cp, mark, release.user, namespace) == []
+    assert len(events(cp, namespace, "Serving")) == 1 and len(events(cp, namespace, "Compatible")) == 1
 
-    # No finalizer: deletion needs no operator; the owner references take the children along.
-    assert not pdd(cluster)["metadata"].get("finalizers")
-    cluster.delete(API, "PDDeployment", NS, "glm-flash")
-    wait_for(lambda: children(cluster) == {}, what="children collected with their owner")
-
-
-def test_model_config_from_a_config_map(cluster, start_operator):
-    start_operator(drift_interval_s=0.5)  # nothing of ours changes when the ConfigMap appears
-    doc = example()
-    doc["spec"]["model"].pop("preset")
-    doc["spec"]["model"]["hfConfigMap"] = {"name": "glm-config"}
-    cluster.create(doc)
-    wait_for(lambda: condition(cluster, "KVCompatible") == ("False", "ConfigMapNotFound"), what="missing")
-    assert children(cluster) == {}
-    config = (ROOT / "tests" / "kv" / "hf_configs" / "glm-5.3-flash" / "config.json").read_text()
-    cluster.create({"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": "glm-config", "namespace": NS}, "data": {"config.json": config}})
-    wait_for(lambda: condition(cluster, "KVCompatible") == ("True", "Compatible"), what="read from the map")
-    wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
-    assert pdd(cluster)["status"]["kvLayout"]["decodeBlockSize"] == 1152
+    # No finalizer: deletion needs no operator; the garbage collector takes the children along.
+    assert not get_pdd(cp, namespace, GLM)["metadata"].get("finalizers")
+    kubectl(cp.kubeconfig, "delete", "pdd", GLM, "-n", namespace)
+    wait_for("children collected with their owner", lambda: children(cp, namespace) == {}, READY_TIMEOUT_S)
 
 
-def test_incompatible_manifest_admitted_anyway_creates_nothing(cluster, start_operator):
+def test_model_config_from_a_config_map(control_plane, namespace, start_operator):
+    cp = control_plane
+    start_operator("--drift-interval=1")  # nothing of ours changes when the ConfigMap appears
+    applied = apply(cp, config_map_model(namespace))
+    assert "spec.model.hfConfigMap" in applied.stderr  # the webhook's warning, shown by kubectl
+    wait_cond(cp, namespace, "KVCompatible", ("False", "ConfigMapNotFound"))
+    assert children(cp, namespace) == {}
+    create_glm_config(cp, namespace)
+    wait_cond(cp, namespace, "KVCompatible", ("True", "Compatible"))
+    wait_for("children", lambda: set(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
+    assert get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["decodeBlockSize"] == 1152
+    serve(cp, namespace)
+
+
+def test_webhook_refuses_incompatible_create_and_update_over_the_api_server(control_plane, namespace,
+                                                                          release, start_operator):
+    cp = control_plane
     start_operator()
-    cluster.create(example("incompatible-glm-tp8-tp3.yaml"))
-    name = example("incompatible-glm-tp8-tp3.yaml")["metadata"]["name"]
-    wait_for(lambda: condition(cluster, "KVCompatible", name) == ("False", "HeadsNotDivisibleByTP"),
-             what="KVCompatible=False")
-    assert children(cluster, name) == {}
-    warning = wait_for(lambda: [e for e in cluster.list("v1", "Event", NS)
-                                if e["reason"] == "HeadsNotDivisibleByTP"], what="event")
+    bad = glm(namespace, example("incompatible-glm-tp8-tp3.yaml"))
+    refused = apply(cp, bad, check=False)
+    assert refused.returncode != 0 and "denied the request" in refused.stderr, refused.stderr
+    assert "spec.decode.tensorParallelSize: " in refused.stderr and UPDATE_NOTE not in refused.stderr
+    assert not cp.exists(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/glm-flash-bad")
+
+    created = apply(cp, glm(namespace))
+    assert "Warning: spec.decode.blockSize" in created.stderr, created.stderr  # admitted, with warnings
+    serve(cp, namespace)
+    mark = cp.audit.mark()
+    update = patch_spec(cp, namespace, {"decode": {"tensorParallelSize": 3, "dataParallelSize": 1}},
+                        check=False)
+    assert update.returncode != 0 and "spec.decode.tensorParallelSize: " in update.stderr, update.stderr
+    assert UPDATE_NOTE in update.stderr
+    assert get_pdd(cp, namespace, GLM)["spec"]["decode"]["tensorParallelSize"] == 4
+    reviews = [e for e in cp.audit.events(mark, verb="patch", resource=PLURAL, namespace=namespace)]
+    assert [e.code for e in reviews] == [422], [str(e) for e in reviews]
+
+
+def test_incompatible_spec_the_webhook_cannot_judge_creates_nothing(control_plane, namespace, start_operator):
+    cp = control_plane
+    start_operator()
+    create_glm_config(cp, namespace)
+    doc = config_map_model(namespace)
+    doc["spec"]["decode"].update(tensorParallelSize=3, dataParallelSize=1)
+    apply(cp, doc)  # admitted: the KV check needs the ConfigMap, which only the controller reads
+    wait_cond(cp, namespace, "KVCompatible", ("False", "HeadsNotDivisibleByTP"))
+    assert children(cp, namespace) == {}
+    warning = wait_for("the Warning event", lambda: events(cp, namespace, "HeadsNotDivisibleByTP"))
     assert warning[0]["type"] == "Warning" and "spec.decode.tensorParallelSize" in warning[0]["message"]
 
 
-def test_invalid_update_keeps_children_and_a_fix_or_scale_down_applies(cluster, start_operator, custom):
+def test_invalid_update_keeps_children_and_a_fix_or_scale_down_applies(control_plane, namespace, release,
+                                                                       start_operator):
+    cp = control_plane
     start_operator()
-    doc = example()
+    create_glm_config(cp, namespace)
+    doc = config_map_model(namespace)
     doc["spec"]["decode"]["replicas"] = 2
-    cluster.create(doc)
-    wait_for(lambda: "StatefulSet/glm-flash-decode-1" in children(cluster), what="children")
-    serve(cluster)
-    before = {k: v["metadata"]["resourceVersion"] for k, v in children(cluster).items()}
+    apply(cp, doc)
+    wait_for("children", lambda: "StatefulSet/glm-flash-decode-1" in children(cp, namespace), READY_TIMEOUT_S)
+    serve(cp, namespace)
+    before = {k: v["metadata"]["uid"] for k, v in children(cp, namespace).items()}
+    mark = cp.audit.mark()
 
-    patch_spec(custom, {"decode": {"tensorParallelSize": 3, "dataParallelSize": 1}})
-    wait_for(lambda: condition(cluster, "KVCompatible") == ("False", "HeadsNotDivisibleByTP"), what="invalid")
-    assert {k: v["metadata"]["resourceVersion"] for k, v in children(cluster).items()} == before
-    assert pdd(cluster)["status"]["kvLayout"]["decodeBlockSize"] == 1152  # the running layout
+    patch_spec(cp, namespace, {"decode": {"tensorParallelSize": 3, "dataParallelSize": 1}})
+    wait_cond(cp, namespace, "KVCompatible", ("False", "HeadsNotDivisibleByTP"))
+    assert cond(cp, namespace, "Ready") == ("False", "HeadsNotDivisibleByTP")
+    assert {k: v["metadata"]["uid"] for k, v in children(cp, namespace).items()} == before
+    assert operator_writes(cp, mark, release.user, namespace, children_only=True) == []
+    assert get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["decodeBlockSize"] == 1152  # the running layout
+    assert len(pods(cp, namespace, f"{ROLE}=decode")) == 2  # still serving
 
-    patch_spec(custom, {"decode": {"tensorParallelSize": 4, "dataParallelSize": 2, "replicas": 1}})
-    wait_for(lambda: "StatefulSet/glm-flash-decode-1" not in children(cluster), what="prune")
-    assert "Service/glm-flash-decode-1" not in children(cluster)
-    serve(cluster)
+    patch_spec(cp, namespace, {"decode": {"tensorParallelSize": 4, "dataParallelSize": 2, "replicas": 1}})
+    wait_for("prune", lambda: "StatefulSet/glm-flash-decode-1" not in children(cp, namespace),
+             READY_TIMEOUT_S)
+    assert "Service/glm-flash-decode-1" not in children(cp, namespace)
+    serve(cp, namespace)
 
 
-def test_deleted_child_is_restored_and_foreign_one_left_alone(cluster, start_operator):
-    start_operator(namespaces=["default"])  # --namespace default: "other" is not served
-    elsewhere = example()
-    elsewhere["metadata"]["namespace"] = "other"
-    cluster.create(elsewhere)
-    cluster.create(example())
-    wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
-    assert cluster.list("apps/v1", "StatefulSet", "other") == []
-    old = children(cluster)["Service/glm-flash-decode-0"]["metadata"]["uid"]
-    cluster.delete("v1", "Service", NS, "glm-flash-decode-0")
-    wait_for(lambda: (children(cluster).get("Service/glm-flash-decode-0") or {"metadata": {"uid": old}})
-             ["metadata"]["uid"] != old, what="service restored")
+def test_deleted_or_hand_edited_child_is_restored_and_foreign_one_left_alone(control_plane, namespace,
+                                                                              start_operator):
+    cp = control_plane
+    start_operator()
+    apply(cp, glm(namespace))
+    wait_for("children", lambda: set(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
+    old = children(cp, namespace)["Service/glm-flash-decode-0"]["metadata"]["uid"]
+    kubectl(cp.kubeconfig, "delete", "service", "glm-flash-decode-0", "-n", namespace)
+    wait_for("service restored", lambda: (children(cp, namespace).get("Service/glm-flash-decode-0")
+                                          or {"metadata": {"uid": old}})["metadata"]["uid"] != old)
+
+    image = children(cp, namespace)["StatefulSet/glm-flash-prefill-0"]["spec"]["template"]["spec"][
+        "containers"][0]["image"]
+    kubectl(cp.kubeconfig, "set", "image", "statefulset/glm-flash-prefill-0", "vllm=busybox", "-n", namespace)
+
+    def image_back() -> bool:
+        sts = children(cp, namespace)["StatefulSet/glm-flash-prefill-0"]
+        return bool(sts["spec"]["template"]["spec"]["containers"][0]["image"] == image)
+    wait_for("the hand edit undone", image_back)
 
     foreign = {"apiVersion": "v1", "kind": "ConfigMap",
-               "metadata": {"name": "hand-made", "namespace": NS,
-                            "labels": {"pd.serving.dev/deployment": "glm-flash"}}, "data": {}}
-    cluster.create(foreign)
-    wait_for(lambda: condition(cluster, "Degraded") == ("True", "ForeignChild"), what="ForeignChild")
-    assert cluster.get("v1", "ConfigMap", NS, "hand-made") is not None
+               "metadata": {"name": "hand-made", "labels": {DEPLOYMENT: GLM}}, "data": {}}
+    cp.api("POST", f"/api/v1/namespaces/{namespace}/configmaps", foreign)
+    wait_cond(cp, namespace, "Degraded", ("True", "ForeignChild"))
+    assert cp.exists(f"/api/v1/namespaces/{namespace}/configmaps/hand-made")
 
 
-def test_failed_rank_restarts_its_whole_group(cluster, start_operator):
+def _crash(cp: ControlPlane, namespace: str, name: str) -> None:
+    """Report a container restart in the pod's status, as a kubelet does after a crash (kwok's
+    stages only move Pending pods to Running, so nothing rewrites it)."""
+    pod = cp.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    statuses = pod["status"]["containerStatuses"]
+    for status in statuses:
+        status.update(restartCount=1, ready=False, lastState={"terminated": {
+            "exitCode": 1, "reason": "Error", "startedAt": status["state"]["running"]["startedAt"],
+            "finishedAt": status["state"]["running"]["startedAt"]}})
+    cp.api("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+           {"status": {"containerStatuses": statuses}}, content_type="application/merge-patch+json")
+
+
+def test_failed_rank_restarts_its_whole_group(control_plane, namespace, start_operator):
+    cp = control_plane
     start_operator()
-    doc = example()
-    doc["spec"]["decode"]["npusPerNode"] = 4  # DP2 x TP4 on 4-NPU nodes: two pods per decode instance
-    cluster.create(doc)
-    wait_for(lambda: len(cluster.list("v1", "Pod", NS, "pd.serving.dev/role=decode")) == 2, what="pods")
-    serve(cluster)
-    uids = {p["metadata"]["name"]: p["metadata"]["uid"]
-            for p in cluster.list("v1", "Pod", NS, "pd.serving.dev/role=decode")}
-    prefill_uid = cluster.get("v1", "Pod", NS, "glm-flash-prefill-0-0")["metadata"]["uid"]
+    doc = glm(namespace)
+    doc["spec"]["decode"]["npusPerNode"] = 4  # DP2 x TP4 on 4 NPUs a pod: two pods per decode instance
+    apply(cp, doc)
+    serve(cp, namespace)
+    decode = f"{ROLE}=decode"
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(cp, namespace, decode)}
+    assert sorted(uids) == ["glm-flash-decode-0-0", "glm-flash-decode-0-1"]
+    prefill = f"/api/v1/namespaces/{namespace}/pods/glm-flash-prefill-0-0"
+    prefill_uid = cp.api("GET", prefill)["metadata"]["uid"]
 
-    cluster.fail_pod(NS, "glm-flash-decode-0-1")
+    mark = cp.audit.mark()
+    _crash(cp, namespace, "glm-flash-decode-0-1")
 
-    def recreated():
-        pods = cluster.list("v1", "Pod", NS, "pd.serving.dev/role=decode")
-        return len(pods) == 2 and all(p["metadata"]["uid"] != uids[p["metadata"]["name"]] for p in pods)
-    wait_for(recreated, what="both decode pods recreated")
-    assert cluster.get("v1", "Pod", NS, "glm-flash-prefill-0-0")["metadata"]["uid"] == prefill_uid
-    sts = cluster.get("apps/v1", "StatefulSet", NS, "glm-flash-decode-0")
+    def recreated() -> bool:
+        now = pods(cp, namespace, decode)
+        return len(now) == 2 and all(p["metadata"]["uid"] != uids[p["metadata"]["name"]] for p in now)
+    wait_for("both decode pods recreated", recreated, READY_TIMEOUT_S)
+    after = cp.audit.events(mark, namespace=namespace)
+    deleted = next(i for i, e in enumerate(after) if e.verb == "delete" and e.name == "glm-flash-decode-0-1")
+    assert not [str(e) for e in after[:deleted] if e.user == "kwok" and e.name == "glm-flash-decode-0-1"], \
+        "kwok rewrote the crashed pod's status before the operator saw it"
+    assert cp.api("GET", prefill)["metadata"]["uid"] == prefill_uid
+    sts = cp.api("GET", f"/apis/apps/v1/namespaces/{namespace}/statefulsets/glm-flash-decode-0")
     assert len(sts["metadata"]["annotations"][HISTORY].split(",")) == 1
-    events = wait_for(lambda: [e for e in cluster.list("v1", "Event", NS) if e["reason"] == "GroupRestart"],
-                      what="the GroupRestart event")
-    assert len(events) == 1 and "glm-flash-decode-0-1" in events[0]["message"], [
-        (e["message"], e["metadata"].get("creationTimestamp")) for e in events]
-    serve(cluster)
+    restarts = wait_for("the GroupRestart event", lambda: events(cp, namespace, "GroupRestart"))
+    assert len(restarts) == 1 and "glm-flash-decode-0-1" in restarts[0]["message"]
+    serve(cp, namespace)
 
 
-def test_operator_killed_mid_reconcile_converges_without_duplicates(cluster, start_operator, tmp_path):
-    # `python -m pd_operator run` in its own process, SIGKILLed between two applies (they are slowed
-    # down), then a fresh operator takes over.
-    cluster.faults.configure(rate=1.0, kinds=["slow"], verbs=["patch"], delay_s=0.3)
-    log = (tmp_path / "operator.log").open("w")
-    first = subprocess.Popen(
-        [sys.executable, "-m", "pd_operator", "run", "--kubeconfig", cluster.kubeconfig_path, "--no-webhook",
-         f"--health-port={free_port()}", f"--metrics-port={free_port()}", "--log-format=json"],
-        stdout=log, stderr=subprocess.STDOUT)
-    try:
-        cluster.create(example())
-        wait_for(lambda: 1 <= len(children(cluster)) < len(GLM_CHILDREN), timeout=30, what="a partial apply")
-    finally:
-        first.kill()
-        first.wait(timeout=10)
-    partial = set(children(cluster))
-    assert partial < GLM_CHILDREN, "the kill came too late to interrupt the reconcile"
-    cluster.faults.off()
+def test_operator_killed_mid_reconcile_converges_without_duplicates(control_plane, namespace, start_operator):
+    cp = control_plane
+    with FaultProxy(cp) as proxy:
+        first = start_operator(server=proxy.url)
+        # SIGKILL right after the API server applied the first StatefulSet (the Services go first),
+        # before the operator hears back.
+        killed = proxy.on_write(1, lambda _: first.kill(), verb="patch", resource="statefulsets")
+        apply(cp, glm(namespace))
+        assert killed.wait(READY_TIMEOUT_S), "the operator never applied a StatefulSet"
+    partial = set(children(cp, namespace))
+    assert partial and partial < GLM_CHILDREN, partial
 
     start_operator()
-    wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="all children after restart")
-    serve(cluster)
-    for obj in children(cluster).values():
+    wait_for("all children after restart", lambda: set(children(cp, namespace)) == GLM_CHILDREN,
+             READY_TIMEOUT_S)
+    serve(cp, namespace)
+    for obj in children(cp, namespace).values():
         assert len(obj["metadata"]["ownerReferences"]) == 1
-    pods = cluster.list("v1", "Pod", NS)
-    assert len(pods) == len({p["metadata"]["name"] for p in pods}) == 3
-    lines = [json.loads(line) for line in (tmp_path / "operator.log").read_text().splitlines()
-             if line.startswith("{")]
+    running = pods(cp, namespace)
+    assert len(running) == len({p["metadata"]["name"] for p in running}) == 3
+    lines = [json.loads(line) for line in first.output().splitlines() if line.startswith("{")]
     assert lines and all({"time", "level", "logger", "message"} <= set(line) for line in lines)
 
 
-def test_webhook_over_https_rejects_incompatible_and_warns(cluster, start_operator):
-    op = start_operator(webhook=True, webhook_self_signed=True, webhook_port=free_port())
-    context = ssl.create_default_context()
-    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-
-    def review(obj: dict, operation: str) -> dict:
-        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                "request": {"uid": "r-1", "operation": operation, "object": obj,
-                            "oldObject": copy.deepcopy(obj) if operation == "UPDATE" else None,
-                            "kind": {"group": "pd.serving.dev", "version": "v1alpha1",
-                                     "kind": "PDDeployment"},
-                            "resource": {"group": "pd.serving.dev", "version": "v1alpha1",
-                                         "resource": "pddeployments"},
-                            "namespace": NS, "name": obj["metadata"]["name"], "userInfo": {},
-                            "dryRun": False}}
-        request = urllib.request.Request(
-            f"https://127.0.0.1:{op.options.webhook_port}/validate-pddeployment", method="POST",
-            data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        return json.loads(urllib.request.urlopen(request, context=context, timeout=10).read())["response"]
-
-    def listening() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", op.options.webhook_port), timeout=1).close()
-            return True
-        except OSError:
-            return False
-    wait_for(listening, what="the webhook server")
-    bad = review(example("incompatible-glm-tp8-tp3.yaml"), "UPDATE")
-    assert bad["allowed"] is False
-    assert bad["status"]["message"].startswith("spec.decode.tensorParallelSize: ")
-    assert "keeps serving" in bad["status"]["message"]
-    good = review(example(), "CREATE")
-    assert good["allowed"] is True and any("spec.decode.blockSize" in w for w in good.get("warnings", []))
-
-
-def test_kv_layout_rollout_never_routes_across_layouts(cluster, start_operator, custom):
+def test_kv_layout_rollout_never_routes_across_layouts(control_plane, namespace, start_operator):
+    cp = control_plane
     start_operator()
-    cluster.create(example())
-    wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
-    serve(cluster)
-    old_layout = pdd(cluster)["status"]["kvLayout"]["hash"]
-    # Slow StatefulSet and Deployment patches widen the window in which the two roles run
-    # different layouts and the proxy stays gated, so the 50 ms poll below sees it.
-    cluster.faults.configure(rate=1.0, kinds=["slow"], verbs=["patch"],
-                             resources=["statefulsets", "deployments"], delay_s=0.5)
-    patch_spec(custom, {"image": {"name": "registry.example.com/pd-operator/vllm-ascend:v0.24.0-pd1"}})
+    apply(cp, glm(namespace))
+    serve(cp, namespace)
+    old_layout = get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["hash"]
+    proxy_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/glm-flash-proxy"
+    # With the StatefulSet controller stopped, every pod keeps the old layout: no instance of the
+    # new one exists, so the proxy must not route at all until pods of the new layout are Ready.
+    manager = cp.components["kube-controller-manager"]
+    manager.stop()
+    try:
+        image = "registry.example.com/pd-operator/vllm-ascend:v0.24.0-pd1"
+        patch_spec(cp, namespace, {"image": {"name": image}})
 
-    def proxy_gated() -> bool:
-        status = pdd(cluster).get("status") or {}
-        proxy = cluster.get("apps/v1", "Deployment", NS, "glm-flash-proxy")
-        return (condition(cluster, "Progressing") == ("True", "RollingOut")
-                and status["kvLayout"]["hash"] != old_layout and proxy["spec"]["replicas"] == 0)
-    wait_for(proxy_gated, what="RollingOut with the proxy scaled to zero")
-    cluster.faults.off()
-    serve(cluster)
-    assert cluster.get("apps/v1", "Deployment", NS, "glm-flash-proxy")["spec"]["replicas"] == 1
-    new_layout = pdd(cluster)["status"]["kvLayout"]["hash"]
-    assert {p["metadata"]["labels"]["pd.serving.dev/kv-layout"]
-            for p in cluster.list("v1", "Pod", NS, "pd.serving.dev/role in (prefill,decode)")} == {new_layout}
+        def proxy_gated() -> bool:
+            status = get_pdd(cp, namespace, GLM).get("status") or {}
+            return (condition({"status": status}, "Progressing").get("reason") == "RollingOut"
+                    and status["kvLayout"]["hash"] != old_layout
+                    and cp.api("GET", proxy_path)["spec"]["replicas"] == 0)
+        wait_for("RollingOut with the proxy scaled to zero", proxy_gated, READY_TIMEOUT_S)
+    finally:
+        manager.start()
+    serve(cp, namespace)
+    assert cp.api("GET", proxy_path)["spec"]["replicas"] == 1
+    new_layout = get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["hash"]
+    assert {p["metadata"]["labels"][KV_LAYOUT]
+            for p in pods(cp, namespace, f"{ROLE} in (prefill,decode)")} == {new_layout}

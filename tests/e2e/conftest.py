@@ -1,17 +1,14 @@
-"""The real-cluster tier: runs only when PD_E2E_KUBECONFIG names a kubeconfig.
-
-PD_E2E_OPERATOR=installed uses an operator already running in the cluster (the Helm chart, with
-its webhook); otherwise (`local`, the default) the tests run the operator in this process against
-the cluster, watching only the test namespace. The CRD is installed if it is missing. Serving
-pods need NPUs to become Ready, so the readiness scenarios need PD_E2E_NPU=1.
+"""The e2e tier: by default against this run's own control plane, the operator installed with
+`helm install` and running as the chart's ServiceAccount; with PD_E2E_KUBECONFIG against that
+cluster (see e2e_support.py for the knobs). The CRD is installed there if it is missing.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import socket
-import time
+import pathlib
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,33 +16,70 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-from e2e_support import GROUP, KUBECONFIG, MODE, PLURAL, ROOT, example
+from e2e_support import GROUP, KUBECONFIG, MODE, PLURAL, ROOT, example, wait_for
+
+from support.cluster import ControlPlane, pick_port
+from support.operator import (
+    OperatorProcess,
+    Release,
+    helm_install,
+    helm_uninstall,
+    wait_webhook_called,
+    weights_claim,
+)
+
+DRIFT = "--drift-interval=1"  # the idle test waits for two drift reconciles
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.e2e)
-            if not KUBECONFIG:
-                item.add_marker(pytest.mark.skip(
-                    reason="real-cluster tier: set PD_E2E_KUBECONFIG to a kubeconfig to run it"))
 
 
-@pytest.fixture(scope="session")
-def api() -> Iterator[kubernetes.client.ApiClient]:
+@pytest.fixture(scope="module")
+def launched(request: pytest.FixtureRequest) -> ControlPlane | None:
+    """This run's control plane, unless PD_E2E_KUBECONFIG names another cluster."""
+    return None if KUBECONFIG else request.getfixturevalue("control_plane")
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(launched: ControlPlane | None) -> str:
+    return str(launched.kubeconfig) if launched else str(KUBECONFIG)
+
+
+@pytest.fixture(scope="module")
+def api(kubeconfig: str) -> Iterator[kubernetes.client.ApiClient]:
     config = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=KUBECONFIG, client_configuration=config)
+    kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
     with kubernetes.client.ApiClient(config) as client:
         ext = kubernetes.client.ApiextensionsV1Api(client)
         crd = yaml.safe_load((ROOT / "crds" / f"{GROUP}_{PLURAL}.yaml").read_text())
+        name = crd["metadata"]["name"]
         try:
-            ext.read_custom_resource_definition(crd["metadata"]["name"])
+            ext.read_custom_resource_definition(name)
         except kubernetes.client.ApiException as err:
             if err.status != 404:
                 raise
             ext.create_custom_resource_definition(crd)
-            time.sleep(3)  # the API server needs a moment to serve a new CRD
+
+        def established() -> bool:
+            conditions = ext.read_custom_resource_definition(name).status.conditions or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+        wait_for(established, 60, "the CRD established")
         yield client
+
+
+@pytest.fixture(scope="module")
+def release(launched: ControlPlane | None,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release | None]:
+    """On the launched control plane: the chart, installed once for the module."""
+    if launched is None:
+        yield None
+        return
+    installed = helm_install(launched, tmp_path_factory.mktemp("e2e-release"))
+    yield installed
+    helm_uninstall(launched, installed)  # its configuration fails closed once no operator serves it
 
 
 @pytest.fixture
@@ -53,31 +87,38 @@ def namespace(api: kubernetes.client.ApiClient) -> Iterator[str]:
     core = kubernetes.client.CoreV1Api(api)
     name = f"pd-e2e-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: core.list_namespaced_service_account(name).items, 60, "the default ServiceAccount")
     yield name
     core.delete_namespace(name)
 
 
 @pytest.fixture
-def operator(namespace: str) -> Iterator[None]:
-    if MODE == "installed":
-        yield
+def operator(launched: ControlPlane | None, release: Release | None, kubeconfig: str, namespace: str,
+             tmp_path: pathlib.Path) -> Iterator[OperatorProcess | None]:
+    """The operator serving `namespace`, or None when the cluster's own (MODE=installed) does."""
+    if release is not None:
+        assert launched is not None
+        with release.operator(launched, tmp_path, extra_args=[DRIFT]) as op:
+            op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "its webhook configured")
+            wait_webhook_called(launched, namespace)
+            yield op
         return
-    from pd_operator.controller.background import BackgroundOperator
-    from pd_operator.controller.main import Options
-
-    def port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
-    options = Options(namespaces=[namespace], kubeconfig=KUBECONFIG, webhook=False, health_port=port(),
-                      metrics_port=port(), drift_interval_s=5.0)
-    with BackgroundOperator(options):
-        yield
+    if MODE == "installed":
+        yield None
+        return
+    program = pathlib.Path(sys.executable).parent / "pd-operator"
+    argv = [str(program), "run", f"--namespace={namespace}", "--no-webhook", f"--kubeconfig={kubeconfig}",
+            f"--health-port={pick_port()}", f"--metrics-port={pick_port()}", DRIFT]
+    with OperatorProcess(argv, dict(os.environ), tmp_path / "operator.log") as op:
+        op.wait_health(lambda h: bool(h), "the operator up")
+        yield op
 
 
 @pytest.fixture
-def glm(namespace: str) -> dict[str, Any]:
+def glm(namespace: str, launched: ControlPlane | None) -> dict[str, Any]:
     doc = copy.deepcopy(example())
     doc["metadata"]["namespace"] = namespace
+    claim = weights_claim(doc)
+    if launched is not None and claim:
+        launched.create_weights_volume(namespace, claim)  # what the example says to create first
     return doc

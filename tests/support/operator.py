@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
-from support.cluster import ControlPlane, pick_port, service_account_user, wait_for
-from support.kube import CHART, helm
+from support.cluster import ApiError, ControlPlane, pick_port, service_account_user, wait_for
+from support.kube import CHART, ROOT, helm
 
 PORT_FLAGS = ("--health-port=", "--metrics-port=", "--webhook-port=")
 RELEASE = "pd-operator"
@@ -55,6 +56,8 @@ class OperatorProcess:
         self.process: subprocess.Popen[bytes] | None = None
         port = _flag(argv, "--health-port=")
         self.health_url = f"http://127.0.0.1:{port}/healthz" if port else None
+        metrics = _flag(argv, "--metrics-port=")
+        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics" if metrics else None
 
     def start(self) -> OperatorProcess:
         with self.log.open("ab") as out:
@@ -97,6 +100,18 @@ class OperatorProcess:
         assert self.health_url, "no --health-port"
         with urllib.request.urlopen(self.health_url, timeout=5) as response:
             return dict(json.load(response))
+
+    def metric(self, metric: str, **labels: str) -> float:
+        """The sum of a metric's samples (Prometheus text) whose labels include `labels`."""
+        assert self.metrics_url, "no --metrics-port"
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
 
     def wait_health(self, check: Callable[[dict[str, Any]], bool], what: str = "operator health",
                     timeout: float = 120) -> dict[str, Any]:
@@ -179,6 +194,24 @@ def condition(obj: dict, kind: str) -> dict:
 
 def is_ready(cp: ControlPlane, namespace: str, name: str) -> bool:
     return condition(get_pdd(cp, namespace, name), "Ready").get("status") == "True"
+
+
+def wait_webhook_called(cp: ControlPlane, namespace: str, timeout: float = 60) -> None:
+    """Wait until the API server calls the webhook the operator just configured (it reloads webhook
+    configurations asynchronously; until then a write may still go to an older address): a
+    server-side dry run of the GLM example in `namespace` is admitted."""
+    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}?dryRun=All"
+
+    def admitted() -> bool:
+        try:
+            cp.api("POST", path, doc)
+        except ApiError as err:
+            if "failed calling webhook" in err.body:
+                return False
+            raise
+        return True
+    wait_for("the API server calling the webhook", admitted, timeout)
 
 
 def helm_install(cp: ControlPlane, workdir: pathlib.Path, *, release: str = RELEASE,

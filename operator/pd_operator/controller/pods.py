@@ -12,6 +12,17 @@ def is_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def unschedulable(pod: dict) -> str | None:
+    """The scheduler's message when it could not place the pod (its PodScheduled condition is
+    False: no node with enough NPUs, a PersistentVolumeClaim that does not exist, ...), else None."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("message") or cond.get("reason") or "not scheduled")
+    return None
+
+
 def has_failed(pod: dict) -> bool:
     """Phase Failed, or a container restarted since the pod was created (restartCount > 0)."""
     status = pod.get("status") or {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pd_operator.api.types import ROLES, PDDeployment
-from pd_operator.controller.pods import by_instance, instance_ready
+from pd_operator.controller.pods import by_instance, instance_ready, unschedulable
 from pd_operator.controller.restarts import Decision
 from pd_operator.findings import Finding
 from pd_operator.render import kv_layout_hash
@@ -27,6 +27,8 @@ _ROLE_REASONS = [
     ("True", "InstancesReady", "Every instance of the role has all its pods Ready on the wanted KV layout."),
     ("True", "ScaledToZero", "The role has replicas 0."),
     ("False", "InstancesNotReady", "Some instances are starting or loading the model; see their pods."),
+    ("False", "Unschedulable", "The scheduler cannot place a pod of the role; the message is the "
+     "scheduler's (no node with that many NPUs free, a weights PVC that does not exist, ...)."),
 ]
 REASONS: list[tuple[str, str, str, str]] = [
     ("KVCompatible", "True", "Compatible", "Prefill and decode KV layouts pair; the message gives both "
@@ -140,13 +142,21 @@ def _kv_condition(validation: Validation) -> _Cond:
                  f"{d.engine_block_size} tokens pair through {report.segment_tokens}-token segments.")
 
 
-def _role_condition(dep: PDDeployment, role: str, ready: int) -> _Cond:
+def _role_condition(dep: PDDeployment, role: str, ready: int, pods: list[dict]) -> _Cond:
     kind = f"{role.capitalize()}Ready"
     want = dep.role(role).replicas
     if want == 0:
         return _Cond(kind, True, "ScaledToZero", f"spec.{role}.replicas is 0.")
     if ready >= want:
         return _Cond(kind, True, "InstancesReady", f"All {want} {role} instances are ready.")
+    pending = sorted((p["metadata"]["name"], why) for (of_role, _), group in by_instance(pods).items()
+                     if of_role == role for p in group if (why := unschedulable(p)))
+    if pending:
+        name, why = pending[0]
+        more = f" (and {len(pending) - 1} more pods)" if len(pending) > 1 else ""
+        return _Cond(kind, False, "Unschedulable",
+                     f"{ready} of {want} {role} instances are ready; pod {name}{more} cannot be "
+                     f"scheduled: {why}")
     return _Cond(kind, False, "InstancesNotReady",
                  f"{ready} of {want} {role} instances are ready; the others are starting or loading "
                  "the model (see the pods' events).")
@@ -236,7 +246,7 @@ def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
     parts = []
     if dep.spec.kv_transfer.metadata.mode == "http":
         parts.append(_metadata_condition(dep, observed))
-    parts += [_role_condition(dep, role, ready[role]) for role in ROLES]
+    parts += [_role_condition(dep, role, ready[role], observed.pods) for role in ROLES]
     parts.append(_proxy_condition(dep, observed))
     return [kv, *parts, *_summary(validation, parts, observed), _degraded(observed)]
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 from pd_operator.api.types import Resources
 from pd_operator.ports import pod_ports
 from pd_operator.render import kv_probe, mooncake
 from pd_operator.render.command import pod_command
 from pd_operator.render.context import Context
 from pd_operator.render.env import container_env
-from pd_operator.render.labels import labels
+from pd_operator.render.labels import labels, selector
 from pd_operator.render.probes import probes
 
 # Host files the Ascend runtime needs inside the container, with the device plugin handing out the
@@ -23,6 +25,7 @@ SHM_SIZE = "32Gi"  # vLLM's worker processes exchange tensors through /dev/shm
 TERMINATION_GRACE_SECONDS = 60
 PORT_NAMES = {"HTTP": "http", "DP RPC": "dp-rpc"}
 PROBE_RANGE = "KV-link probe"  # bound by the kv-probe sidecar (kv_probe.py), not by vLLM
+HOSTNAME = "kubernetes.io/hostname"  # the well-known node label, one value per node
 
 
 def container_ports(ctx: Context, role: str) -> list[dict]:
@@ -93,6 +96,21 @@ def serving_container(ctx: Context, role: str, index: int, mounts: list[dict]) -
     }
 
 
+def affinity(ctx: Context, role: str, index: int) -> dict | None:
+    """The user's affinity, plus for an instance of several pods a required anti-affinity that puts
+    each of its pods on a node of its own: `npusPerNode` is a node's NPU count, and the ranks of a
+    multi-node engine (external DP) are planned one pod per node. Without it the scheduler may
+    pack two pods onto a node with NPUs to spare (an A3 node of 16 for pods of 8)."""
+    user = ctx.role(role).affinity
+    if not ctx.plans[role].multi_pod:
+        return dict(user) if user else None
+    out = json.loads(json.dumps(user or {}))
+    anti = out.setdefault("podAntiAffinity", {})
+    anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+        {"labelSelector": {"matchLabels": selector(ctx, role, index)}, "topologyKey": HOSTNAME})
+    return dict(out)
+
+
 def pod_template(ctx: Context, role: str, index: int) -> dict:
     side = ctx.role(role)
     volumes, mounts = _volumes(ctx)
@@ -107,6 +125,6 @@ def pod_template(ctx: Context, role: str, index: int) -> dict:
         spec["nodeSelector"] = dict(side.node_selector)
     if side.tolerations:
         spec["tolerations"] = list(side.tolerations)
-    if side.affinity:
-        spec["affinity"] = side.affinity
+    if placement := affinity(ctx, role, index):
+        spec["affinity"] = placement
     return {"metadata": {"labels": labels(ctx, role, index)}, "spec": spec}

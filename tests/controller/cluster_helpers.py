@@ -1,0 +1,113 @@
+"""Shared by the controller's integration tests: children, pods, conditions and writes of a
+PDDeployment on the real control plane, and `kubectl` the way a user changes it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import urllib.parse
+
+import yaml
+from controller_support import ROOT, example
+
+from pd_operator.api.types import PLURAL
+from pd_operator.controller.client import CHILD_KINDS
+from pd_operator.render.labels import DEPLOYMENT
+from support.cluster import ControlPlane, wait_for
+from support.kube import kubectl
+from support.operator import condition, get_pdd, weights_claim
+
+GLM = "glm-flash"
+GLM_CHILDREN = {"Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
+                "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
+                "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv",
+                "PodDisruptionBudget/glm-flash-prefill", "PodDisruptionBudget/glm-flash-decode"}
+READY_TIMEOUT_S = 180
+GLM_CONFIG = ROOT / "tests" / "kv" / "hf_configs" / "glm-5.3-flash" / "config.json"
+
+
+def _base(api_version: str) -> str:
+    return "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+
+
+def listed(cp: ControlPlane, api_version: str, plural: str, namespace: str, selector: str = "") -> list[dict]:
+    query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
+    return list(cp.api("GET", f"{_base(api_version)}/namespaces/{namespace}/{plural}{query}")["items"])
+
+
+def children(cp: ControlPlane, namespace: str, name: str = GLM) -> dict[str, dict]:
+    """Every object of a child kind carrying the PDDeployment's label, as Kind/name."""
+    return {f"{kind}/{obj['metadata']['name']}": obj
+            for (api_version, kind), plural in CHILD_KINDS.items()
+            for obj in listed(cp, api_version, plural, namespace, f"{DEPLOYMENT}={name}")}
+
+
+def pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[dict]:
+    return listed(cp, "v1", "pods", namespace, selector)
+
+
+def cond(cp: ControlPlane, namespace: str, kind: str, name: str = GLM) -> tuple[str, str] | None:
+    found = condition(get_pdd(cp, namespace, name), kind)
+    return (found["status"], found["reason"]) if found else None
+
+
+def wait_cond(cp: ControlPlane, namespace: str, kind: str, want: tuple[str, str], name: str = GLM,
+              timeout: float = READY_TIMEOUT_S) -> None:
+    try:
+        wait_for(f"{name} {kind}={want}", lambda: cond(cp, namespace, kind, name) == want, timeout,
+                 interval=0.3)
+    except TimeoutError:
+        status = get_pdd(cp, namespace, name).get("status", {})
+        listing = kubectl(cp.kubeconfig, "get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+        raise AssertionError(f"{kind} is not {want}: {json.dumps(status.get('conditions'), indent=1)}\n"
+                             f"{listing}") from None
+
+
+def serve(cp: ControlPlane, namespace: str, name: str = GLM) -> None:
+    wait_cond(cp, namespace, "Ready", ("True", "Serving"), name)
+
+
+def glm(namespace: str, doc: dict | None = None) -> dict:
+    doc = copy.deepcopy(doc or example())
+    doc["metadata"]["namespace"] = namespace
+    return doc
+
+
+def apply(cp: ControlPlane, doc: dict, check: bool = True):
+    """`kubectl apply` as the cluster's admin, creating the weights volume the spec names first."""
+    claim = weights_claim(doc)
+    namespace = doc["metadata"]["namespace"]
+    if claim and not cp.exists(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}"):
+        cp.create_weights_volume(namespace, claim)
+    return kubectl(cp.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc), check=check)
+
+
+def patch_spec(cp: ControlPlane, namespace: str, spec: dict, name: str = GLM, check: bool = True):
+    return kubectl(cp.kubeconfig, "patch", "pdd", name, "-n", namespace, "--type=merge",
+                   "-p", json.dumps({"spec": spec}), check=check)
+
+
+def config_map_model(namespace: str) -> dict:
+    """The GLM example with its model read from a ConfigMap: the webhook cannot judge it (it reads
+    no ConfigMaps) and leaves the KV check to the controller."""
+    doc = glm(namespace)
+    doc["spec"]["model"].pop("preset")
+    doc["spec"]["model"]["hfConfigMap"] = {"name": "glm-config"}
+    return doc
+
+
+def create_glm_config(cp: ControlPlane, namespace: str) -> None:
+    cp.api("POST", f"/api/v1/namespaces/{namespace}/configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "glm-config"},
+        "data": {"config.json": GLM_CONFIG.read_text()}})
+
+
+def events(cp: ControlPlane, namespace: str, reason: str) -> list[dict]:
+    return [e for e in listed(cp, "v1", "events", namespace) if e.get("reason") == reason]
+
+
+def operator_writes(cp: ControlPlane, since: int, user: str, namespace: str, children_only: bool = False):
+    writes = [e for e in cp.audit.events(since, user=user, namespace=namespace) if e.write]
+    if children_only:
+        writes = [e for e in writes if e.resource not in (PLURAL, f"{PLURAL}/status", "events")]
+    return [str(e) for e in writes]
