@@ -60,6 +60,51 @@ def test_a_missing_rank_keeps_a_multi_pod_instance_not_ready():
     assert got["DecodeReady"] == ("False", "InstancesNotReady") and got["PrefillReady"][0] == "True"
 
 
+UNSCHEDULABLE = ("0/12 nodes are available: 8 Insufficient huawei.com/Ascend910, 4 node(s) didn't match "
+                 "Pod's node affinity/selector.")
+
+
+def _pending(pods: list[dict], name: str, message: str = UNSCHEDULABLE) -> list[dict]:
+    """`pods` with `name` not bound to a node and its PodScheduled condition False, as the
+    scheduler leaves a pod it cannot place."""
+    out = []
+    for p in pods:
+        if p["metadata"]["name"] == name:
+            p = {**p, "spec": {}, "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
+        out.append(p)
+    return out
+
+
+def _unschedulable(v, name: str) -> Observed:
+    children = with_status(desired(v))
+    return Observed(children=children, pods=_pending(pods_of(children), name))
+
+
+def test_a_pod_the_scheduler_cannot_place_is_reported_with_its_message():
+    v = validated(decode__npusPerNode=4)  # two pods per decode instance
+    conds = {c["type"]: c for c in conditions(v, _unschedulable(v, "glm-flash-decode-0-1"), [], 1, T0)}
+    decode = conds["DecodeReady"]
+    assert (decode["status"], decode["reason"]) == ("False", "Unschedulable")
+    assert decode["message"] == ("0 of 1 decode instances are ready; pod glm-flash-decode-0-1 cannot be "
+                                 f"scheduled: {UNSCHEDULABLE}")
+    assert (conds["Ready"]["reason"], conds["Ready"]["message"]) == ("Unschedulable", decode["message"])
+    assert conds["PrefillReady"]["reason"] == "InstancesReady"
+    # Not "just starting": a Warning event says so at once.
+    assert ("Warning", "Unschedulable") in [(t, r) for t, r, _ in transitions([], list(conds.values()))]
+
+
+def test_a_scheduled_pod_that_is_not_ready_is_only_starting():
+    v = validated()
+    children = with_status(desired(v))
+    pods = pods_of(children, ready=False)
+    for p in pods:
+        p["spec"] = {"nodeName": "node-1"}
+        p["status"]["conditions"].append({"type": "PodScheduled", "status": "True"})
+    got = _by_type(conditions(v, Observed(children=children, pods=pods), [], 1, T0))
+    assert got["PrefillReady"] == got["DecodeReady"] == ("False", "InstancesNotReady")
+
+
 def test_last_transition_time_moves_only_when_the_status_does():
     v = validated()
     first = conditions(v, Observed(), [], 1, T0)
@@ -146,6 +191,7 @@ def test_every_reason_the_status_gives_is_documented():
         (validated(proxy__enabled=False), _serving(validated(proxy__enabled=False))),
         (validated(example("qwen3-next-http-metadata.yaml")), Observed()),
         (validated(example("incompatible-glm-tp8-tp3.yaml")), Observed()),
+        (v, _unschedulable(v, "glm-flash-prefill-0-0")),
         (v, Observed(children=[{**c, "spec": {**c["spec"], "replicas": 0}} if c["kind"] == "Deployment" else c
                                for c in children], pods=pods_of(children))),
         *((v, o) for o in [Observed(foreign=[{"kind": "Service", "metadata": {"name": "x"}}]),

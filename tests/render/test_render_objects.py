@@ -123,6 +123,26 @@ def test_multi_pod_probe_checks_http_on_the_leader_and_the_kv_port_elsewhere():
         server.server_close()
 
 
+def test_pods_of_a_multi_pod_instance_repel_each_other_and_keep_the_users_affinity():
+    doc = load(MULTI_POD)
+    node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}
+    doc["spec"]["decode"]["affinity"] = {"nodeAffinity": node_affinity}
+    doc["spec"]["prefill"]["affinity"] = {"nodeAffinity": node_affinity}
+    for sts in serving_sets(render(validate(doc))):
+        affinity = sts["spec"]["template"]["spec"]["affinity"]
+        assert affinity["nodeAffinity"] == node_affinity
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        if sts["spec"]["replicas"] == 1:  # one pod per instance: nothing to keep apart
+            assert "podAntiAffinity" not in affinity
+            continue
+        (term,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        selected = term["labelSelector"]["matchLabels"]
+        assert selected.items() <= labels.items()  # it selects this instance's pods ...
+        assert {"pd.serving.dev/deployment", "pd.serving.dev/role", "pd.serving.dev/instance"} <= set(selected)
+
+
 BREAKAGES = {
     "decode tp_size in the extra config": lambda c: _edit_kv(c, lambda k: k["kv_connector_extra_config"]
                                                              ["decode"].update(tp_size=8)),

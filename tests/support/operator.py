@@ -201,6 +201,7 @@ def wait_webhook_called(cp: ControlPlane, namespace: str, timeout: float = 60) -
     configurations asynchronously; until then a write may still go to an older address): a
     server-side dry run of the GLM example in `namespace` is admitted."""
     doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    doc["metadata"]["name"] = "webhook-check"  # a dry run: nothing is stored, no name is taken
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}?dryRun=All"
 
     def admitted() -> bool:
