@@ -60,3 +60,31 @@ def test_memory_expires(runner, monkeypatch):
     now = runner_mod.time.monotonic()
     monkeypatch.setattr(runner_mod.time, "monotonic", lambda: now + runner_mod.WRITE_MEMORY_S + 1)
     assert _names(runner) == []
+
+
+def _pod(uid: str, *, phase: str = "Running", deleting: bool = False) -> dict:
+    meta = {"name": "glm-decode-0-1", "uid": uid, **({"deletionTimestamp": "2026-01-01T00:00:00Z"}
+                                                       if deleting else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": {"phase": phase}}
+
+
+def _pods_index(r: Runner, *pods: dict) -> None:
+    r.use_indexes(["services", "pods"], {index_id("services"): {KEY: []},
+                                         index_id("pods"): {KEY: list(pods)}})
+
+
+def test_a_pod_seen_failed_stays_visible_after_its_statefulset_replaced_it(runner):
+    failed = _pod("old", phase="Failed")
+    runner.child_event(KEY, failed)
+    # The StatefulSet controller deleted it and made a new pod of the same name before the reconcile.
+    _pods_index(runner, _pod("old", phase="Failed", deleting=True), _pod("new"))
+    pods = runner._snapshot(KEY)[1]
+    assert [(p["metadata"]["uid"], p["status"]["phase"], "deletionTimestamp" in p["metadata"])
+            for p in pods] == [("old", "Failed", True), ("new", "Running", False), ("old", "Failed", False)]
+
+
+def test_a_failed_pod_still_in_the_index_is_not_doubled_and_healthy_ones_are_not_remembered(runner):
+    runner.child_event(KEY, _pod("a", phase="Failed"))
+    runner.child_event(KEY, _pod("b"))
+    _pods_index(runner, _pod("a", phase="Failed"), _pod("b"))
+    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["a", "b"]

@@ -88,8 +88,11 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
                          **kw: Any) -> None:
         runner.use_indexes(plurals, kw)
         owner = (namespace or "", labels[DEPLOYMENT])
-        runner.child_event(owner, {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                                   "metadata": {"name": body.metadata.name}})
+        if body.get("kind") == "Pod":  # the runner remembers failed pods (runner.py)
+            runner.child_event(owner, copy.deepcopy(dict(body)))
+        else:
+            runner.child_event(owner, {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                                       "metadata": {"name": body.metadata.name}})
         runner.poke(*owner)
 
     for group, plural in owned:

@@ -4,9 +4,11 @@ The ranks of one vLLM engine (a StatefulSet with more than one pod) cannot recov
 of them dies: the survivors wait on collectives that never complete. So when any pod of such an
 instance failed or restarted, every pod of the instance is deleted and the StatefulSet recreates
 the group. Pods made by that restart start with restartCount 0, so "any restartCount > 0" is the
-whole trigger and needs no remembered baseline. Restarts are rate limited per instance; their
-times, and the uids of the pods the last one deleted (a lagging cache may still show them), live in
-annotations on the StatefulSet.
+whole trigger and needs no remembered baseline. A pod the kubelet marks Failed (evicted, say) is
+deleted and replaced by the StatefulSet controller at once; the runner passes its failed state on
+(runner.py), so its peers are restarted even when the index no longer shows it. Restarts are rate
+limited per instance; their times, and the uids of the pods the last one deleted (a lagging cache
+may still show them), live in annotations on the StatefulSet.
 """
 
 from __future__ import annotations

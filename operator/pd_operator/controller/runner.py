@@ -9,6 +9,10 @@ an apply under load, so the runner remembers what it wrote itself until a watch 
 child arrives (at most WRITE_MEMORY_S): otherwise every child event of a fresh object would
 re-apply its siblings. Any event ends the memory, so a hand deletion is seen as soon as it happens.
 
+A pod seen Failed in a watch event is remembered too, until a reconcile has seen it: the
+StatefulSet controller deletes a Failed pod and makes a new one at once, often before the
+reconcile reads the index, and the other ranks of that engine must still be restarted with it.
+
 The drift loop replaces `@kopf.timer`: kopf puts a finalizer on every
 object with a timer, and this operator needs none (children go with their owner references).
 """
@@ -26,6 +30,7 @@ from pd_operator.controller.client import ApiError, Client
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.planner import Key
 from pd_operator.controller.planner import key as child_key
+from pd_operator.controller.pods import has_failed, is_terminating
 from pd_operator.controller.reconcile import InvalidSpec, Outcome, reconcile
 
 logger = logging.getLogger(__name__)
@@ -54,6 +59,8 @@ class Runner:
         # Own writes the indexes may not show yet: child key -> (when, object or None if deleted).
         self._written: dict[ObjKey, dict[Key, tuple[float, dict | None]]] = {}
         self._event_at: dict[tuple[ObjKey, Key], float] = {}
+        # Pods a watch event showed failed, by uid, until a reconcile has seen them.
+        self._failed: dict[ObjKey, dict[str, dict]] = {}
 
     def use_indexes(self, plurals: Iterable[str], handler_kwargs: Mapping[str, Any]) -> None:
         """Remember kopf's indexes, which it only hands to handlers (as keyword arguments)."""
@@ -61,11 +68,14 @@ class Runner:
 
     def _snapshot(self, key: ObjKey) -> tuple[list[dict], list[dict]]:
         """(children, pods) of one PDDeployment, copied in the event loop (kopf mutates them there),
-        with this runner's own recent writes laid over children the index does not show yet."""
+        with this runner's own recent writes laid over children the index does not show yet, and
+        pods seen failed that the index no longer shows live (already deleted or replaced)."""
         children: list[dict] = []
         pods: list[dict] = []
         for plural, index in self._indexes.items():
             (pods if plural == "pods" else children).extend(copy.deepcopy(list(index.get(key, []))))
+        live = {p["metadata"].get("uid") for p in pods if not is_terminating(p)}
+        pods += [copy.deepcopy(p) for uid, p in self._failed.get(key, {}).items() if uid not in live]
         return self._with_own_writes(key, children), pods
 
     def _with_own_writes(self, key: ObjKey, children: list[dict]) -> list[dict]:
@@ -82,9 +92,12 @@ class Runner:
         return list(indexed.values())
 
     def child_event(self, key: ObjKey, child: dict) -> None:
-        """A watch event for one child: the index now shows it, so forget our own write of it."""
+        """A watch event for one child: the index now shows it, so forget our own write of it.
+        A pod's event carries the whole pod: a failed one is remembered (see the module doc)."""
         if child.get("kind") == "Pod":
-            return  # pods are never written through this runner's memory
+            if has_failed(child) and not is_terminating(child):
+                self._failed.setdefault(key, {})[child["metadata"]["uid"]] = copy.deepcopy(child)
+            return
         ck = child_key(child)
         self._event_at[(key, ck)] = time.monotonic()
         self._written.get(key, {}).pop(ck, None)
@@ -113,8 +126,11 @@ class Runner:
                     self.forget(namespace, name)
                     return None
                 children, pods = self._snapshot(key)
+                seen_failed = set(self._failed.get(key, {}))
                 outcome = await asyncio.to_thread(reconcile, self.client, body, children, pods)
                 self._remember(key, outcome, since)
+                for uid in seen_failed:
+                    self._failed.get(key, {}).pop(uid, None)
                 self.metrics.observe(namespace, name, outcome.ready, outcome.kv_compatible)
                 return outcome
             except InvalidSpec:
@@ -138,6 +154,7 @@ class Runner:
         self._last_run.pop((namespace, name), None)
         self._locks.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
+        self._failed.pop((namespace, name), None)
         for k in [k for k in self._event_at if k[0] == (namespace, name)]:
             del self._event_at[k]
         self.metrics.forget(namespace, name)
