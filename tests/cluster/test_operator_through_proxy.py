@@ -36,7 +36,7 @@ def test_operator_killed_at_its_fourth_write_then_replaced(control_plane, namesp
 
     first = release.operator(cp, tmp_path, server=proxy.url)
     # The first reconcile applies 9 children, then the status: the 4th write is mid-way.
-    killed = proxy.on_write(4, lambda write: first.kill())
+    killed = proxy.on_write(4, lambda write: first.kill(), namespace=namespace)
     with first:
         first.wait_health(lambda h: h.get("webhook", {}).get("ok") is True)
         # Reviews come from the API server, not through the proxy: the write is the apply itself.
@@ -44,11 +44,11 @@ def test_operator_killed_at_its_fourth_write_then_replaced(control_plane, namesp
         assert killed.wait(120), f"the operator made fewer than 4 writes:\n{first.output()[-3000:]}"
         assert not first.running()
     assert any(r.verb == "watch" and r.resource == "pddeployments" for r in proxy.requests)
-    writes_before = len(proxy.writes)
+    writes_before = len([w for w in proxy.writes if w.namespace == namespace])
     assert writes_before >= 4 and not is_ready(cp, namespace, name)
 
     with release.operator(cp, tmp_path, server=proxy.url) as second:
         wait_for("Ready after the restart", lambda: is_ready(cp, namespace, name), 300, interval=0.5)
         assert second.running()
-    assert len(proxy.writes) > writes_before
+    assert len([w for w in proxy.writes if w.namespace == namespace]) > writes_before
     assert not cp.audit.forbidden(user=release.user)
