@@ -23,7 +23,7 @@ CHART := charts/pd-operator
 # Committed files that generators write; `make verify` fails when regenerating changes them.
 GENERATED := crds $(CHART)/crds $(CHART)/files docs/api.md README.md
 
-.PHONY: install system-deps vllm-env tools chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean
+.PHONY: install system-deps vllm-env tools testcluster chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean
 
 # Mooncake's wheel links libibverbs even on machines without RDMA hardware.
 system-deps:
@@ -82,6 +82,12 @@ $(HELM3_STAMP):
 
 tools: $(TOOLS_STAMP) $(HELM3_STAMP)
 
+# The real control plane for tests and the demo (tools/testcluster/main.go): kube-apiserver,
+# controller-manager, scheduler, etcd and kwok in one Go binary under .tools/testcluster/<hash of
+# its go.mod, go.sum and sources>. A cold build takes minutes (it prints progress); a warm run nothing.
+testcluster:
+	@bash tools/testcluster/build.sh
+
 # The API reference (docs/api.md) and the README's findings/conditions tables come from the code.
 docs: install
 	$(PY) -m pd_operator.tools.docs
@@ -93,14 +99,15 @@ crds: install
 chart-sync: install
 	$(PY) -m pd_operator.tools.chart_sync
 
-test: install vllm-env tools
+test: install vllm-env tools testcluster
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install tools
 	$(PY) -m pytest -m "not integration and not faults and not transfer and not vllm" $(PYTEST_ARGS)
 
-demo: install
-	$(PY) -m pd_operator.demo examples/glm-5.3-flash-tp8-dp2tp4.yaml
+# The plan, then a real control plane (tests/support), helm install, kubectl apply, kubectl get pdd.
+demo: install tools testcluster
+	PYTHONPATH=tests $(PY) -m support.demo examples/glm-5.3-flash-tp8-dp2tp4.yaml
 
 plan: install
 	$(VENV)/bin/pdctl plan examples/glm-5.3-flash-tp8-dp2tp4.yaml

@@ -26,3 +26,10 @@ RULES: list[dict] = [
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
+
+# Only with the self-signed webhook: the operator writes its URL and CA into the configuration the
+# chart created (controller/webhook.py). The chart limits these to that one object (resourceNames).
+WEBHOOK_RULES: list[dict] = [
+    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+     "verbs": ["patch"]},
+]

@@ -10,16 +10,14 @@ import pytest
 import yaml
 from chart_render import CHART, REPO, find, one, rendered, run_helm
 
-from pd_operator.rbac import RULES
+from pd_operator.rbac import RULES, WEBHOOK_RULES
 from pd_operator.tools import chart_sync
 
 # (apiGroup, resource, verb) triples kopf itself needs, by mode; nothing else may be granted.
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
 NAMESPACE_READ = {("", "namespaces", v) for v in ("get", "list", "watch")}
-# kopf's managed (self-signed) webhook: try-create, then patch this release's configuration.
-WEBHOOK_CONFIG = {
-    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", v) for v in ("create", "patch")
-}
+# The self-signed webhook: patch this release's configuration (rbac.WEBHOOK_RULES).
+WEBHOOK_CONFIG = {("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch")}
 PEERING = ("get", "list", "watch", "patch")
 
 
@@ -52,6 +50,7 @@ def test_chart_rbac_file_equals_the_rules():
     assert text == chart_sync.rules_document(RULES), "run `make chart-sync`"
     document = yaml.safe_load(text)
     assert _triples(document["namespaced"] + document["clusterScoped"]) == OPERATOR
+    assert _triples(document["selfSignedWebhook"]) == _triples(WEBHOOK_RULES) == WEBHOOK_CONFIG
 
 
 def test_cluster_mode_grants_the_rules_cluster_wide():
@@ -60,7 +59,7 @@ def test_cluster_mode_grants_the_rules_cluster_wide():
     assert find(docs, "Role") == [] and find(docs, "RoleBinding") == []
     assert _triples(role["rules"]) == OPERATOR | CRD_READ | WEBHOOK_CONFIG
     (named,) = [r for r in role["rules"] if "resourceNames" in r]
-    assert named["verbs"] == ["patch"]  # only `create` cannot be limited to one name
+    assert named["verbs"] == ["patch"]
     assert named["resourceNames"] == [one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"]]
 
 
@@ -72,7 +71,7 @@ def test_namespaced_mode_grants_the_rules_per_namespace_only():
         assert _triples(role["rules"]) == OPERATOR
     bound = sorted(b["metadata"]["namespace"] for b in find(docs, "RoleBinding"))
     assert bound == ["llm-prod", "llm-staging"]
-    # What stays cluster-wide is read-only apart from the webhook configuration kopf manages.
+    # What stays cluster-wide is read-only apart from the webhook configuration the operator fills in.
     assert _triples(one(docs, "ClusterRole")["rules"]) == CRD_READ | NAMESPACE_READ | WEBHOOK_CONFIG
 
 

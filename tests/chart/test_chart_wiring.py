@@ -49,7 +49,7 @@ def test_webhook_configuration_reaches_the_webhook_service(value_set):
         return
     (config,) = configs
     if "--webhook-self-signed" in operator_container(docs)["args"]:
-        # kopf fills this object in (and calls the pod IP): the chart adds no webhook of its own.
+        # The operator fills this in (and is called at the pod IP): the chart adds no webhook of its own.
         assert _flag(docs, "webhook-config-name") == config["metadata"]["name"]
         assert config["webhooks"] == [] and _webhook_services(docs) == []
         env = {e["name"]: e for e in operator_container(docs)["env"]}

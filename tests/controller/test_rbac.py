@@ -1,4 +1,5 @@
-"""rbac.RULES and the API requests of controller/client.py match exactly, in both directions.
+"""rbac.RULES (with WEBHOOK_RULES) and the API requests of controller/client.py match exactly,
+both ways.
 
 The declarations are found statically (the `@needs(...)` decorators in client.py's source), and
 client.py refuses at run time any request its method did not declare, so what the integration
@@ -13,11 +14,11 @@ import inspect
 import pytest
 
 from pd_operator.controller import client
-from pd_operator.rbac import RULES
+from pd_operator.rbac import RULES, WEBHOOK_RULES
 
 
 def _rule_triples() -> set[tuple[str, str, str]]:
-    return {(verb, group, resource) for rule in RULES for group in rule["apiGroups"]
+    return {(verb, group, resource) for rule in [*RULES, *WEBHOOK_RULES] for group in rule["apiGroups"]
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 

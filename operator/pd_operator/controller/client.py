@@ -211,6 +211,17 @@ class Client:
             if err.status not in (404, 409):  # gone already, or a new pod of the same name
                 raise
 
+    # -- the self-signed webhook's configuration ------------------------------------------------------
+
+    @needs(("patch", "admissionregistration.k8s.io", "validatingwebhookconfigurations"))
+    def set_webhooks(self, configuration: str, webhooks: list[dict]) -> None:
+        """Replace the webhooks of ValidatingWebhookConfiguration `configuration` (merge patch: the
+        list is replaced whole; the chart creates the object with none)."""
+        api_version = "admissionregistration.k8s.io/v1"
+        self._request("patch", api_version, "validatingwebhookconfigurations", "PATCH",
+                      f"/apis/{api_version}/validatingwebhookconfigurations/{configuration}",
+                      body={"webhooks": webhooks}, content_type="application/merge-patch+json")
+
     # -- events ---------------------------------------------------------------------------------------
 
     @needs(("create", "", "events"))

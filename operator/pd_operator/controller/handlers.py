@@ -18,10 +18,9 @@ from pd_operator.controller import admission
 from pd_operator.controller.client import CHILDREN, ApiError
 from pd_operator.controller.reconcile import InvalidSpec
 from pd_operator.controller.runner import Runner, index_id
+from pd_operator.controller.webhook import WEBHOOK_ID, WebhookHealth
 from pd_operator.render.labels import DEPLOYMENT
 
-WEBHOOK_ID = "validate-pddeployment"
-"""Also the webhook's URL path (kopf serves handler ids as paths); the chart points at it."""
 RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
 
 
@@ -40,7 +39,8 @@ async def _reconcile_for_kopf(runner: Runner, namespace: str, name: str, trigger
         raise kopf.PermanentError(str(err)) from None
 
 
-def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: bool) -> None:
+def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: WebhookHealth | None) -> None:
+    """`webhook`: serve the admission webhook and report its state in /healthz (None: no webhook)."""
     resource = (GROUP, VERSION, PLURAL)
 
     @kopf.on.login(registry=registry)
@@ -98,7 +98,11 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: bool) 
         kopf.on.event(group, "v1", plural, labels=only_ours, registry=registry,
                       id=f"child-{plural}")(poke_owner)
 
-    if webhook:
+    if webhook is not None:
+        @kopf.on.probe(id="webhook", registry=registry)
+        def webhook_health(**_: Any) -> dict[str, Any]:
+            return webhook.report()
+
         @kopf.on.validate(*resource, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
         def validate_pdd(*, body: kopf.Body, warnings: list[str], operation: str | None = None,
                          **_: Any) -> None:

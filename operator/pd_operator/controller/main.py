@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import pathlib
 import random
-import socket
 import sys
 import tempfile
 import threading
@@ -21,8 +19,8 @@ import kopf
 import prometheus_client
 
 from pd_operator.api.types import GROUP
-from pd_operator.controller import certs, handlers, logs
-from pd_operator.controller.client import connect
+from pd_operator.controller import handlers, logs, webhook
+from pd_operator.controller.client import Client, connect
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.runner import Runner
 
@@ -99,35 +97,9 @@ def options_from(argv: Sequence[str]) -> Options:
                    drift_interval_s=args.drift_interval)
 
 
-# The API server stores objects up to ~1.5 MiB (etcd's request limit) and an UPDATE review carries
-# the object twice; aiohttp's default body limit of 1 MiB would answer such reviews 413.
-MAX_REVIEW_BYTES = 8 * 1024 * 1024
-
-
-class ReviewServer(kopf.WebhookServer):
-    """kopf's webhook server, accepting AdmissionReviews of every size the API server sends.
-
-    kopf 1.45 (pinned) builds its aiohttp application without a body limit of its own; raising
-    the limit on each request before kopf reads it keeps the rest of kopf's server as it is."""
-
-    @staticmethod
-    async def _serve(fn, request):  # kopf 1.45 private API (pinned): (fn, aiohttp request)
-        return await kopf.WebhookServer._serve(fn, request.clone(client_max_size=MAX_REVIEW_BYTES))
-
-
-def _webhook_server(options: Options, workdir: pathlib.Path) -> kopf.WebhookServer:
-    if options.webhook_cert_dir:
-        cert_dir = pathlib.Path(options.webhook_cert_dir)
-        return ReviewServer(addr="0.0.0.0", port=options.webhook_port,
-                                  certfile=cert_dir / "tls.crt", pkeyfile=cert_dir / "tls.key")
-    # The API server reaches the pod by its IP (the chart sets POD_IP from the downward API).
-    host = os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
-    ca = certs.self_signed(workdir, [host, "localhost", "127.0.0.1"])
-    return ReviewServer(addr="0.0.0.0", port=options.webhook_port, host=host,
-                              certfile=workdir / "tls.crt", pkeyfile=workdir / "tls.key", cadata=ca)
-
-
-def settings_for(options: Options, workdir: pathlib.Path) -> kopf.OperatorSettings:
+def settings_for(options: Options, workdir: pathlib.Path, client: Client | None = None,
+                 health: webhook.WebhookHealth | None = None) -> kopf.OperatorSettings:
+    """kopf's settings; `client` and `health` serve the webhook (required unless --no-webhook)."""
     settings = kopf.OperatorSettings()
     # Everything kopf writes onto objects carries the operator's own prefix.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
@@ -140,8 +112,14 @@ def settings_for(options: Options, workdir: pathlib.Path) -> kopf.OperatorSettin
         # makes the highest one work and the others wait as hot standbys.
         settings.peering.priority = random.randrange(1, 2**31)
     if options.webhook:
-        settings.admission.server = _webhook_server(options, workdir)
-        settings.admission.managed = options.webhook_config_name
+        if client is None or health is None:
+            raise TypeError("the webhook needs a client and its health")
+        # Not kopf's settings.admission.managed: webhook.py says why.
+        configurator = (webhook.Configurator(client, options.webhook_config_name, options.namespaces, health)
+                        if options.webhook_config_name else None)
+        settings.admission.server = webhook.server(
+            port=options.webhook_port, cert_dir=options.webhook_cert_dir, workdir=workdir, health=health,
+            configurator=configurator)
     return settings
 
 
@@ -149,14 +127,16 @@ def run(options: Options, *, stop_flag: threading.Event | None = None,
         ready_flag: threading.Event | None = None) -> None:
     """Run until stopped (SIGINT/SIGTERM, or `stop_flag` when given)."""
     metrics = Metrics()
-    runner = Runner(connect(options.kubeconfig), metrics, drift_interval_s=options.drift_interval_s)
+    client = connect(options.kubeconfig)
+    runner = Runner(client, metrics, drift_interval_s=options.drift_interval_s)
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, runner, webhook=options.webhook)
+    health = webhook.WebhookHealth() if options.webhook else None
+    handlers.register(registry, runner, webhook=health)
     server, thread = prometheus_client.start_http_server(options.metrics_port, registry=metrics.registry)
     try:
         with tempfile.TemporaryDirectory(prefix="pd-operator-") as workdir:
             asyncio.run(kopf.operator(
-                registry=registry, settings=settings_for(options, pathlib.Path(workdir)),
+                registry=registry, settings=settings_for(options, pathlib.Path(workdir), client, health),
                 standalone=options.peering is None, peering_name=options.peering,
                 clusterwide=not options.namespaces, namespaces=options.namespaces,
                 liveness_endpoint=f"http://0.0.0.0:{options.health_port}/healthz",

@@ -1,0 +1,165 @@
+"""The operator as users install it: `helm install` of charts/pd-operator, then the operator process
+with the chart's own command and arguments, authenticated only as the chart's ServiceAccount.
+
+    release = helm_install(cp, workdir)                  # the real chart, into pd-system
+    with release.operator(cp, workdir) as op:            # `pd-operator run <the chart's args>`
+        op.wait_health(lambda h: h["webhook"]["ok"])     # /healthz, kopf probes (webhook state)
+        ...
+        op.kill()                                        # SIGKILL, for crash tests
+
+The Deployment the chart creates runs on a kwok node, where nothing executes; the real process
+runs here with POD_IP=127.0.0.1 (what the downward API would give it), so the API server calls
+its webhook on loopback. Its health, metrics and webhook ports are moved to free ones (the
+chart's fixed 8080/9090/9443 may be taken on a shared machine); every other argument is the chart's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from pd_operator.api.types import GROUP, PLURAL, VERSION
+from support.cluster import Component, ControlPlane, pick_port, service_account_user, wait_for
+from support.kube import CHART, helm
+
+PORT_FLAGS = ("--health-port=", "--metrics-port=", "--webhook-port=")
+RELEASE = "pd-operator"
+NAMESPACE = "pd-system"
+
+
+def _flag(args: Sequence[str], prefix: str) -> str | None:
+    return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
+
+
+def local_ports(args: Sequence[str]) -> list[str]:
+    """The same arguments with health, metrics and webhook on free loopback ports."""
+    return [f"{p}{pick_port()}" if (p := next((f for f in PORT_FLAGS if a.startswith(f)), None)) else a
+            for a in args]
+
+
+class OperatorProcess(Component):
+    """`pd-operator <args>` in its own process, its output in `log`."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: pathlib.Path) -> None:
+        super().__init__("pd-operator", argv, log, env)
+        port = _flag(argv, "--health-port=")
+        self.health_url = f"http://127.0.0.1:{port}/healthz" if port else None
+
+    def __enter__(self) -> OperatorProcess:
+        if self.process is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(timeout=30)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def health(self) -> dict[str, Any]:
+        assert self.health_url, "no --health-port"
+        with urllib.request.urlopen(self.health_url, timeout=5) as response:
+            return dict(json.load(response))
+
+    def wait_health(self, check: Callable[[dict[str, Any]], bool], what: str = "operator health",
+                    timeout: float = 120) -> dict[str, Any]:
+        """Wait until /healthz answers and `check` accepts it (fails at once if the process exits)."""
+        def ok() -> dict[str, Any] | None:
+            if not self.running():
+                raise AssertionError(f"the operator exited ({self.process and self.process.returncode}):\n"
+                                     f"{self.output()[-3000:]}")
+            health = self.health()
+            return health if check(health) else None
+        return dict(wait_for(what, ok, timeout))
+
+
+@dataclass
+class Release:
+    """An installed chart: what it rendered and who its operator is."""
+
+    name: str
+    namespace: str
+    manifest: list[dict]
+
+    def find(self, kind: str) -> list[dict]:
+        return [d for d in self.manifest if d.get("kind") == kind]
+
+    @property
+    def container(self) -> dict:
+        (deployment,) = self.find("Deployment")
+        containers = deployment["spec"]["template"]["spec"]["containers"]
+        (container,) = [c for c in containers if c["name"] == "operator"]
+        return dict(container)
+
+    @property
+    def service_account(self) -> str:
+        (deployment,) = self.find("Deployment")
+        return str(deployment["spec"]["template"]["spec"]["serviceAccountName"])
+
+    @property
+    def user(self) -> str:
+        """The operator's user name in the API server's audit log."""
+        return service_account_user(self.namespace, self.service_account)
+
+    def operator(self, cp: ControlPlane, workdir: pathlib.Path, *, server: str | None = None,
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> OperatorProcess:
+        """The chart's operator command with a TokenRequest kubeconfig of the chart's ServiceAccount
+        (through `server`, e.g. a FaultProxy URL, when given); not started yet."""
+        path = workdir / f"{self.service_account}.kubeconfig"
+        kubeconfig = cp.service_account_kubeconfig(self.namespace, self.service_account, path, server=server)
+        command = self.container["command"]
+        # The image's `pd-operator` is the console script installed beside this interpreter.
+        program = pathlib.Path(sys.executable).parent / command[0]
+        argv = [str(program), *command[1:], *local_ports(self.container["args"]), *extra_args,
+                f"--kubeconfig={kubeconfig}"]
+        return OperatorProcess(argv, {**os.environ, "POD_IP": "127.0.0.1", "POD_NAMESPACE": self.namespace,
+                                      "POD_ID": f"{self.name}-local", **(env or {})},
+                               workdir / "operator.log")
+
+
+def example(path: pathlib.Path, namespace: str | None = None) -> dict:
+    """A manifest from examples/, moved into `namespace` when given (tests use their own)."""
+    doc = dict(yaml.safe_load(path.read_text()))
+    if namespace:
+        doc["metadata"]["namespace"] = namespace
+    return doc
+
+
+def weights_claim(doc: dict) -> str | None:
+    """The PersistentVolumeClaim a PDDeployment's model weights come from, if any."""
+    claim = ((doc["spec"]["model"].get("weights") or {}).get("pvc") or {}).get("claimName")
+    return str(claim) if claim else None
+
+
+def get_pdd(cp: ControlPlane, namespace: str, name: str) -> dict:
+    return dict(cp.api("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"))
+
+
+def condition(obj: dict, kind: str) -> dict:
+    """The status condition of type `kind` ({} when absent)."""
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+def is_ready(cp: ControlPlane, namespace: str, name: str) -> bool:
+    return condition(get_pdd(cp, namespace, name), "Ready").get("status") == "True"
+
+
+def helm_install(cp: ControlPlane, workdir: pathlib.Path, *, release: str = RELEASE,
+                 namespace: str = NAMESPACE, values: Sequence[str] = ()) -> Release:
+    """`helm install RELEASE charts/pd-operator -n NAMESPACE --create-namespace [--set ...]`."""
+    sets = [a for v in values for a in ("--set", v)]
+    helm(cp.kubeconfig, "install", release, str(CHART), "-n", namespace, "--create-namespace", *sets)
+    manifest = helm(cp.kubeconfig, "get", "manifest", release, "-n", namespace).stdout
+    return Release(release, namespace, [d for d in yaml.safe_load_all(manifest) if d])
+
+
+def helm_uninstall(cp: ControlPlane, release: Release) -> None:
+    helm(cp.kubeconfig, "uninstall", release.name, "-n", release.namespace, check=False)

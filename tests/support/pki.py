@@ -1,0 +1,82 @@
+"""Throwaway PKI for a test control plane: one CA, serving certificates, the service-account keys.
+
+Everything lives in the control plane's temporary directory and dies with it. EC P-256 keys keep
+generation instant; kube-apiserver accepts ECDSA for serving and for service-account signing
+(`--service-account-signing-key-file` takes RSA or ECDSA keys).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from pd_operator.controller.certs import alt_name, subject
+
+VALIDITY = timedelta(days=2)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@dataclass(frozen=True)
+class Pair:
+    cert: pathlib.Path
+    key: pathlib.Path
+
+
+class CA:
+    """A CA whose certificate clients trust (kubeconfigs, `--root-ca-file`)."""
+
+    def __init__(self, directory: pathlib.Path, name: str = "pd-operator-test-ca") -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        now = datetime.now(UTC)
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        self._cert = (x509.CertificateBuilder().subject_name(subject(name)).issuer_name(subject(name))
+                      .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
+                      .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + VALIDITY)
+                      .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                      .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                                   content_commitment=False, key_encipherment=False,
+                                                   data_encipherment=False, key_agreement=False,
+                                                   encipher_only=False, decipher_only=False), critical=True)
+                      .sign(self._key, hashes.SHA256()))
+        self.pem = self._cert.public_bytes(serialization.Encoding.PEM)
+        self.cert = directory / "ca.crt"
+        self.cert.write_bytes(self.pem)
+
+    def serving(self, name: str, hosts: list[str]) -> Pair:
+        """A server certificate for `hosts` (IPs or DNS names), written as NAME.crt / NAME.key."""
+        now = datetime.now(UTC)
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder().subject_name(subject(hosts[0])).issuer_name(self._cert.subject)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + VALIDITY)
+                .add_extension(x509.SubjectAlternativeName([alt_name(h) for h in hosts]), critical=False)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                .sign(self._key, hashes.SHA256()))
+        pair = Pair(self.directory / f"{name}.crt", self.directory / f"{name}.key")
+        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        pair.key.write_bytes(_key_pem(key))
+        pair.key.chmod(0o600)
+        return pair
+
+
+def service_account_keys(directory: pathlib.Path) -> Pair:
+    """The key pair kube-apiserver verifies and signs service-account tokens with (sa.pub, sa.key);
+    the controller-manager signs the legacy token Secrets with the same private key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    pair = Pair(directory / "sa.pub", directory / "sa.key")
+    pair.cert.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                        serialization.PublicFormat.SubjectPublicKeyInfo))
+    pair.key.write_bytes(_key_pem(key))
+    pair.key.chmod(0o600)
+    return pair
