@@ -1,5 +1,5 @@
-"""Rank processes on loopback for the transfer tier: one pool of rank processes per metadata
-discovery mode (P2P handshake, the HTTP metadata server), reused by every pairing of that mode."""
+"""Rank processes on loopback for the transfer tier: one pool of rank processes with P2P handshake
+discovery (what vllm-ascend's PD connectors use), reused by every pairing."""
 
 from __future__ import annotations
 
@@ -9,18 +9,13 @@ import pytest
 from transfer_cases import POOL_SIZE, capacity
 
 from pd_operator.transfer.engine import P2P
-from pd_operator.transfer.metadata_server import http_metadata_server
 from pd_operator.transfer.ranks import RankWorker, start_workers
 
 
-@pytest.fixture(scope="session", params=["p2p", "http"])
-def discovery(request) -> Iterator[str]:
+@pytest.fixture(scope="session")
+def discovery() -> str:
     """The metadata_server string every engine of the pool is opened with."""
-    if request.param == "p2p":
-        yield P2P
-    else:
-        with http_metadata_server() as url:
-            yield url
+    return P2P
 
 
 @pytest.fixture(scope="session")
