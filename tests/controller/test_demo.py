@@ -17,7 +17,7 @@ def test_demo_reaches_ready_and_prints_the_printer_columns(capsys):
                        for i in range(len(lines)) if lines[i].startswith("NAME "))
     assert header.split() == ["NAME", "PREFILL", "DECODE", "COMPATIBLE", "READY", "REASON", "AGE"]
     assert row.split()[:6] == ["glm-flash", "1xTP8", "1xDP2xTP4", "True", "True", "Serving"]
-    assert out.count("owner PDDeployment/glm-flash") == 9
+    assert out.count("owner PDDeployment/glm-flash") == 10
 
 
 def test_demo_refuses_an_incompatible_manifest(capsys):

@@ -54,7 +54,8 @@ def test_a_decode_instance_without_a_kv_link_is_not_ready_and_says_why():
     v = validated()
     got = {c["type"]: c for c in conditions(v, _link_down(v), [], 1, T0)}
     assert (got["DecodeReady"]["status"], got["DecodeReady"]["reason"]) == ("False", "KVLinkNotReady")
-    assert "glm-flash-decode-0" in got["DecodeReady"]["message"] and "status.kvLinks" in got["DecodeReady"]["message"]
+    message = got["DecodeReady"]["message"]
+    assert "glm-flash-decode-0" in message and "status.kvLinks" in message
     assert got["PrefillReady"]["status"] == "True"
     assert (got["Ready"]["status"], got["Ready"]["reason"]) == ("False", "KVLinkNotReady")
 

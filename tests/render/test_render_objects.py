@@ -174,3 +174,16 @@ def test_probe_sidecars_read_the_pairing_the_engines_run(tmp_path):
             geo = geometry(args)
             assert geo.prefill.engine_block_size == validation.report.prefill_layout.engine_block_size
             assert geo.decode.engine_block_size == validation.report.decode_layout.engine_block_size
+
+
+def test_decode_gates_check_every_prefill_instance_the_proxy_routes_to():
+    from pd_operator.ports import PROBE_PORT
+    from pd_operator.transfer.probe import prefill_peers
+
+    for example in VALID_EXAMPLES:
+        manifests = render(validate(load(example)))
+        pairing = json.loads(config_map_data(manifests)["pairing.json"])
+        proxy = next(m for m in manifests if m["kind"] == "Deployment")
+        argv = container(proxy)["command"]
+        hosts = argv[argv.index("--prefiller-hosts") + 1:argv.index("--prefiller-ports")]
+        assert prefill_peers(pairing) == [f"{h}:{PROBE_PORT}" for h in hosts]
