@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from transfer_cases import POOL_SIZE, capacity
 
-from pd_operator.transfer.engine import P2P
 from pd_operator.transfer.ranks import RankWorker, start_workers
 
 # The KV-link gate test runs rendered pods' commands and the controller's pure gate on them: it
@@ -22,14 +21,8 @@ for shared in ("render", "controller"):
 
 
 @pytest.fixture(scope="session")
-def discovery() -> str:
-    """The metadata_server string every engine of the pool is opened with."""
-    return P2P
-
-
-@pytest.fixture(scope="session")
-def rank_pool(discovery: str) -> Iterator[list[RankWorker]]:
-    workers = start_workers(POOL_SIZE, discovery, capacity())
+def rank_pool() -> Iterator[list[RankWorker]]:
+    workers = start_workers(POOL_SIZE, capacity())
     yield workers
     for w in workers:
         w.close()

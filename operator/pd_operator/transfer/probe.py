@@ -45,7 +45,7 @@ from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pa
 from pd_operator.names import Names
 from pd_operator.ports import PROBE_PORT
 from pd_operator.transfer import arena
-from pd_operator.transfer.engine import P2P, Engine, EngineError, open_engine
+from pd_operator.transfer.engine import Engine, EngineError, open_engine
 from pd_operator.transfer.executor import Peer, pull
 from pd_operator.transfer.probe_geometry import (
     DEFAULT_LAYERS,
@@ -119,7 +119,7 @@ def local_hostname(args: argparse.Namespace) -> str:
 
 
 def engine(args: argparse.Namespace) -> Engine:
-    return open_engine(local_hostname(args), P2P, "tcp")
+    return open_engine(local_hostname(args))
 
 
 # --- serve -------------------------------------------------------------------------------------
