@@ -1,7 +1,7 @@
 """Static checks of the two images (no docker engine here): every COPY source exists in the build
 context (the repository root), every base image and every pip install is pinned, the operator image
 runs as non-root with only the operator's runtime dependencies, and the serving image's tag matches
-the vllm-ascend floor its entrypoint enforces."""
+the vllm-ascend floor pd-preflight enforces."""
 
 from __future__ import annotations
 
