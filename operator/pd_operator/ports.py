@@ -19,6 +19,7 @@ HANDSHAKE_RPC = (15000, 17000)
 DP_RPC_PORT = 13345  # --data-parallel-rpc-port, rendered explicitly (vLLM's default is 29550)
 PROBE_PORT = 8090
 PROBE_RANGE = "KV-link probe"  # bound by the probe sidecars (render/kv_probe.py), not by vLLM
+PROBE_READY_PATH = "/ready"  # the decode gate's readiness endpoint on PROBE_PORT
 MAX_PORT = 65535
 
 

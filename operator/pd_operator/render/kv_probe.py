@@ -12,10 +12,9 @@ memory over tcp with P2P handshakes: the NPU transport is exercised by the engin
 
 from __future__ import annotations
 
-from pd_operator.ports import HANDSHAKE_RPC, PROBE_PORT
+from pd_operator.ports import HANDSHAKE_RPC, PROBE_PORT, PROBE_READY_PATH
 from pd_operator.render import serving_config
 from pd_operator.render.context import Context
-from pd_operator.transfer.probe import READY_PATH
 
 PROBE_COMMAND = "pd-kv-probe"  # console script of this package, installed in the serving image
 CONTAINER = {"prefill": "kv-probe", "decode": "kv-link"}
@@ -34,7 +33,8 @@ def readiness(role: str) -> dict:
     if role == "prefill":
         return {"tcpSocket": {"port": PORT_NAME}, "periodSeconds": 10}
     # One failed round takes the instance out of routing; the next good one brings it back.
-    return {"httpGet": {"path": READY_PATH, "port": PORT_NAME}, "periodSeconds": 10, "failureThreshold": 1}
+    return {"httpGet": {"path": PROBE_READY_PATH, "port": PORT_NAME}, "periodSeconds": 10,
+            "failureThreshold": 1}
 
 
 def sidecar(ctx: Context, role: str) -> dict:

@@ -43,7 +43,7 @@ from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
 from pd_operator.kv.simulate import UNWRITTEN, regions
 from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
 from pd_operator.names import Names
-from pd_operator.ports import PROBE_PORT
+from pd_operator.ports import PROBE_PORT, PROBE_READY_PATH
 from pd_operator.transfer import arena
 from pd_operator.transfer.engine import Engine, EngineError, open_engine
 from pd_operator.transfer.executor import Peer, pull
@@ -59,7 +59,6 @@ from pd_operator.transfer.ranks import PREFILL_BACKGROUND, differences, write_re
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 DESCRIPTOR_PATH = "/descriptor"
-READY_PATH = "/ready"
 
 
 class InputError(Exception):
@@ -311,7 +310,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
             body = json.dumps(last).encode()
             return (200 if last["ok"] or not ready_only else 503), body
 
-    routes = {READY_PATH: lambda: answer(True), "/link": lambda: answer(False)}
+    routes = {PROBE_READY_PATH: lambda: answer(True), "/link": lambda: answer(False)}
     server = json_server(args.host, args.port, routes)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     checker: Checker | None = None
