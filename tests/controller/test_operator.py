@@ -288,10 +288,11 @@ def test_kv_layout_rollout_never_routes_across_layouts(cluster, start_operator, 
     wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
     serve(cluster)
     old_layout = pdd(cluster)["status"]["kvLayout"]["hash"]
-    # Slow StatefulSet and Deployment patches widen the window in which the two roles run
-    # different layouts and the proxy stays gated, so the 50 ms poll below sees it.
+    # Slow StatefulSet, Deployment and status patches widen the window in which the two roles run
+    # different layouts and the proxy stays gated (each status the operator writes stays at least
+    # 0.5 s before the next lands), so the 50 ms poll below sees it.
     cluster.faults.configure(rate=1.0, kinds=["slow"], verbs=["patch"],
-                             resources=["statefulsets", "deployments"], delay_s=0.5)
+                             resources=["statefulsets", "deployments", "pddeployments"], delay_s=0.5)
     patch_spec(custom, {"image": {"name": "registry.example.com/pd-operator/vllm-ascend:v0.24.0-pd1"}})
 
     def proxy_gated() -> bool:
