@@ -40,7 +40,9 @@ def test_operators_keep_their_records_in_the_chart_peering_object(control_plane:
         for peer in PEERS:
             workdir = tmp_path / peer
             workdir.mkdir()
-            operators.append(release.operator(cp, workdir, env={"POD_ID": peer}).start())
+            op = release.operator(cp, workdir, env={"POD_ID": peer})
+            op.start()
+            operators.append(op)
         try:
             def records() -> dict:
                 status = cp.api("GET", path).get("status") or {}

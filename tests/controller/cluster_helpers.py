@@ -18,7 +18,8 @@ from support.kube import kubectl
 from support.operator import condition, get_pdd, weights_claim
 
 GLM = "glm-flash"
-GLM_CHILDREN = {"Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
+GLM_CHILDREN = {"ConfigMap/glm-flash-serving",
+                "Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
                 "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
                 "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv",
                 "PodDisruptionBudget/glm-flash-prefill", "PodDisruptionBudget/glm-flash-decode"}

@@ -32,7 +32,8 @@ def start_operator(control_plane: ControlPlane, release: Release, namespace: str
     def start(*extra_args: str, server: str | None = None, webhook: bool = True) -> OperatorProcess:
         workdir = tmp_path / f"operator-{len(started)}"
         workdir.mkdir()
-        op = release.operator(control_plane, workdir, server=server, extra_args=extra_args).start()
+        op = release.operator(control_plane, workdir, server=server, extra_args=extra_args)
+        op.start()
         started.append(op)
         if webhook:
             op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "its webhook configured")

@@ -30,6 +30,7 @@ from controller_support import example
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller.admission import UPDATE_NOTE
+from pd_operator.controller.links import LINK_CONTAINER
 from pd_operator.controller.restarts import HISTORY
 from pd_operator.render.labels import DEPLOYMENT, KV_LAYOUT, ROLE
 from support.cluster import ControlPlane, wait_for
@@ -296,3 +297,40 @@ def test_kv_layout_rollout_never_routes_across_layouts(control_plane, namespace,
     new_layout = get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["hash"]
     assert {p["metadata"]["labels"][KV_LAYOUT]
             for p in pods(cp, namespace, f"{ROLE} in (prefill,decode)")} == {new_layout}
+
+
+def _kv_link(cp: ControlPlane, namespace: str, pod: str, ready: bool) -> None:
+    """Report the pod's kv-link container (un)ready, as the kubelet does when its readiness probe
+    (the gate's verdict) changes; the pod's Ready follows. kwok leaves a Running pod's status alone."""
+    current = cp.api("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}")["status"]
+    statuses = current["containerStatuses"]
+    for container in statuses:
+        if container["name"] == LINK_CONTAINER:
+            container["ready"] = ready
+    conditions = [{**c, "status": "True" if ready else "False"}
+                  if c["type"] in ("Ready", "ContainersReady") else c for c in current["conditions"]]
+    cp.api("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}/status",
+           {"status": {"containerStatuses": statuses, "conditions": conditions}},
+           content_type="application/merge-patch+json")
+
+
+def test_a_broken_kv_link_takes_the_decode_instance_out_of_the_proxy(control_plane, namespace,
+                                                                     start_operator):
+    cp = control_plane
+    start_operator()
+    apply(cp, glm(namespace))
+    serve(cp, namespace)
+    assert get_pdd(cp, namespace, GLM)["status"]["kvLinks"] == [
+        {"decode": "glm-flash-decode-0", "prefill": "glm-flash-prefill-0", "linked": True}]
+    proxy_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/glm-flash-proxy"
+    _kv_link(cp, namespace, "glm-flash-decode-0-0", False)
+
+    def routed_around() -> bool:
+        return (cond(cp, namespace, "DecodeReady") == ("False", "KVLinkNotReady")
+                and cp.api("GET", proxy_path)["spec"]["replicas"] == 0)
+    wait_for("DecodeReady KVLinkNotReady with the proxy scaled to zero", routed_around, READY_TIMEOUT_S)
+    assert cond(cp, namespace, "Ready") == ("False", "KVLinkNotReady")
+    assert [e["linked"] for e in get_pdd(cp, namespace, GLM)["status"]["kvLinks"]] == [False]
+    _kv_link(cp, namespace, "glm-flash-decode-0-0", True)
+    serve(cp, namespace)  # the proxy is scaled up again; its new pod is run by kwok
+    assert cp.api("GET", proxy_path)["spec"]["replicas"] == 1

@@ -33,7 +33,6 @@ from pd_operator.validate import validate
 
 pytestmark = pytest.mark.faults
 
-LIMIT_S = 1.0
 EXAMPLES = 200
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
@@ -49,10 +48,10 @@ class Tally:
     slowest_s: float = 0.0
     notes: dict[str, int] = field(default_factory=dict)
 
-    def timed(self, seconds: float, what: Any, *, new_input: bool = True) -> None:
+    def timed(self, seconds: float, *, new_input: bool = True) -> None:
         self.tried += new_input
+        # Printed only: speed is measured in bench/, never asserted on a shared machine.
         self.slowest_s = max(self.slowest_s, seconds)
-        assert seconds < LIMIT_S, f"{self.door}: {seconds:.2f}s for {str(what)[:300]}"
 
     def reject(self, with_path: bool) -> None:
         self.rejected += 1
@@ -87,7 +86,7 @@ def test_pdctl_validate(tmp_path):
         started = time.perf_counter()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli.main(["validate", str(manifest)])
-        tally.timed(time.perf_counter() - started, doc)
+        tally.timed(time.perf_counter() - started)
         text = out.getvalue() + err.getvalue()
         assert "Traceback" not in text and code in (0, 1, 2), text[-2000:]
         if code == 2:  # the file holds no document (a bare null): the message names the file
@@ -123,7 +122,7 @@ def test_validate_and_render_as_the_controller_calls_them():
         result = validate(manifest_of(body), read_config_map=read_config_map)
         if result.ok:
             render(result)
-        tally.timed(time.perf_counter() - started, doc)
+        tally.timed(time.perf_counter() - started)
         if not result.ok:
             tally.reject(bool(result.errors) and all(f.path for f in result.errors))
 
@@ -201,7 +200,7 @@ def test_admission_webhook_over_https(webhook_url):
         for operation in ("CREATE", "UPDATE"):
             started = time.perf_counter()
             status, response = admission_review(webhook_url, obj, operation)
-            tally.timed(time.perf_counter() - started, doc, new_input=operation == "CREATE")
+            tally.timed(time.perf_counter() - started, new_input=operation == "CREATE")
             assert status == 200 and response is not None, f"HTTP {status}"
             assert response["allowed"] is ok
             if not ok:
