@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from controller_helpers import desired, link_down, pods_of, validated
-from controller_support import example, wait_for
+from controller_support import example
 from render_cases import config_map_data, role_of, serving_sets
 
 from pd_operator.controller import links, rollout
@@ -33,6 +33,7 @@ from pd_operator.localnet import free_port
 from pd_operator.names import Names
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
+from support.cluster import wait_for
 
 pytestmark = pytest.mark.transfer
 
@@ -119,7 +120,7 @@ def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
         pods = pods_of(children)  # every container ready, as once the engines have loaded
         names = Names("glm-flash", "default")
 
-        wait_for(lambda: kubelet_ready(gate_cont, gate_port), GATE_TIMEOUT, "the decode gate to go ready")
+        wait_for("the decode gate to go ready", lambda: kubelet_ready(gate_cont, gate_port), GATE_TIMEOUT)
         last = links.parse_round("".join(gate.lines))
         assert last is not None and last["ok"]
         (pair,) = last["peers"]
@@ -130,7 +131,7 @@ def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
         assert linked[0]["latencyMs"] == pair["latencyMs"] > 0 and linked[0]["gbps"] == pair["gbps"] > 0
 
         prefill.stop()
-        wait_for(lambda: not kubelet_ready(gate_cont, gate_port), GATE_TIMEOUT, "the gate to go not ready")
+        wait_for("the gate to go not ready", lambda: not kubelet_ready(gate_cont, gate_port), GATE_TIMEOUT)
         down = [link_down(p) if "decode" in p["metadata"]["name"] else p for p in pods]
         assert decoder_hosts(validation, down) is None  # the only decode instance left the upstreams
         body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{gate_port}/link", timeout=10).read())
