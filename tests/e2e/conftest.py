@@ -110,7 +110,7 @@ def operator(launched: ControlPlane | None, release: Release | None, kubeconfig:
     argv = [str(program), "run", f"--namespace={namespace}", "--no-webhook", f"--kubeconfig={kubeconfig}",
             f"--health-port={pick_port()}", f"--metrics-port={pick_port()}", DRIFT]
     with OperatorProcess(argv, dict(os.environ), tmp_path / "operator.log") as op:
-        op.wait_health(lambda h: bool(h), "the operator up")
+        op.wait_health(lambda _: True, "the operator serving /healthz")
         yield op
 
 
