@@ -4,8 +4,8 @@
     entrypoint.py vllm serve MODEL --tensor-parallel-size 8 ... --kv-transfer-config '{...}'
 
 Reads the operator's rendered config ($PD_PREFLIGHT_CONFIG, default
-/etc/pd-operator/preflight.json), gathers what only the pod knows (installed vllm-ascend version,
-/dev/davinci* NPUs, ports already bound) and lets pd_operator.preflight judge it. Any error: the
+/etc/pd-operator/preflight.json), gathers what only the pod knows (what the installed vllm-ascend's
+source registers, /dev/davinci* NPUs, ports already bound) and lets pd_operator.preflight judge it. Any error: the
 findings on stderr and exit 78 (EX_CONFIG), so the pod fails fast with the reason in its log
 instead of failing later mid-transfer.
 """
@@ -17,21 +17,17 @@ import os
 import re
 import socket
 import sys
-from importlib import metadata
 from pathlib import Path
 
+from pd_operator.image_check import Installed, installed_root, introspect
 from pd_operator.preflight import CONFIG_ENV, DEFAULT_CONFIG_PATH, parse_config, preflight
 
 EX_CONFIG = 78
 
 
-def installed_vllm_ascend() -> str | None:
-    for name in ("vllm-ascend", "vllm_ascend"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+def installed_vllm_ascend() -> Installed | None:
+    root = installed_root()
+    return introspect(root) if root is not None else None
 
 
 def visible_npus() -> int | None:
@@ -68,8 +64,7 @@ def main(argv: list[str]) -> int:
         return EX_CONFIG
     config, findings = parse_config(text, path)
     if config is not None:
-        findings = preflight(config, argv, os.environ, installed_vllm_ascend(), visible_npus(),
-                             busy(config.ports))
+        findings = preflight(config, argv, installed_vllm_ascend(), visible_npus(), busy(config.ports))
     errors = [f for f in findings if f.severity == "error"]
     for f in findings:
         print(f.line(), file=sys.stderr)

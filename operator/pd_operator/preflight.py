@@ -1,7 +1,8 @@
 """Checks a serving pod runs before `exec vllm serve`: is what is about to start the pairing the
-operator rendered? Pure: the entrypoint (images/vllm-ascend/entrypoint.py) gathers the facts (the
-rendered config, the argv, the environment, the installed vllm-ascend version, the NPU count, the
-ports already bound) and this module judges them.
+operator rendered, on the image the spec described? Pure: the entrypoint
+(images/vllm-ascend/entrypoint.py) gathers the facts (the rendered config, the argv, what the
+installed vllm-ascend's source registers (pd_operator.image_check), the NPU count, the ports already
+bound) and this module judges them.
 
 The rendered config is a small JSON document (`PreflightConfig`) the operator mounts into the pod.
 """
@@ -9,23 +10,19 @@ The rendered config is a small JSON document (`PreflightConfig`) the operator mo
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 from pydantic import Field, ValidationError
 
 from pd_operator.findings import Finding
+from pd_operator.image_check import Installed, check
+from pd_operator.images import ImageCapabilities
 from pd_operator.schema import ApiModel
 
 CONFIG_ENV = "PD_PREFLIGHT_CONFIG"
 DEFAULT_CONFIG_PATH = "/etc/pd-operator/preflight.json"
-V2_CONNECTOR = "MooncakeConnectorV2"
 ROLE_OF = {"prefill": "kv_producer", "decode": "kv_consumer"}
-# The first vllm-ascend release assumed to carry the seed change (MooncakeConnectorV2 on Model
-# Runner V2 moving gcd-segment runs when the two sides' kernel block sizes differ). The change is
-# known only as a pull request; confirm the release that merged it before relying on this floor.
-CROSS_TP_MIN_VERSION = "0.32.0rc1"
 
 
 class PreflightConfig(ApiModel):
@@ -43,6 +40,8 @@ class PreflightConfig(ApiModel):
     kv_connector: str = Field(min_length=1)
     ports: list[int] = Field(default_factory=list)
     """Every port this pod binds (HTTP, KV handshake, side channel, ...)."""
+    image: ImageCapabilities
+    """What the spec says the image can do (pd_operator.images), checked against the installed code."""
 
     @property
     def dp_local(self) -> int:
@@ -75,15 +74,6 @@ def flag_values(argv: Sequence[str]) -> dict[str, str]:
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
             out[name] = argv[i + 1]
     return out
-
-
-def version_key(version: str) -> tuple[int, int, int, float] | None:
-    """(major, minor, patch, rc) with a final release after its release candidates."""
-    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?rc(\d+))?", version)
-    if not match:
-        return None
-    major, minor, patch, rc = match.groups()
-    return int(major), int(minor), int(patch or 0), float(rc) if rc is not None else float("inf")
 
 
 def _mismatch(path: str, message: str) -> Finding:
@@ -138,24 +128,11 @@ def check_npus(config: PreflightConfig, npus: int | None) -> list[Finding]:
                                    f"need {need}.")]
 
 
-def check_version(config: PreflightConfig, env: Mapping[str, str], installed: str | None) -> list[Finding]:
-    out = []
-    if config.kv_connector == V2_CONNECTOR and env.get("VLLM_USE_V2_MODEL_RUNNER") != "1":
-        out.append(Finding("ModelRunnerV2Disabled", "error", "env.VLLM_USE_V2_MODEL_RUNNER", "",
-                           f"{V2_CONNECTOR} runs on Model Runner V2 only, but VLLM_USE_V2_MODEL_RUNNER is "
-                           f"{env.get('VLLM_USE_V2_MODEL_RUNNER')!r}; set it to 1."))
-    if config.engine_block_size == config.peer_engine_block_size:
-        return out
-    have = version_key(installed) if installed else None
-    need = version_key(CROSS_TP_MIN_VERSION)
-    if have is None or need is None or have < need:
-        found = f"vllm-ascend {installed}" if installed else "no vllm-ascend"
-        out.append(Finding(
-            "ConnectorVersionTooOld", "error", "image", "",
-            f"This {config.role} pages KV in {config.engine_block_size}-token blocks and its peer in "
-            f"{config.peer_engine_block_size}-token blocks, which needs {V2_CONNECTOR} cross-TP runs from "
-            f"vllm-ascend {CROSS_TP_MIN_VERSION} or later; the image has {found}."))
-    return out
+def check_image(config: PreflightConfig, installed: Installed | None) -> list[Finding]:
+    if installed is None:
+        return [Finding("PreflightImageMismatch", "error", "spec.image.name", "",
+                        "No vllm-ascend is installed in this image; use a vllm-ascend serving image.")]
+    return check(config.image, installed)
 
 
 def check_ports(config: PreflightConfig, busy: Collection[int]) -> list[Finding]:
@@ -164,7 +141,7 @@ def check_ports(config: PreflightConfig, busy: Collection[int]) -> list[Finding]
             for port in config.ports if port in busy]
 
 
-def preflight(config: PreflightConfig, argv: Sequence[str], env: Mapping[str, str], installed: str | None,
-              npus: int | None, busy_ports: Collection[int]) -> list[Finding]:
-    return (check_argv(config, argv) + check_npus(config, npus) + check_version(config, env, installed)
+def preflight(config: PreflightConfig, argv: Sequence[str], installed: Installed | None, npus: int | None,
+              busy_ports: Collection[int]) -> list[Finding]:
+    return (check_argv(config, argv) + check_npus(config, npus) + check_image(config, installed)
             + check_ports(config, busy_ports))

@@ -6,6 +6,7 @@ collide; a user value for a default replaces the default.
 
 from __future__ import annotations
 
+from pd_operator import images
 from pd_operator.owned import DEFAULT_ENV
 from pd_operator.ports import HANDSHAKE_RPC
 from pd_operator.render import mooncake
@@ -28,8 +29,11 @@ def _field(name: str, path: str) -> dict:
 def owned_env(ctx: Context, role: str, index: int) -> list[dict]:
     kv = ctx.dep.spec.kv_transfer
     timeouts = kv.timeouts
+    image = ctx.dep.spec.image
+    caps = images.capabilities(image.name, image.vllm_ascend_version, image.seed_change)
+    assert caps is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     out = [
-        _value("VLLM_USE_V2_MODEL_RUNNER", 1),
+        _value("VLLM_USE_V2_MODEL_RUNNER", images.model_runner_env(caps, ctx.model)),
         # vLLM would guess the default-route IP; HCCL needs the same address.
         _field("VLLM_HOST_IP", "status.podIP"),
         _field("HCCL_IF_IP", "status.podIP"),
