@@ -20,8 +20,6 @@ OWNED_ENV: dict[str, str] = {
     "VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": "spec.kvTransfer.timeouts.abortRequestSeconds",
     "ASCEND_TRANSFER_TIMEOUT": "spec.kvTransfer.timeouts.transferSeconds",
     "ASCEND_CONNECT_TIMEOUT": "spec.kvTransfer.timeouts.connectSeconds",
-    "PD_ROLE": "the role of the pod",
-    "PD_INSTANCE": "the instance of the pod",
     "PD_POD_INDEX": "the pod's ordinal in its instance (downward API)",
 }
 

@@ -1,13 +1,19 @@
-"""The upstream code the contract tier reads: vllm-ascend's released source archives, pinned.
+"""The upstream code the contract tier reads, pinned: vllm-ascend's released source archives and the
+Mooncake NPU wheel those releases' images install.
 
-    python tests/contract/upstream.py        # fetch every pinned archive into .cache/upstream
+    python tests/contract/upstream.py        # fetch everything pinned into .cache/upstream
 
 vllm-ascend publishes only source archives on PyPI. `pip download --no-binary :all: vllm-ascend==X`
 cannot be used to fetch them: pip prepares the package's metadata first, which installs its build
 requirements (torch, torch-npu, cmake: about 1 GB per version) and fails without them. So this reads
 PyPI's simple index (PEP 691 JSON, the API pip itself uses), downloads the `.tar.gz`, checks it
-against the sha256 pinned below and unpacks it. Archives are build artefacts: .cache is ignored by
-git, nothing from them is committed.
+against the sha256 pinned below and unpacks it.
+
+The serving images install `mooncake-transfer-engine-npu` (each release's Dockerfile pins it with
+`ARG MOONCAKE_TAG`); its Ascend transport (`ascend_transport.so`, which reads the ASCEND_* timeouts)
+is not in the CPU wheel installed in .venv. That wheel is fetched with `pip download` (a binary
+wheel needs no build) for x86_64 and unpacked; the tier only reads its strings, it never loads it.
+Everything here is a build artefact: .cache is ignored by git, nothing from it is committed.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 import urllib.request
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +40,13 @@ VLLM_ASCEND_ARCHIVES: dict[str, str] = {
     "0.29.0rc1": "680f58f98b8a8a4d92380f77a5d3949107da6db0b7cfc17834898d32fdfcdfd1",
     "0.30.0rc2": "05cb51448c0cd174ea338b16ebbfc8e215f44b373ea2a0d65f1314523a01152f",
 }
+
+# mooncake-transfer-engine-npu version -> sha256 of its CPython 3.11 manylinux_2_35_x86_64 wheel.
+MOONCAKE_NPU_WHEELS: dict[str, str] = {
+    "0.3.11.post1": "d9e2b5c7c140004637451953ee5a48497942d71375b2e4435c5520ef84d2826c",
+}
+MOONCAKE_WHEEL_TAGS = ("--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+                       "--platform", "manylinux_2_35_x86_64")
 
 
 def source_dir(version: str) -> Path:
@@ -73,9 +88,34 @@ def fetch(version: str) -> Path:
     return target
 
 
+def mooncake_dir(version: str) -> Path:
+    """Where the unpacked Mooncake NPU wheel of one version lives (its `mooncake/` package is inside)."""
+    return CACHE / f"mooncake_transfer_engine_npu-{version}"
+
+
+def fetch_mooncake(version: str) -> Path:
+    target = mooncake_dir(version)
+    if (target / "mooncake").is_dir():
+        return target
+    download = CACHE / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                    *MOONCAKE_WHEEL_TAGS, "-d", str(download), f"mooncake-transfer-engine-npu=={version}"],
+                   check=True)
+    (wheel,) = download.glob(f"mooncake_transfer_engine_npu-{version}-*.whl")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != MOONCAKE_NPU_WHEELS[version]:
+        wheel.unlink()
+        raise SystemExit(f"{wheel.name}: sha256 {digest}, pinned {MOONCAKE_NPU_WHEELS[version]}")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(target)
+    return target
+
+
 def main() -> int:
     for version in VLLM_ASCEND_ARCHIVES:
         print(f"vllm-ascend {version}: {fetch(version)}")
+    for version in MOONCAKE_NPU_WHEELS:
+        print(f"mooncake-transfer-engine-npu {version}: {fetch_mooncake(version)}")
     return 0
 
 

@@ -26,7 +26,7 @@ def _field(name: str, path: str) -> dict:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def owned_env(ctx: Context, role: str, index: int) -> list[dict]:
+def owned_env(ctx: Context) -> list[dict]:
     kv = ctx.dep.spec.kv_transfer
     timeouts = kv.timeouts
     image = ctx.dep.spec.image
@@ -50,8 +50,7 @@ def owned_env(ctx: Context, role: str, index: int) -> list[dict]:
         out.append(_value("ASCEND_CONNECT_TIMEOUT", timeouts.connect_seconds))
     if ctx.uses_config_file:
         out.append(_value("MOONCAKE_CONFIG_PATH", mooncake.CONFIG_PATH))
-    out += [_value("PD_ROLE", role), _value("PD_INSTANCE", index),
-            _field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX_LABEL}']")]
+    out.append(_field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX_LABEL}']"))
     return out
 
 
@@ -64,8 +63,8 @@ def _user(env) -> dict:
     return out
 
 
-def container_env(ctx: Context, role: str, index: int) -> list[dict]:
+def container_env(ctx: Context, role: str) -> list[dict]:
     user = ctx.role(role).env
     given = {e.name for e in user}
     defaults = [_value(k, v) for k, v in DEFAULT_ENV.items() if k not in given]
-    return [*owned_env(ctx, role, index), *defaults, *(_user(e) for e in user)]
+    return [*owned_env(ctx), *defaults, *(_user(e) for e in user)]
