@@ -65,7 +65,8 @@ def test_glm_on_a_stock_023_image_is_refused_by_pdctl_validate(tmp_path, capsys)
     out = capsys.readouterr().out
     assert ("error: ImageLacksConnector at spec.kvTransfer.connector: vllm-ascend 0.23.0 does not register "
             "MooncakeConnectorV2 (first in 0.28.0rc1)") in out
-    assert "error: ImageLacksModel at spec.image.name: vllm-ascend 0.23.0 has no model code for glm-next" in out
+    assert ("error: ImageLacksModel at spec.image.name: vllm-ascend 0.23.0 has no model code for "
+            "glm-next") in out
 
 
 def test_each_release_serves_what_its_table_row_says():

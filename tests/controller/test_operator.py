@@ -291,7 +291,8 @@ def test_kv_layout_rollout_never_routes_across_layouts(cluster, start_operator, 
     # different layouts and the proxy stays gated, so the 50 ms poll below sees it.
     cluster.faults.configure(rate=1.0, kinds=["slow"], verbs=["patch"],
                              resources=["statefulsets", "deployments"], delay_s=0.5)
-    patch_spec(custom, {"image": {"name": "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed-b"}})
+    rebuilt = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed-b"
+    patch_spec(custom, {"image": {"name": rebuilt}})
 
     def proxy_gated() -> bool:
         status = pdd(cluster).get("status") or {}
