@@ -107,7 +107,7 @@ test: install vllm-env tools upstream
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install tools
-	$(PY) -m pytest -m "not integration and not faults and not transfer and not vllm" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not faults and not transfer and not vllm and not contract" $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m pd_operator.demo examples/glm-5.3-flash-tp8-dp2tp4.yaml
