@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import Field
 
@@ -100,6 +101,24 @@ def capabilities(image: str, vllm_ascend_version: str | None = None,
                              families=tuple(sorted(release.families)))
 
 
+class ImageRef(Protocol):
+    """What spec.image says (api.types.ImageSpec; a protocol so this module stays below the API)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def vllm_ascend_version(self) -> str | None: ...
+    @property
+    def seed_change(self) -> bool: ...
+
+
+def of_image(image: ImageRef) -> ImageCapabilities | None:
+    """The capabilities spec.image describes (None: ImageUnknown). Also what other modules key on,
+    e.g. the vllm-ascend release whose block rule applies (`.vllm_ascend_version`), and the claim
+    the preflight checks the pod's image against."""
+    return capabilities(image.name, image.vllm_ascend_version, image.seed_change)
+
+
 def family_of(model: ModelKV) -> str | None:
     """The tracked family a KV description belongs to, by the cache layout the runner must handle.
 
@@ -121,20 +140,20 @@ def _known() -> str:
     return ", ".join(RELEASES)
 
 
-def findings(image: str, vllm_ascend_version: str | None, seed_change: bool | None, connector: str,
-             model: ModelKV | None, kernel_blocks: tuple[int, int]) -> list[Finding]:
+def findings(image: ImageRef, connector: str, model: ModelKV | None,
+             kernel_blocks: tuple[int, int]) -> list[Finding]:
     """Why this image cannot serve the pairing: an unknown image, a connector it does not register, a
     model family it has no code for, or unequal kernel blocks without the seed change.
 
     `kernel_blocks` is (prefill, decode) spec kernelBlockSize: MooncakeConnectorV2 of a release
     pairs blocks at kernel-block granularity and asserts "MooncakeConnector does not support
     different local and remote kernel block size" (kv_p2p/mooncake/pull_worker.py @ 0.30.0rc2)."""
-    caps = capabilities(image, vllm_ascend_version, seed_change)
+    caps = of_image(image)
     if caps is None:
-        version = vllm_ascend_version or release_of_tag(image)
-        path = "spec.image.vllmAscendVersion" if vllm_ascend_version else "spec.image.name"
+        version = image.vllm_ascend_version or release_of_tag(image.name)
+        path = "spec.image.vllmAscendVersion" if image.vllm_ascend_version else "spec.image.name"
         why = (f"vllm-ascend {version} is not a release the operator knows" if version else
-               f"the tag of {image} does not name a vllm-ascend release")
+               f"the tag of {image.name} does not name a vllm-ascend release")
         return [Finding("ImageUnknown", "error", path, "",
                         f"The operator cannot tell what this image serves: {why}. Use a release image "
                         f"(quay.io/ascend/vllm-ascend:v<version>) or set spec.image.vllmAscendVersion to "

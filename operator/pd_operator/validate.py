@@ -220,9 +220,7 @@ def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Find
 
 
 def _image_findings(dep: PDDeployment, model: ModelKV | None) -> list[Finding]:
-    image = dep.spec.image
-    return images.findings(image.name, image.vllm_ascend_version, image.seed_change,
-                           dep.spec.kv_transfer.connector, model,
+    return images.findings(dep.spec.image, dep.spec.kv_transfer.connector, model,
                            (dep.spec.prefill.kernel_block_size, dep.spec.decode.kernel_block_size))
 
 

@@ -29,8 +29,7 @@ def _field(name: str, path: str) -> dict:
 def owned_env(ctx: Context) -> list[dict]:
     kv = ctx.dep.spec.kv_transfer
     timeouts = kv.timeouts
-    image = ctx.dep.spec.image
-    caps = images.capabilities(image.name, image.vllm_ascend_version, image.seed_change)
+    caps = images.of_image(ctx.dep.spec.image)
     assert caps is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     out = [
         _value("VLLM_USE_V2_MODEL_RUNNER", images.model_runner_env(caps, ctx.model)),
