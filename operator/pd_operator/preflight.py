@@ -36,7 +36,6 @@ class PreflightConfig(ApiModel):
     """DP ranks this pod runs; defaults to dataParallelSize (one pod per instance)."""
     engine_block_size: int = Field(ge=1)
     """This side's engine block size, as the KV engine resolved it (rendered as --block-size)."""
-    peer_engine_block_size: int = Field(ge=1)
     kv_connector: str = Field(min_length=1)
     ports: list[int] = Field(default_factory=list)
     """Every port this pod binds (HTTP, KV handshake, side channel, ...)."""

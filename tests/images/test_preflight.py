@@ -26,7 +26,7 @@ ENTRYPOINT = ROOT / "images/vllm-ascend/entrypoint.py"
 SEED_IMAGE = capabilities("registry.example.com/pd-vllm-ascend:v0.30.0rc2-pr16755", "0.30.0rc2", True)
 assert SEED_IMAGE is not None
 CONFIG = {"role": "decode", "tensorParallelSize": 4, "dataParallelSize": 2, "engineBlockSize": 1152,
-          "peerEngineBlockSize": 640, "kvConnector": "MooncakeConnectorV2", "ports": [],
+          "kvConnector": "MooncakeConnectorV2", "ports": [],
           "image": SEED_IMAGE.to_wire()}
 KV = {"kv_connector": "MooncakeConnectorV2", "kv_role": "kv_consumer", "kv_port": "36000", "engine_id": "d0",
       "kv_connector_extra_config": {"prefill": {"dp_size": 1, "tp_size": 8},
