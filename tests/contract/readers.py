@@ -73,8 +73,7 @@ class Readers:
            pod_scripts: str) -> Readers:
         return cls(vllm_ascend=_python_names(vllm_ascend_source / "vllm_ascend"),
                    mooncake=set().union(*(library_strings(p) for p in mooncake_packages)),
-                   vllm=_python_names(vllm_envs.parent) & set(re.findall(r'"([A-Z][A-Z0-9_]+)":\s*lambda',
-                                                                       vllm_envs.read_text())),
+                   vllm=set(re.findall(r'"([A-Z][A-Z0-9_]+)":\s*lambda', vllm_envs.read_text())),
                    guides=_exported(vllm_ascend_source / "docs"),
                    this_package=pod_reads(pod_scripts))
 
