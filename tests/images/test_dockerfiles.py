@@ -6,6 +6,7 @@ vllm-ascend release rebuilt from the seed change's ref, checked at build time an
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -221,3 +222,19 @@ def test_build_time_check_fails_without_the_seed_functions_and_passes_with_them(
     assert with_seed.returncode == 0, with_seed.stderr
     assert "vllm-ascend 0.30.0rc3.dev1 (g0123abc)" in with_seed.stdout
     assert "seed change yes" in with_seed.stdout
+
+
+def test_build_time_check_of_the_installed_vllm_ascend(tmp_path):
+    """`--installed` reads the vllm_ascend Python would import (after the image's pip install)."""
+    def installed(path: Path | None) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(
+            str(p) for p in (path, ROOT / "operator") if p)}
+        command = [sys.executable, "-m", "pd_operator.image_check", "--installed", "--require-seed"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+
+    seed = write_tree(tmp_path / "seed")
+    done = installed(seed)
+    assert done.returncode == 0 and f"at {seed}:" in done.stdout, done.stderr
+    assert installed(write_tree(tmp_path / "release", seed=False)).returncode == 1
+    nothing = installed(None)
+    assert nothing.returncode == 1 and "no vllm_ascend package is importable" in nothing.stderr
