@@ -83,7 +83,7 @@ def test_too_few_npus_for_the_local_ranks(seed_image):
 
 
 def test_the_image_is_checked_against_the_claim_by_its_code_not_its_version(tmp_path):
-    no_seed = introspect(write_tree(tmp_path / "stock", version="0.32.0", seed=False))
+    no_seed = introspect(write_tree(tmp_path / "stock", version="0.30.0rc2", seed=False))
     assert run(no_seed) == [("PreflightImageMismatch", "spec.image.seedChange")]
     no_v2 = introspect(write_tree(tmp_path / "old", v2=False, glm_next=False))
     assert run(no_v2) == [("PreflightImageMismatch", "spec.image.seedChange"),

@@ -156,7 +156,8 @@ class KVTransferSpec(ApiModel):
     """How KV moves from prefill to decode."""
 
     connector: Literal["MooncakeConnectorV2", "MooncakeConnectorV1"] = "MooncakeConnectorV2"
-    """V2 (pull mode, Model Runner V2) moves caches across unequal block sizes; V1 pairs blocks."""
+    """V2 (pull mode, vllm-ascend 0.28.0rc1 and later) pairs unequal engine block sizes kernel block by
+    kernel block; V1 pairs blocks index by index. Both run on either model runner."""
     protocol: Literal["ascend", "tcp", "rdma"] = "ascend"
     metadata: MetadataSpec = Field(default_factory=MetadataSpec)
     kv_port: Port = DEFAULT_KV_PORT
