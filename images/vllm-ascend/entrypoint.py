@@ -64,7 +64,10 @@ def main(argv: list[str]) -> int:
         return EX_CONFIG
     config, findings = parse_config(text, path)
     if config is not None:
-        findings = preflight(config, argv, installed_vllm_ascend(), visible_npus(), busy(config.ports))
+        installed = installed_vllm_ascend()
+        if installed is not None:  # the pod log names what runs: version, build commit, source root
+            print(f"preflight: {installed.describe()}", file=sys.stderr)
+        findings = preflight(config, argv, installed, visible_npus(), busy(config.ports))
     errors = [f for f in findings if f.severity == "error"]
     for f in findings:
         print(f.line(), file=sys.stderr)

@@ -131,6 +131,7 @@ def served_command() -> list[str]:
 def test_entrypoint_execs_the_command_when_everything_agrees(tmp_path, seed_tree):
     done = entrypoint(tmp_path, CONFIG, served_command(), seed_tree)
     assert done.returncode == 0, done.stderr
+    assert f"preflight: vllm-ascend 0.30.0rc3.dev1 (g0123abc) at {seed_tree}" in done.stderr
     assert done.stdout.startswith("serve zai/glm-5.3-flash --tensor-parallel-size 4")
 
 
