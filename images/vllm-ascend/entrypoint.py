@@ -5,9 +5,9 @@
 
 Reads the operator's rendered config ($PD_PREFLIGHT_CONFIG, default
 /etc/pd-operator/preflight.json), gathers what only the pod knows (what the installed vllm-ascend's
-source registers, /dev/davinci* NPUs, ports already bound) and lets pd_operator.preflight judge it. Any error: the
-findings on stderr and exit 78 (EX_CONFIG), so the pod fails fast with the reason in its log
-instead of failing later mid-transfer.
+source registers, /dev/davinci* NPUs, ports already bound) and lets pd_operator.preflight judge
+it. Any error: the findings on stderr and exit 78 (EX_CONFIG), so the pod fails fast with the
+reason in its log instead of failing later mid-transfer.
 """
 
 from __future__ import annotations
