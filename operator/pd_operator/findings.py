@@ -108,15 +108,28 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "PreflightShapeMismatch": (
         "error", "The vllm serve flags or the pod's NPUs disagree with the rendered pairing.",
         "Remove flags that override the rendered parallel sizes, block size or kv-transfer-config."),
-    "ConnectorVersionTooOld": (
-        "error", "The serving image's vllm-ascend predates cross-TP runs for unequal block sizes.",
-        "Use a serving image whose vllm-ascend has MooncakeConnectorV2 with cross-TP runs."),
-    "ModelRunnerV2Disabled": (
-        "error", "MooncakeConnectorV2 is configured but VLLM_USE_V2_MODEL_RUNNER is not 1.",
-        "Set VLLM_USE_V2_MODEL_RUNNER=1 (the operator renders it)."),
+    "PreflightImageMismatch": (
+        "error", "The pod's installed vllm-ascend lacks what the spec claims of the image (a connector, "
+        "the seed change's cross-TP runs, a model family).",
+        "Use the image the spec describes, or correct spec.image (vllmAscendVersion, seedChange)."),
     "PreflightPortBusy": (
         "error", "A port the serving pod must bind is already in use.",
         "Stop whatever holds the port, or move the port in the spec."),
+    "ImageUnknown": (
+        "error", "The serving image's vllm-ascend release cannot be told from its tag or is not one the "
+        "operator knows.",
+        "Use a quay.io/ascend/vllm-ascend release tag, or set spec.image.vllmAscendVersion "
+        "(and seedChange)."),
+    "ImageLacksConnector": (
+        "error", "The image's vllm-ascend does not register the kv connector the spec asks for.",
+        "Use a connector the image registers or an image whose vllm-ascend registers it."),
+    "ImageLacksModel": (
+        "error", "The image's vllm-ascend has no model code for the model's family.",
+        "Use an image with a vllm-ascend release that supports the model."),
+    "ImageLacksSeedChange": (
+        "error", "The pairing needs token runs between unequal kernel blocks, which only the seed change "
+        "(vllm-ascend PR #16755) provides.",
+        "Use an image built from images/vllm-ascend (seedChange: true) or equal kernelBlockSize."),
     "PortOverlap": (
         "error", "Two port ranges of the same pod overlap.",
         "Move kvTransfer.kvPort (or the named port) so the ranges are disjoint."),

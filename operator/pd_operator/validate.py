@@ -2,8 +2,8 @@
 
 It never raises on user input. Every problem becomes a Finding with the manifest field path, in
 the order a person would fix them: the document's shape (CRD schema and CEL rules, then the
-pydantic model), then the model description, then each role's topology, ports and overrides,
-then KV compatibility of the pair.
+pydantic model), then each role's topology, ports and overrides, then the model description and
+what the serving image can serve (pd_operator.images), then KV compatibility of the pair.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pd_operator import images
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import API_VERSION, KIND, ROLES, ModelSpec, PDDeployment, RoleSpec
 from pd_operator.findings import Finding, is_compatible
@@ -206,6 +207,11 @@ def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Find
     return out
 
 
+def _image_findings(dep: PDDeployment, model: ModelKV | None) -> list[Finding]:
+    return images.findings(dep.spec.image, dep.spec.kv_transfer.connector, model,
+                           (dep.spec.prefill.kernel_block_size, dep.spec.decode.kernel_block_size))
+
+
 def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Validation:
     """Validate one PDDeployment manifest. `read_config_map` lets the controller resolve
     `spec.model.hfConfigMap`; without it (pdctl, the webhook) that check is deferred."""
@@ -221,6 +227,7 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
     findings += _name_findings(dep, plans)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
     findings += model_findings
+    findings += _image_findings(dep, model)
     if model is None:
         return Validation(findings, dep, None, None, plans)
     cache_dtype = dep.spec.model.kv_cache_dtype

@@ -26,7 +26,7 @@ spec:
     weights:
       image: true
   image:
-    name: registry.example.com/vllm-ascend:test
+    name: quay.io/ascend/vllm-ascend:v0.30.0rc2
   kvTransfer:
     connector: MooncakeConnectorV2
   prefill:

@@ -75,7 +75,7 @@ def test_rendered_pods_carry_each_owned_key_once(doc):
         names = [e["name"] for e in env]
         assert len(names) == len(set(names)), f"{sts['metadata']['name']}: duplicate env {names}"
         values = {e["name"]: e.get("value") for e in env}
-        assert values["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+        assert values["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # release images run these models on V1
         abort = spec.kv_transfer.timeouts.abort_request_seconds
         assert values["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] == str(abort)
         assert values["OMP_NUM_THREADS"] == "4" and values["MY_VAR"] == "x"
