@@ -76,8 +76,24 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "Align the two block sizes so their gcd is a multiple of the compress ratio, "
         "for example by overriding blockSize on one side."),
     "CrossTPBlockSizesUnsupported": (
-        "error", "The two sides' block sizes differ and the connector pairs blocks index by index.",
-        "Use MooncakeConnectorV2 (cross-TP token runs) or make both block sizes equal."),
+        "error", "MooncakeConnectorV1 maps unequal blocks at kernel granularity, but one side's block is not "
+        "a multiple of the other side's kernel block.",
+        "Use the same kernelBlockSize on both roles."),
+    "KVCacheDTypeUnsupported": (
+        "error", "The platform does not accept this KV cache dtype (plain vLLM has no int8).",
+        "Use a kvCacheDtype the platform lists (int8 only on vllm-ascend)."),
+    "KVCacheDTypeIncompatible": (
+        "error", "A 16-bit KV cache dtype that differs from the model dtype; vLLM refuses it at start-up.",
+        "Set kvCacheDtype to auto or to the model dtype."),
+    "AscendBlockRuleDiffers": (
+        "info", "vllm-ascend's block rule gives this side another engine block than plain vLLM's would "
+        "(a requested block, or an int8/fp8 KV cache on a pooled-indexer model).",
+        "Nothing to do: the operator plans and renders vllm-ascend's block; a warning when it is below "
+        "the requested blockSize."),
+    "C8LatentNotTileAligned": (
+        "error", "vllm-ascend packs an int8/fp8 MLA cache in 128-value tiles and the latent is not a "
+        "multiple of 128.",
+        "Use kvCacheDtype auto for this model."),
     "ShardedTPIncompatible": (
         "error", "A sharded cache needs one side's TP to divide the other's.",
         "Choose tensor parallel sizes where one divides the other (for example 8 and 4)."),

@@ -148,7 +148,8 @@ def side_of(role: str, spec: RoleSpec, model: ModelKV, kv_cache_dtype: str) -> S
                 data_parallel=spec.data_parallel_size, pipeline_parallel=spec.pipeline_parallel_size,
                 kv_cache_dtype=kv_cache_dtype, block_size=spec.block_size,
                 kernel_block_size=spec.kernel_block_size,
-                num_speculative_tokens=spec.num_speculative_tokens, path=f"spec.{role}")
+                num_speculative_tokens=spec.num_speculative_tokens, path=f"spec.{role}",
+                model_path="spec.model")
 
 
 def _override_findings(role: str, spec: RoleSpec) -> list[Finding]:
