@@ -135,9 +135,9 @@ def test_plan_with_errors_exits_1_and_names_the_flag(capsys):
     assert code == cli.EXIT_FINDINGS
     data = json.loads(out)
     assert not data["compatible"] and data["transfer"] is None
-    (finding,) = data["findings"]
-    assert (finding["code"], finding["path"], finding["group"]) == (
-        "HeadsNotDivisibleByTP", "--decode-tp", "kda")
+    found = sorted((f["code"], f["path"], f["group"]) for f in data["findings"])
+    # vLLM's own check on the 64 attention heads, and the KDA state that cannot be split over 3 ranks.
+    assert found == [("HeadsNotDivisibleByTP", "--decode-tp", ""), ("HeadsNotDivisibleByTP", "--decode-tp", "kda")]
 
 
 @pytest.mark.parametrize(("flags", "code", "path"), [

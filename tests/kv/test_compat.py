@@ -24,8 +24,8 @@ def decode(model: ModelKV = GLM, tp: int = 4, **kw) -> Side:
     return Side("decode", model, tp, 2, path="spec.decode", model_path="spec.model", **kw)
 
 
-def only(findings: list[Finding], code: str) -> Finding:
-    matching = [f for f in findings if f.code == code]
+def only(findings: list[Finding], code: str, group: str | None = None) -> Finding:
+    matching = [f for f in findings if f.code == code and group in (None, f.group)]
     assert len(matching) == 1, findings
     return matching[0]
 
@@ -110,6 +110,10 @@ CASES = [
     ("heads-not-divisible",
      prefill(), decode(tp=3), "MooncakeConnectorV2",
      "HeadsNotDivisibleByTP", "error", "spec.decode.tensorParallelSize", "kda", "TP that divides 64"),
+    ("attention-heads-not-divisible",
+     prefill(), decode(tp=3), "MooncakeConnectorV2",
+     "HeadsNotDivisibleByTP", "error", "spec.decode.tensorParallelSize", "",
+     "'Total number of attention heads (64) must be divisible by tensor parallel size (3).'"),
     ("cross-tp-segments-info",
      prefill(), decode(), "MooncakeConnectorV2",
      "CrossTPSegments", "info", "", "", "128-token segments"),
@@ -120,7 +124,7 @@ CASES = [
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_rule_fires(p, d, connector, code, severity, path, group, advice):
     report = check_pair(p, d, connector=connector)
-    finding = only(report.findings, code)
+    finding = only(report.findings, code, group)
     assert (finding.severity, finding.path, finding.group) == (severity, path, group)
     assert advice in finding.message
     assert code in CATALOG
@@ -205,7 +209,9 @@ def test_replicated_dense_heads_do_not_need_dividing_tps():
 
 def test_errors_on_both_sides_are_all_reported():
     report = check_pair(prefill(tp=3), decode(tp=3, pipeline_parallel=2))
-    codes = sorted((f.code, f.path) for f in report.findings)
-    assert codes == [("DecodePipelineParallel", "spec.decode.pipelineParallelSize"),
-                     ("HeadsNotDivisibleByTP", "spec.decode.tensorParallelSize"),
-                     ("HeadsNotDivisibleByTP", "spec.prefill.tensorParallelSize")]
+    codes = sorted((f.code, f.path, f.group) for f in report.findings)
+    assert codes == [("DecodePipelineParallel", "spec.decode.pipelineParallelSize", ""),
+                     ("HeadsNotDivisibleByTP", "spec.decode.tensorParallelSize", ""),
+                     ("HeadsNotDivisibleByTP", "spec.decode.tensorParallelSize", "kda"),
+                     ("HeadsNotDivisibleByTP", "spec.prefill.tensorParallelSize", ""),
+                     ("HeadsNotDivisibleByTP", "spec.prefill.tensorParallelSize", "kda")]

@@ -114,6 +114,14 @@ def _identity(prefill: Side, decode: Side) -> list[Finding]:
 def _config_rules(side: Side) -> list[Finding]:
     """What vLLM's and vllm-ascend's config classes refuse before any layer exists."""
     out = []
+    heads, tp = side.model.attention_heads, side.tensor_parallel
+    if heads and heads % tp:
+        # vllm: `vllm/config/model.py` @ 0.34.0, ModelConfig.verify_with_parallel_config.
+        out.append(Finding(
+            "HeadsNotDivisibleByTP", "error", side.field("tensorParallelSize"), "",
+            f"vLLM refuses TP {tp} for a model with {heads} attention heads at start-up ('Total number of "
+            f"attention heads ({heads}) must be divisible by tensor parallel size ({tp}).'); use a TP that "
+            f"divides {heads}."))
     requested = side.kv_cache_dtype.lower()
     model_dtype = canonical_dtype(side.model.dtype)
     accepted = ASCEND_KV_CACHE_DTYPES if side.platform == "ascend" else VLLM_KV_CACHE_DTYPES

@@ -235,8 +235,10 @@ def model_from_hf_config(config: Any, name: str) -> ModelKV:
     if build is None:
         raise ConfigError(f"architecture {archs[0]} has no KV description rule (supported: "
                           f"{', '.join(SUPPORTED_ARCHITECTURES)}); give an explicit kv description")
+    heads = _int(config, "num_attention_heads") if "num_attention_heads" in config else None
     try:
-        return ModelKV.model_validate({"name": name, "dtype": _dtype(config), "groups": build(config)})
+        return ModelKV.model_validate({"name": name, "dtype": _dtype(config), "attentionHeads": heads,
+                                       "groups": build(config)})
     except ValidationError as err:
         first = err.errors()[0]
         raise ConfigError(f"config.json gives an invalid shape: {first['msg']} at "

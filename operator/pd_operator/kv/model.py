@@ -129,6 +129,8 @@ class ModelKV(ApiModel):
     """Model identity (preset name or Hugging Face id); prefill and decode must agree on it."""
     dtype: DType = "bfloat16"
     """Model (activation) dtype; the KV cache dtype `auto` resolves to it."""
+    attention_heads: PositiveInt | None = None
+    """Query heads (`num_attention_heads`); vLLM refuses a tensor parallel size that does not divide them."""
     groups: list[CacheGroup] = Field(min_length=1, max_length=16)
 
     @field_validator("groups")
