@@ -88,8 +88,11 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "AscendBlockRuleDiffers": (
         "info", "vllm-ascend's block rule gives this side another engine block than plain vLLM's would "
         "(a requested block, or an int8/fp8 KV cache on a pooled-indexer model).",
-        "Nothing to do: the operator plans and renders vllm-ascend's block; a warning when it is below "
-        "the requested blockSize."),
+        "Nothing to do: the operator plans and renders vllm-ascend's block."),
+    "RequestedBlockLowered": (
+        "warning", "vllm-ascend's C8 rule gives a smaller engine block than the requested blockSize (it caps "
+        "the block at the one covering the state page).",
+        "Drop blockSize, or expect the smaller block: the operator plans and renders it."),
     "C8LatentNotTileAligned": (
         "error", "vllm-ascend packs an int8/fp8 MLA cache in 128-value tiles and the latent is not a "
         "multiple of 128.",

@@ -24,7 +24,7 @@ from pd_operator.kv.hf_config import ConfigError, model_from_hf_config
 from pd_operator.kv.model import ModelKV
 from pd_operator.kv.side import Side
 from pd_operator.names import Names
-from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, owned_flag
+from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, PREFIX_CACHING_FLAGS, flag_name, owned_flag
 from pd_operator.ports import port_findings
 from pd_operator.topology import PodPlan, TopologyError, pod_plan
 
@@ -171,6 +171,23 @@ def _override_findings(role: str, spec: RoleSpec) -> list[Finding]:
     return out
 
 
+def _prefix_caching_findings(dep: PDDeployment, model: ModelKV) -> list[Finding]:
+    """Hybrid models run with prefix caching off (render/command.py): their block is planned for it."""
+    if not model.is_hybrid:
+        return []
+    out = []
+    for role in ROLES:
+        for i, arg in enumerate(dep.role(role).extra_args):
+            name = flag_name(arg)
+            if name and len(name) > 2 and any(flag.startswith(name) for flag in PREFIX_CACHING_FLAGS):
+                out.append(Finding(
+                    "ArgOverride", "error", f"spec.{role}.extraArgs[{i}]", "",
+                    f"{name} is rendered by the operator for hybrid models (prefix caching off: with it on, "
+                    "vLLM switches the state cache to its 'align' mode and another engine block than the "
+                    "one planned); remove it from extraArgs."))
+    return out
+
+
 def _role_findings(dep: PDDeployment, role: str) -> tuple[PodPlan | None, list[Finding]]:
     spec = dep.role(role)
     out = _override_findings(role, spec)
@@ -237,6 +254,7 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
     findings += model_findings
     if model is None:
         return Validation(findings, dep, None, None, plans)
+    findings += _prefix_caching_findings(dep, model)
     cache_dtype = dep.spec.model.kv_cache_dtype
     report = check_pair(side_of("prefill", dep.spec.prefill, model, cache_dtype),
                         side_of("decode", dep.spec.decode, model, cache_dtype),

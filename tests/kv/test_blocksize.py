@@ -45,9 +45,10 @@ def unify(state_page: int, attn_token: int, kernel: int = 128, requested: int = 
     return max(start, ceil(block / kernel) * kernel)
 
 
-def ascend_pooled(state_page: int, attn_token: int, kpool: int = 4, requested: int = 0, c8: bool = False) -> int:
-    """vllm-ascend: align = lcm(128, kpool*16); block = align * ceil(max(requested or 128, min) / align), where
-    min = ceil(state / attn_token); with C8 at most align * ceil(min / align)."""
+def ascend_pooled(state_page: int, attn_token: int, kpool: int = 4, requested: int = 0,
+                  c8: bool = False) -> int:
+    """vllm-ascend: align = lcm(128, kpool*16); block = align * ceil(max(requested or 128, min) / align),
+    where min = ceil(state / attn_token); with C8 at most align * ceil(min / align)."""
     align = 128 * 16 * kpool // gcd(128, 16 * kpool)
     needed = ceil(state_page / attn_token)
     block = align * ceil(max(requested or 128, needed) / align)
@@ -168,9 +169,8 @@ def test_three_speculative_tokens_change_the_glm_tp1_block():
 
 
 @pytest.mark.parametrize("model", [LLAMA, DEEPSEEK], ids=["dense", "mla-indexer"])
-@pytest.mark.parametrize(("kernel", "requested", "expected"), [(128, None, 128), (16, None, 64), (32, None, 64),
-                                                               (48, None, 48), (128, 256, 256),
-                                                               (64, 1024, 1024)])
+@pytest.mark.parametrize(("kernel", "requested", "expected"), [
+    (128, None, 128), (16, None, 64), (32, None, 64), (48, None, 48), (128, 256, 256), (64, 1024, 1024)])
 def test_models_without_state_use_the_kernel_or_requested_block(model, kernel, requested, expected):
     for tp in (1, 8):
         layout = side_layout(Side("prefill", model, tp, block_size=requested, kernel_block_size=kernel))

@@ -137,7 +137,8 @@ def test_plan_with_errors_exits_1_and_names_the_flag(capsys):
     assert not data["compatible"] and data["transfer"] is None
     found = sorted((f["code"], f["path"], f["group"]) for f in data["findings"])
     # vLLM's own check on the 64 attention heads, and the KDA state that cannot be split over 3 ranks.
-    assert found == [("HeadsNotDivisibleByTP", "--decode-tp", ""), ("HeadsNotDivisibleByTP", "--decode-tp", "kda")]
+    assert found == [("HeadsNotDivisibleByTP", "--decode-tp", ""),
+                     ("HeadsNotDivisibleByTP", "--decode-tp", "kda")]
 
 
 @pytest.mark.parametrize(("flags", "code", "path"), [
@@ -256,3 +257,14 @@ def test_models_lists_the_presets_and_their_block_sizes(capsys):
     assert rows["glm-5.3-flash"]["engineBlockSize"] == {"1": 4352, "2": 2176, "4": 1152, "8": 640}
     code, out, _ = run(capsys, "models")
     assert code == 0 and "4352/2176/1152/640" in out
+
+
+def test_the_glm_example_prints_what_each_prefill_rank_sends(capsys):
+    example = Path(__file__).parents[2] / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml"
+    code, out, _ = run(capsys, "plan", str(example))
+    assert code == 0
+    lines = out.splitlines()
+    start = lines.index("sent per prefill rank (bytes):")
+    senders = lines[start + 1:start + 9]
+    assert [line.split(":")[0].strip() for line in senders] == [f"prefill rank {r}" for r in range(8)]
+    assert all("kda 18,452,480" in line for line in senders)

@@ -30,6 +30,10 @@ def only(findings: list[Finding], code: str, group: str | None = None) -> Findin
     return matching[0]
 
 
+C8_UNALIGNED = GLM.model_copy(update={"groups": [g.model_copy(update={"kv_lora_rank": 320}) if g.kind == "mla"
+                                                  else g for g in GLM.groups]})
+
+
 def dense(heads: int) -> ModelKV:
     return ModelKV.model_validate({"name": f"dense-{heads}", "groups": [
         {"kind": "attention", "name": "attention", "numLayers": 4, "numKvHeads": heads, "headSize": 64}]})
@@ -100,16 +104,25 @@ CASES = [
      "KVCacheDTypeIncompatible", "error", "spec.model.kvCacheDtype", "",
      'kv_cache_dtype="float16" is incompatible with dtype="bfloat16"'),
     ("int8-kv-cache-on-plain-vllm",
-     prefill(LLAMA, kv_cache_dtype="int8", platform="vllm"), decode(LLAMA, kv_cache_dtype="int8", platform="vllm"),
+     prefill(LLAMA, kv_cache_dtype="int8", platform="vllm"),
+     decode(LLAMA, kv_cache_dtype="int8", platform="vllm"),
      "MooncakeConnectorV2", "KVCacheDTypeUnsupported", "error", "spec.model.kvCacheDtype", "",
      "only vllm-ascend adds int8"),
     ("ascend-block-rule-lowers-a-c8-request",
      prefill(kv_cache_dtype="int8"), decode(kv_cache_dtype="int8", block_size=4096),
-     "MooncakeConnectorV2", "AscendBlockRuleDiffers", "warning", "spec.decode.blockSize", "",
+     "MooncakeConnectorV2", "RequestedBlockLowered", "warning", "spec.decode.blockSize", "",
      "below the requested 4096"),
     ("heads-not-divisible",
      prefill(), decode(tp=3), "MooncakeConnectorV2",
      "HeadsNotDivisibleByTP", "error", "spec.decode.tensorParallelSize", "kda", "TP that divides 64"),
+    ("ascend-block-rule-differs-from-vllms",
+     prefill(), decode(tp=8, block_size=512), "MooncakeConnectorV2",
+     "AscendBlockRuleDiffers", "info", "spec.decode.blockSize", "",
+     "engine block is 640 tokens; plain vLLM's rule would give 1024"),
+    ("c8-latent-not-tile-aligned",
+     prefill(C8_UNALIGNED, kv_cache_dtype="int8"), decode(C8_UNALIGNED, kv_cache_dtype="int8"),
+     "MooncakeConnectorV2", "C8LatentNotTileAligned", "error", "spec.model.kvCacheDtype", "mla",
+     "use kvCacheDtype auto"),
     ("attention-heads-not-divisible",
      prefill(), decode(tp=3), "MooncakeConnectorV2",
      "HeadsNotDivisibleByTP", "error", "spec.decode.tensorParallelSize", "",

@@ -12,12 +12,12 @@ the Kimi Linear class uses (vllm: MambaStateShapeCalculator.kda_state_shape).
 from __future__ import annotations
 
 import pytest
+from vllm_tier import hf_config, run_probe
 
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import side_layout
 from pd_operator.kv.hf_config import model_from_hf_config
 from pd_operator.kv.side import Side
-from vllm_tier import hf_config, run_probe
 
 pytestmark = pytest.mark.vllm
 

@@ -46,7 +46,8 @@ def qwen3_next(rng: random.Random) -> dict:
     key_heads = rng.choice([4, 8, 16])
     head_dim = rng.choice([64, 128])
     return {**hf_config("qwen3-next-80b-a3b-instruct"), "num_hidden_layers": 8, "full_attention_interval": 4,
-            "num_attention_heads": heads, "num_key_value_heads": rng.choice([h for h in (1, 2, 4, 8) if h <= heads]),
+            "num_attention_heads": heads,
+            "num_key_value_heads": rng.choice([h for h in (1, 2, 4, 8) if h <= heads]),
             "head_dim": rng.choice([64, 128, 256]), "linear_num_key_heads": key_heads,
             "linear_num_value_heads": key_heads * rng.choice([1, 2]), "linear_key_head_dim": head_dim,
             "linear_value_head_dim": head_dim, "linear_conv_kernel_dim": rng.choice([2, 3, 4])}

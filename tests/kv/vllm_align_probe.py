@@ -22,8 +22,9 @@ the layers) is a no-op.
 `platform: "ascend"` runs vllm-ascend 0.30.0rc2's own code from its source archive (`--ascend-src DIR`):
 `vllm_ascend/patch/platform/patch_mamba_config.py` (the pooled-indexer block rule) is executed as it is,
 with the three helpers it imports (`model_uses_kpool_indexer`, `model_uses_sfa_sparse`,
-`get_sfa_qsfa_packed_head_dim`) compiled from their real source files; only `NPUPlatform._align_hybrid_block_size`
-(vllm_ascend/platform.py, which imports torch_npu) is transcribed below, with its source cited.
+`get_sfa_qsfa_packed_head_dim`) compiled from their real source files; only
+`NPUPlatform._align_hybrid_block_size` (vllm_ascend/platform.py, which imports torch_npu) is transcribed
+below, with its source cited.
 """
 
 from __future__ import annotations

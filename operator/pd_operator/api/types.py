@@ -94,7 +94,8 @@ class ModelSpec(ApiModel):
     """An explicit description of the model's KV cache groups."""
     dtype: DType | None = None
     """Model dtype (`--dtype`); defaults to the KV description's dtype."""
-    kv_cache_dtype: str = Field(default="auto", pattern=r"^(auto|bfloat16|float16|fp8|fp8_e4m3|fp8_e5m2|int8)$")
+    kv_cache_dtype: str = Field(default="auto",
+                                pattern=r"^(auto|bfloat16|float16|fp8|fp8_e4m3|fp8_e5m2|int8)$")
     """KV cache dtype (`--kv-cache-dtype`); `auto` follows the model dtype. `int8` is vllm-ascend's (C8): it
     packs the MLA latent of pooled-indexer models such as GLM-5.3-Flash at 528 bytes per token."""
     weights: WeightsSpec

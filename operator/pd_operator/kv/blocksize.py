@@ -38,9 +38,9 @@ from pd_operator.kv.side import Side
 
 # MLA backends need at least 128-token alignment whatever the kernel says (vLLM, `_align_hybrid_block_size`).
 MLA_MIN_ALIGN = 128
-# Without --block-size vLLM's phase 1 takes CacheConfig.DEFAULT_BLOCK_SIZE when the backend accepts it, else
-# the backend's smallest kernel block (vllm: `vllm/config/cache.py` and `AttentionBackend.get_preferred_block_size`
-# @ 0.34.0).
+# Without --block-size vLLM's phase 1 takes CacheConfig.DEFAULT_BLOCK_SIZE when the backend accepts it,
+# else the backend's smallest kernel block (vllm: `vllm/config/cache.py` and
+# `AttentionBackend.get_preferred_block_size` @ 0.34.0).
 VLLM_DEFAULT_BLOCK = 64
 # vllm-ascend's pooled-indexer rule: the scheduler block stays a multiple of the 128-token C128 kernel
 # block and block / index_kpool a multiple of the indexer kernel's 16 rows (patch_mamba_config.py).
@@ -111,14 +111,14 @@ def unified_block_size(side: Side, attn_1tok: int, state_page: int) -> tuple[int
     kpool = pooled_indexer_ratio(side)
     needed = ceil(state_page / attn_1tok)
     if side.platform == "ascend" and kpool is not None:
+        align = lcm(ASCEND_C128, kpool * ASCEND_INDEXER_ROWS)
         block = ascend_pooled_block(side, kpool, attn_1tok, state_page)
         if not c8_packed(side):
             block = vllm_hybrid_block(side, block, attn_1tok, state_page)
         return block, (
             f"vllm-ascend's pooled-indexer rule at TP {side.tensor_parallel}: a {state_page}-byte state page "
             f"needs {needed} tokens of {attn_1tok} bytes, rounded up to a multiple of "
-            f"lcm({ASCEND_C128}, {kpool}x{ASCEND_INDEXER_ROWS}) = {lcm(ASCEND_C128, kpool * ASCEND_INDEXER_ROWS)}"
-            " tokens.")
+            f"lcm({ASCEND_C128}, {kpool}x{ASCEND_INDEXER_ROWS}) = {align} tokens.")
     block = vllm_hybrid_block(side, start, attn_1tok, state_page)
     return block, (
         f"Hybrid unification at TP {side.tensor_parallel}: a {state_page}-byte state page needs "

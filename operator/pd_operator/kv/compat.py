@@ -68,7 +68,9 @@ def check_pair(prefill: Side, decode: Side, *, connector: str = "MooncakeConnect
         try:
             layout = side_layout(side)
         except LayoutError as err:
-            findings.append(Finding(err.code, "error", err.field, err.group, str(err)))
+            finding = Finding(err.code, "error", err.field, err.group, str(err))
+            if finding not in findings:  # a model-wide cause (the KV dtype) fails both sides alike
+                findings.append(finding)
             continue
         findings += _side_rules(layout)
         layouts.append(layout)
@@ -158,10 +160,11 @@ def _side_rules(layout: SideLayout) -> list[Finding]:
         generic = vllm_block_size(side)
         if generic != block:
             lowered = side.block_size is not None and block < side.block_size
-            cause = "an int8/fp8 KV cache (C8 packs the MLA latent and caps the block at the one covering the " \
-                    "state page)" if c8_packed(side) else f"the requested blockSize {side.block_size}"
+            cause = ("an int8/fp8 KV cache (C8 packs the MLA latent and caps the block at the one covering "
+                     "the state page)") if c8_packed(side) else f"the requested blockSize {side.block_size}"
             out.append(Finding(
-                "AscendBlockRuleDiffers", "warning" if lowered else "info",
+                "RequestedBlockLowered" if lowered else "AscendBlockRuleDiffers",
+                "warning" if lowered else "info",
                 side.field("blockSize") if side.block_size else side.model_field("kvCacheDtype"), "",
                 f"On vllm-ascend the {side.role} engine block is {block} tokens"
                 + (f", below the requested {side.block_size}" if lowered else "")

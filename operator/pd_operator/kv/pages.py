@@ -165,9 +165,9 @@ def token_group_layout(group, side: Side, block: int) -> TokenGroupLayout:
         if c8_packed(side) and not group.dtype:
             if group.kv_lora_rank % C8_TILE:
                 raise LayoutError("C8LatentNotTileAligned", group.name,
-                                  f"vllm-ascend packs an int8/fp8 MLA cache in {C8_TILE}-value tiles, but the "
-                                  f"latent of group {group.name} has {group.kv_lora_rank} values; use "
-                                  "kvCacheDtype auto for this model.", side.model_field("kvCacheDtype"))
+                                  f"vllm-ascend packs an int8/fp8 MLA cache in {C8_TILE}-value tiles, "
+                                  f"but the latent of group {group.name} has {group.kv_lora_rank} values; "
+                                  "use kvCacheDtype auto for this model.", side.model_field("kvCacheDtype"))
             parts: tuple[tuple[str, int], ...] = (("packed", c8_entry_bytes(group)),)
         else:
             parts = (("nope", group.kv_lora_rank * width), ("rope", group.qk_rope_head_dim * width))
