@@ -50,9 +50,13 @@ def generated_models(draw) -> ModelKV:
                        "kvLoraRank": draw(st.sampled_from([16, 48])),
                        "qkRopeHeadDim": draw(st.sampled_from([0, 8]))})
         if draw(st.booleans()):
+            ratio = draw(st.sampled_from([1, 2, 4]))
             groups.append({"kind": "indexer", "name": "idx", "numLayers": 2, "headDim": 16,
-                           "compressRatio": draw(st.sampled_from([1, 2, 4])), "quantBlockSize": 8,
+                           "compressRatio": ratio, "quantBlockSize": 8,
                            "dtype": draw(st.sampled_from(["fp8", "bfloat16"]))})
+            if ratio > 1 and draw(st.booleans()):  # a pooled indexer's per-request tail, one MTP layer
+                groups.append({"kind": "indexerTail", "name": "tail", "numLayers": 2, "mtpLayers": 1,
+                               "headDim": 16, "poolTokens": ratio})
     if draw(st.booleans()):
         heads = draw(st.sampled_from([16, 32]))
         groups.append({"kind": "state", "name": "ssm", "numLayers": 2, "tensors": [

@@ -148,7 +148,8 @@ class KVTransferSpec(ApiModel):
     """How KV moves from prefill to decode."""
 
     connector: Literal["MooncakeConnectorV2", "MooncakeConnectorV1"] = "MooncakeConnectorV2"
-    """V2 (pull mode, Model Runner V2) moves caches across unequal block sizes; V1 pairs blocks."""
+    """V2 (pull mode) and V1 (push mode) both map unequal block sizes at kernel-block granularity; V1 splits
+    state only from a larger prefill TP into a smaller decode TP."""
     protocol: Literal["ascend", "tcp", "rdma"] = "ascend"
     metadata: MetadataSpec = Field(default_factory=MetadataSpec)
     kv_port: Port = DEFAULT_KV_PORT
