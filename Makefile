@@ -20,8 +20,9 @@ HELM3_DIR := $(TOOLS)/helm3
 TOOLS_STAMP := $(TOOLS)/.installed-$(notdir $(KUBECTL_LAYER))
 HELM3_STAMP := $(HELM3_DIR)/.installed-$(notdir $(HELM3_LAYER))
 CHART := charts/pd-operator
-# The contract tier's upstream code: vllm-ascend's release source archives and the Mooncake NPU wheel
-# their images install, pinned by sha256 in tests/contract/upstream.py (build artefacts, not committed).
+# The contract and vllm tiers' upstream code: vllm-ascend's release source archives and the Mooncake
+# NPU wheel their images install, pinned by sha256 in tests/support/upstream.py (build artefacts, not
+# committed).
 UPSTREAM := .cache/upstream
 UPSTREAM_STAMP := $(UPSTREAM)/.fetched
 # Committed files that generators write; `make verify` fails when regenerating changes them.
@@ -92,8 +93,8 @@ tools: $(TOOLS_STAMP) $(HELM3_STAMP)
 testcluster:
 	@bash tools/testcluster/build.sh
 
-$(UPSTREAM_STAMP): tests/contract/upstream.py
-	$(PY) tests/contract/upstream.py
+$(UPSTREAM_STAMP): tests/support/upstream.py
+	$(PY) tests/support/upstream.py
 	touch $@
 
 upstream: install $(UPSTREAM_STAMP)

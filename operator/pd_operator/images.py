@@ -22,7 +22,9 @@ from typing import Protocol
 from pydantic import Field
 
 from pd_operator.findings import Finding
+from pd_operator.kv.dtypes import canonical_dtype
 from pd_operator.kv.model import IndexerGroup, ModelKV
+from pd_operator.kv.pages import C8_DTYPES
 from pd_operator.schema import ApiModel
 
 SEED_PULL_REQUEST = 16755
@@ -48,16 +50,26 @@ class Release:
     """PD_CONNECTORS its connector registry registers (vllm_ascend/distributed/kv_transfer/__init__.py)."""
     families: frozenset[str]
     """Model families whose model code it carries (GLM-Next: vllm_ascend/models/glm5next/)."""
+    int8_kv_cache: bool
+    """Accepts `--kv-cache-dtype int8`: vLLM's CacheDType lacks it and vllm-ascend widens it
+    (vllm_ascend/patch/platform/patch_kv_cache_dtype.py, first in 0.29.0rc1)."""
+    block_rule_modelled: bool
+    """Its hybrid block rule is the one pd_operator.kv plans (vllm_ascend/patch/platform/
+    patch_mamba_config.py @ 0.30.0rc2: the pooled-indexer rule with C8 packing, vLLM's rule for other
+    hybrid models). Older releases size every other hybrid model by their own state-aligned rule and
+    do not pack an int8/fp8 MLA cache."""
 
 
 # Ordered oldest first. 0.23.0 is the release the stock `v0.23.0-a3` images carry; 0.28.0rc1 first
 # registers MooncakeConnectorV2 (vllm-ascend PR #14068) and GLM-Next.
+_V1_V2 = frozenset({CONNECTOR_V1, CONNECTOR_V2})
 RELEASES: dict[str, Release] = {r.version: r for r in (
-    Release("0.23.0", frozenset({CONNECTOR_V1}), frozenset()),
-    Release("0.28.0rc1", frozenset({CONNECTOR_V1, CONNECTOR_V2}), frozenset({GLM_NEXT})),
-    Release("0.29.0rc1", frozenset({CONNECTOR_V1, CONNECTOR_V2}), frozenset({GLM_NEXT})),
-    Release("0.30.0rc2", frozenset({CONNECTOR_V1, CONNECTOR_V2}), frozenset({GLM_NEXT})),
+    Release("0.23.0", frozenset({CONNECTOR_V1}), frozenset(), int8_kv_cache=False, block_rule_modelled=False),
+    Release("0.28.0rc1", _V1_V2, frozenset({GLM_NEXT}), int8_kv_cache=False, block_rule_modelled=False),
+    Release("0.29.0rc1", _V1_V2, frozenset({GLM_NEXT}), int8_kv_cache=True, block_rule_modelled=False),
+    Release("0.30.0rc2", _V1_V2, frozenset({GLM_NEXT}), int8_kv_cache=True, block_rule_modelled=True),
 )}
+MODELLED_BLOCK_RULE = next(r.version for r in RELEASES.values() if r.block_rule_modelled)
 TRACKED_FAMILIES = frozenset({GLM_NEXT})
 """Families that need vllm-ascend's own model code; other models come with vLLM on every release."""
 
@@ -140,10 +152,42 @@ def _known() -> str:
     return ", ".join(RELEASES)
 
 
-def findings(image: ImageRef, connector: str, model: ModelKV | None,
+def _block_rule_findings(release: Release, model: ModelKV, kv_cache_dtype: str) -> list[Finding]:
+    """A KV cache dtype the release refuses, or a pairing whose engine block the release sizes by a
+    rule the operator does not plan (so the block it renders would not be the engine's)."""
+    out = []
+    version = release.version
+    if kv_cache_dtype.lower() == "int8" and not release.int8_kv_cache:
+        since = next(r.version for r in RELEASES.values() if r.int8_kv_cache)
+        out.append(Finding(
+            "KVCacheDTypeUnsupported", "error", "spec.model.kvCacheDtype", "",
+            f"vllm-ascend {version} does not accept --kv-cache-dtype int8 (vLLM's CacheDType lacks it; "
+            f"vllm-ascend widens it from {since}); use another kvCacheDtype or an image with vllm-ascend "
+            f"{since} or later."))
+    if release.block_rule_modelled or not model.is_hybrid:
+        return out
+    pooled = family_of(model) == GLM_NEXT
+    if not pooled:
+        out.append(Finding(
+            "ImageBlockRuleUnmodelled", "error", "spec.image.name", "",
+            f"vllm-ascend {version} sizes the engine block of hybrid models by its own state-aligned rule "
+            "(vllm_ascend/patch/platform/patch_mamba_config.py), not the one the operator plans, so the "
+            f"rendered --block-size may not be the engine's; use an image with vllm-ascend "
+            f"{MODELLED_BLOCK_RULE}."))
+    elif canonical_dtype(kv_cache_dtype) in C8_DTYPES:
+        out.append(Finding(
+            "ImageBlockRuleUnmodelled", "error", "spec.model.kvCacheDtype", "",
+            f"vllm-ascend {version} does not pack an int8/fp8 MLA cache (C8 packing arrives in "
+            f"{MODELLED_BLOCK_RULE}), so its engine block differs from the one the operator plans; use "
+            f"kvCacheDtype auto or an image with vllm-ascend {MODELLED_BLOCK_RULE}."))
+    return out
+
+
+def findings(image: ImageRef, connector: str, model: ModelKV | None, kv_cache_dtype: str,
              kernel_blocks: tuple[int, int]) -> list[Finding]:
     """Why this image cannot serve the pairing: an unknown image, a connector it does not register, a
-    model family it has no code for, or unequal kernel blocks without the seed change.
+    model family it has no code for, a KV cache dtype it refuses or whose block rule the operator
+    does not plan, or unequal kernel blocks without the seed change.
 
     `kernel_blocks` is (prefill, decode) spec kernelBlockSize: MooncakeConnectorV2 of a release
     pairs blocks at kernel-block granularity and asserts "MooncakeConnector does not support
@@ -175,6 +219,8 @@ def findings(image: ImageRef, connector: str, model: ModelKV | None,
             "ImageLacksModel", "error", "spec.image.name", "",
             f"vllm-ascend {version} has no model code for {family} (first in {since}); use an image "
             f"with vllm-ascend {since} or later."))
+    if model is not None:
+        out += _block_rule_findings(RELEASES[version], model, kv_cache_dtype)
     p_kernel, d_kernel = kernel_blocks
     if p_kernel != d_kernel and not caps.seed_change and connector == CONNECTOR_V2:
         out.append(Finding(

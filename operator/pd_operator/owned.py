@@ -58,6 +58,11 @@ OWNED_FLAGS: dict[str, str] = {
 }
 
 
+# Rendered for hybrid models only (render/command.py says why); extraArgs may not touch it for them.
+PREFIX_CACHING_OFF = "--no-enable-prefix-caching"
+PREFIX_CACHING_FLAGS = ("--enable-prefix-caching", PREFIX_CACHING_OFF)
+
+
 def flag_name(arg: str) -> str | None:
     """The option a word names, spelled the way vLLM's parser reads it: `--block_size=128` ->
     `--block-size`, `--kv-transfer-config.kv_role` -> `--kv-transfer-config`; values and positional

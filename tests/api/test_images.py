@@ -102,3 +102,27 @@ def test_glm_next_is_recognised_by_its_compressed_indexer():
     assert images.family_of(presets.get("glm-5.3-flash")) == images.GLM_NEXT
     for other in ("deepseek-v3.2", "qwen3-next-80b-a3b", "llama-3.1-8b"):
         assert images.family_of(presets.get(other)) is None
+
+
+def with_cache_dtype(doc: dict, dtype: str) -> dict:
+    out = copy.deepcopy(doc)
+    out["spec"]["model"]["kvCacheDtype"] = dtype
+    return out
+
+
+STOCK_028 = {"name": "quay.io/ascend/vllm-ascend:v0.28.0rc1-a3"}
+STOCK_029 = {"name": "quay.io/ascend/vllm-ascend:v0.29.0rc1-a3"}
+
+
+def test_the_block_rule_and_kv_cache_dtypes_follow_the_image_release():
+    # int8 exists from 0.29.0rc1 (patch_kv_cache_dtype.py); C8 packing of an int8/fp8 MLA cache and
+    # vLLM's rule for other hybrid models only in 0.30.0rc2, the rule pd_operator.kv plans.
+    assert codes(with_cache_dtype(on(GLM, STOCK_028), "int8")) == \
+        [("KVCacheDTypeUnsupported", "spec.model.kvCacheDtype"),
+         ("ImageBlockRuleUnmodelled", "spec.model.kvCacheDtype")]
+    assert codes(with_cache_dtype(on(GLM, STOCK_029), "int8")) == \
+        [("ImageBlockRuleUnmodelled", "spec.model.kvCacheDtype")]
+    assert codes(on(GLM, STOCK_029)) == []  # bf16: 0.29's pooled-indexer rule is 0.30's
+    assert codes(with_cache_dtype(on(GLM, STOCK_030), "int8")) == []
+    assert codes(on(QWEN, STOCK_029)) == [("ImageBlockRuleUnmodelled", "spec.image.name")]
+    assert codes(on(QWEN, STOCK_030)) == []

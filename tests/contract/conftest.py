@@ -12,9 +12,8 @@ RENDER_TESTS = str(Path(__file__).resolve().parents[1] / "render")
 if RENDER_TESTS not in sys.path:
     sys.path.append(RENDER_TESTS)
 
-import upstream  # noqa: E402  (this directory, on sys.path as pytest collects it)
-
 from pd_operator.images import RELEASES  # noqa: E402
+from support import upstream  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=list(RELEASES))

@@ -23,7 +23,6 @@ from pathlib import Path
 import mooncake
 import pytest
 import readers
-import upstream
 from readers import Readers, pod_reads, unread
 from render_cases import EXAMPLES, ROOT, VALID_EXAMPLES, container, load, pod_argvs, rendered, serving_sets
 
@@ -34,6 +33,7 @@ from pd_operator.owned import DEFAULT_ENV, OWNED_ENV
 from pd_operator.render import proxy, render
 from pd_operator.render.context import Context
 from pd_operator.validate import validate
+from support import upstream
 
 pytestmark = pytest.mark.contract
 
@@ -62,6 +62,31 @@ def test_capability_table_matches_the_source(version, source):
     assert {c for c in found.connectors if c in PD_CONNECTORS} == release.connectors
     assert found.families == release.families
     assert not found.seed_change, f"vllm-ascend {version} carries the seed: the table must say so"
+
+
+PLATFORM_PATCHES = Path("vllm_ascend/patch/platform")
+
+
+def defined_names(path: Path) -> set[str]:
+    return {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+
+
+def test_kv_cache_dtypes_and_block_rule_match_the_source(version, source):
+    """int8: a platform patch widens vLLM's CacheDType with it and the patch package imports it.
+    The block rule pd_operator.kv plans (0.30.0rc2's): patch_mamba_config.py packs a C8 MLA page
+    (`_using_sparse_sfa_c8`) and has no state-aligned rule for other hybrid models (whose assertion
+    reads 'Cannot align ssm_page_size and attn_page_size')."""
+    release = RELEASES[version]
+    widen = source / PLATFORM_PATCHES / "patch_kv_cache_dtype.py"
+    imported = "patch_kv_cache_dtype" in (source / PLATFORM_PATCHES / "__init__.py").read_text()
+    widens = widen.is_file() and imported and '"int8"' in widen.read_text()
+    assert widens == release.int8_kv_cache, f"vllm-ascend {version}: int8 KV cache is {widens} in the source"
+    mamba = source / PLATFORM_PATCHES / "patch_mamba_config.py"
+    text = mamba.read_text()
+    modelled = ("_using_sparse_sfa_c8" in defined_names(mamba)
+                and "Cannot align ssm_page_size and attn_page_size" not in text)
+    assert modelled == release.block_rule_modelled, \
+        f"vllm-ascend {version}: the planned block rule is {'' if modelled else 'not '}its own"
 
 
 def test_connector_modules_define_the_registered_classes(version, source):

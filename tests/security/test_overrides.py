@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from override_cases import FREE_ARGS, VALUES, covers_every_owned_flag, spellings
+from override_cases import FREE_ARGS, HYBRID_OWNED_ARGS, VALUES, covers_every_owned_flag, spellings
 from render_cases import VALID_EXAMPLES, container, load, serving_sets
 
 from pd_operator.owned import OWNED_ENV
@@ -16,6 +16,7 @@ from pd_operator.validate import validate
 
 BASE = load(next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-1p1d-tp4"))
 A2 = load(next(p for p in VALID_EXAMPLES if p.stem == "qwen3-next-a2"))
+DENSE = load(next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek")))  # MLA + indexer, no state
 
 
 def with_role(doc: dict, role: str, **fields) -> dict:
@@ -62,6 +63,17 @@ def test_free_flags_are_not_refused(words):
     assert validation.ok, [f.line() for f in validation.errors]
     (decode,) = [s for s in serving_sets(render(validation)) if "decode" in s["metadata"]["name"]]
     assert serving_argv(decode)[-len(words):] == words
+
+
+@pytest.mark.parametrize("words", HYBRID_OWNED_ARGS, ids=" ".join)
+def test_prefix_caching_flags_are_owned_for_hybrid_models_only(words):
+    hybrid = validate(with_role(BASE, "decode", extraArgs=words))
+    assert [(f.code, f.path) for f in hybrid.errors] == [("ArgOverride", "spec.decode.extraArgs[0]")]
+    dense = validate(with_role(DENSE, "decode", extraArgs=words))
+    assert dense.ok, [f.line() for f in dense.errors]
+    (decode,) = [s for s in serving_sets(render(dense)) if "decode" in s["metadata"]["name"]]
+    argv = serving_argv(decode)
+    assert argv[-len(words):] == words and "--no-enable-prefix-caching" not in argv[:-len(words)]
 
 
 @pytest.mark.parametrize("doc", [BASE, A2], ids=["glm", "qwen-a2"])

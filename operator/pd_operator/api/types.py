@@ -95,8 +95,10 @@ class ModelSpec(ApiModel):
     """An explicit description of the model's KV cache groups."""
     dtype: DType | None = None
     """Model dtype (`--dtype`); defaults to the KV description's dtype."""
-    kv_cache_dtype: str = Field(default="auto", pattern=r"^(auto|bfloat16|float16|fp8|fp8_e4m3|fp8_e5m2)$")
-    """KV cache dtype (`--kv-cache-dtype`); `auto` follows the model dtype."""
+    kv_cache_dtype: str = Field(default="auto",
+                                pattern=r"^(auto|bfloat16|float16|fp8|fp8_e4m3|fp8_e5m2|int8)$")
+    """KV cache dtype (`--kv-cache-dtype`); `auto` follows the model dtype. `int8` is vllm-ascend's (C8): it
+    packs the MLA latent of pooled-indexer models such as GLM-5.3-Flash at 528 bytes per token."""
     weights: WeightsSpec
     max_model_len: int | None = Field(default=None, ge=1, le=10_000_000)
     """`--max-model-len` on both roles."""
@@ -140,8 +142,9 @@ class KVTransferSpec(ApiModel):
     with P2P handshakes and the `ascend` transport, so neither is a choice here."""
 
     connector: Literal["MooncakeConnectorV2", "MooncakeConnectorV1"] = "MooncakeConnectorV2"
-    """V2 (pull mode, vllm-ascend 0.28.0rc1 and later) pairs unequal engine block sizes kernel block by
-    kernel block; V1 pairs blocks index by index. Both run on either model runner."""
+    """V2 (pull mode, vllm-ascend 0.28.0rc1 and later) and V1 (push mode) both map unequal engine block
+    sizes at kernel-block granularity; V1 splits state only from a larger prefill TP into a smaller
+    decode TP. Both run on either model runner."""
     kv_port: Port = DEFAULT_KV_PORT
     """Base port of the connector: worker handshake ports and the scheduler side channel follow it."""
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)

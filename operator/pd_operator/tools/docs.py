@@ -96,7 +96,9 @@ def images_table() -> str:
         return next(r.version for r in images.RELEASES.values() if value in getattr(r, key))
 
     rows = ["| serving image | MooncakeConnectorV2 | GLM-Next (GLM-5.3-Flash) | unequal engine blocks "
-            "(P=TP8 -> D=DP2xTP4) | unequal kernel blocks | why |", "|---|---|---|---|---|---|"]
+            "(P=TP8 -> D=DP2xTP4) | unequal kernel blocks | int8 KV cache | hybrid block rule planned "
+            "| why |",
+            "|---|---|---|---|---|---|---|---|"]
     cases = [(f"`quay.io/ascend/vllm-ascend:v{v}` (and `-a3`, ...)", images.capabilities("", v, False))
              for v in images.RELEASES]
     newest = list(images.RELEASES)[-1]
@@ -123,9 +125,18 @@ def images_table() -> str:
             why.append("vllm-ascend runs GLM-Next on Model Runner V1 (its default; its GLM-5.3-Flash guide)")
         why.append(f"{images.SEED_FUNCTION} (token runs between unequal kernel blocks) "
                    + ("comes with the seed change" if caps.seed_change else "is in no release"))
+        release = images.RELEASES[caps.vllm_ascend_version]
+        if not release.int8_kv_cache:
+            first_int8 = next(r.version for r in images.RELEASES.values() if r.int8_kv_cache)
+            why.append(f"--kv-cache-dtype int8 is accepted from {first_int8}")
+        if not release.block_rule_modelled:
+            why.append("hybrid models other than GLM-Next, and an int8/fp8 GLM-Next cache, get another "
+                       f"engine block than {images.MODELLED_BLOCK_RULE}'s rule "
+                       "(refused: ImageBlockRuleUnmodelled)")
         glm_cell = f"yes, on Model Runner {'V2' if on_v2 else 'V1'}" if glm else "no"
         rows.append(f"| {name} | {'yes' if v2 else 'no'} | {glm_cell} | {'yes' if v2 else 'no'} | "
-                    f"{'yes' if caps.seed_change else 'no'} | {_cell('; '.join(why))} |")
+                    f"{'yes' if caps.seed_change else 'no'} | {'yes' if release.int8_kv_cache else 'no'} | "
+                    f"{'yes' if release.block_rule_modelled else 'no'} | {_cell('; '.join(why))} |")
     return "\n".join(rows)
 
 

@@ -1,7 +1,7 @@
 """The upstream code the contract tier reads, pinned: vllm-ascend's released source archives and the
 Mooncake NPU wheel those releases' images install.
 
-    python tests/contract/upstream.py        # fetch everything pinned into .cache/upstream
+    python tests/support/upstream.py        # fetch everything pinned into .cache/upstream
 
 vllm-ascend publishes only source archives on PyPI. `pip download --no-binary :all: vllm-ascend==X`
 cannot be used to fetch them: pip prepares the package's metadata first, which installs its build
