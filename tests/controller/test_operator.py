@@ -281,7 +281,7 @@ def test_kv_layout_rollout_never_routes_across_layouts(control_plane, namespace,
     manager = cp.components["kube-controller-manager"]
     manager.stop()
     try:
-        image = "registry.example.com/pd-operator/vllm-ascend:v0.24.0-pd1"
+        image = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed-b"  # a rebuilt image
         patch_spec(cp, namespace, {"image": {"name": image}})
 
         def proxy_gated() -> bool:
