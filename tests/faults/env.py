@@ -34,7 +34,8 @@ class Operators:
         return self.release.operator(self.cp, self.workdir, server=server, extra_args=args)
 
     def launch(self, op: OperatorProcess) -> OperatorProcess:
-        self.started.append(op.start())
+        op.start()
+        self.started.append(op)
         return op
 
     def start(self, *, server: str | None = None, drift_interval_s: float | None = None,

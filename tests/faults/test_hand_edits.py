@@ -29,7 +29,9 @@ DRIFT_S = 2.0
 
 
 def serving(sts: dict) -> dict:
-    return dict(sts["spec"]["template"]["spec"]["containers"][0])
+    """The serving container itself (edits change the object)."""
+    container: dict = sts["spec"]["template"]["spec"]["containers"][0]
+    return container
 
 
 def env_value(sts: dict, name: str) -> str | None:

@@ -89,7 +89,7 @@ def test_invalid_update_storm_keeps_children_and_reports_each(control_plane, nam
         codes.append(code)
 
     after = identities(children(cp, ns))
-    writes = [str(e) for e in cp.audit.events(mark, user=operator.release.user)
+    writes = [str(e) for e in cp.audit.events(mark, user=operator.release.user, namespace=ns)
               if e.write and e.resource.split("/")[0] in CHILD_RESOURCES | {"pods"}]
     print(f"invalid update storm: {UPDATES} updates stored by the API server, {len(codes)} reported in "
           f"the status ({len(set(codes))} codes: {sorted(set(codes))}); operator writes to children: "
