@@ -29,8 +29,11 @@ if RENDER_TESTS not in sys.path:
 
 
 @pytest.fixture
-def release(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Release]:
-    installed = helm_install(control_plane, tmp_path, values=["webhook.enabled=false"])
+def release(control_plane: ControlPlane, namespace: str, tmp_path: pathlib.Path) -> Iterator[Release]:
+    """The chart watching the test's namespace only (its namespaced RBAC): the operator never sees
+    what earlier tests left in namespaces still being deleted."""
+    installed = helm_install(control_plane, tmp_path, values=["webhook.enabled=false",
+                                                              f"watchNamespaces={{{namespace}}}"])
     yield installed
     helm_uninstall(control_plane, installed)
 
