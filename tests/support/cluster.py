@@ -167,12 +167,14 @@ class ApiError(Exception):
 
 
 class Component:
-    """One control-plane process, its log file, and how to tell it is up."""
+    """One process (a control-plane component, the operator), its output in `log`."""
 
-    def __init__(self, name: str, argv: list[str], log: pathlib.Path) -> None:
+    def __init__(self, name: str, argv: list[str], log: pathlib.Path,
+                 env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
         self.log = log
+        self.env = dict(env) if env is not None else None
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -180,7 +182,7 @@ class Component:
             out.write(f"--- start {' '.join(self.argv)}\n".encode())
             out.flush()
             # Own session: Ctrl-C in the test run does not reach the cluster before teardown.
-            self.process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
 
     @property
@@ -199,16 +201,18 @@ class Component:
     def lost_port(self) -> bool:
         return "address already in use" in self.tail(50)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if not self.running():
-            return
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (as the kubelet stops a pod), SIGKILL after `timeout`; the exit code."""
+        if self.process is None:
+            return None
+        if self.running():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
 
     def kill(self) -> None:
         """SIGKILL, for tests of what survives a crashed component."""

@@ -140,6 +140,7 @@ class WriteHook:
     hook: Callable[[Request], Any]
     verb: str | None
     resource: str | None
+    namespace: str | None
     count: int = 0
     fired: threading.Event = field(default_factory=threading.Event)
 
@@ -186,11 +187,12 @@ class FaultProxy:
             self._hooks.clear()
 
     def on_write(self, n: int, hook: Callable[[Request], Any], *, verb: str | None = None,
-                 resource: str | None = None) -> threading.Event:
-        """Call `hook(request)` once, when the `n`th forwarded write (matching verb/resource, counted
-        from now) has been applied by the API server and before its response reaches the client.
-        Returns an Event set after the hook ran."""
-        entry = WriteHook(n, hook, verb, resource)
+                 resource: str | None = None, namespace: str | None = None) -> threading.Event:
+        """Call `hook(request)` once, when the `n`th forwarded write (matching verb/resource/namespace,
+        counted from now) has been applied by the API server and before its response reaches the
+        client. Returns an Event set after the hook ran. Give `namespace` when the client serves all
+        namespaces: earlier tests' namespaces may still be terminating in the session's cluster."""
+        entry = WriteHook(n, hook, verb, resource, namespace)
         with self._lock:
             self._hooks.append(entry)
         return entry.fired
@@ -297,8 +299,8 @@ class FaultProxy:
         with self._lock:
             due = []
             for entry in self._hooks:
-                if entry.fired.is_set() or (entry.verb and entry.verb != r.verb) or (
-                        entry.resource and entry.resource != r.resource):
+                wanted = ((entry.verb, r.verb), (entry.resource, r.resource), (entry.namespace, r.namespace))
+                if entry.fired.is_set() or any(want and want != got for want, got in wanted):
                     continue
                 entry.count += 1
                 if entry.count == entry.n:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -29,7 +27,7 @@ from typing import Any
 import yaml
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
-from support.cluster import ControlPlane, pick_port, service_account_user, wait_for
+from support.cluster import Component, ControlPlane, pick_port, service_account_user, wait_for
 from support.kube import CHART, helm
 
 PORT_FLAGS = ("--health-port=", "--metrics-port=", "--webhook-port=")
@@ -47,48 +45,21 @@ def local_ports(args: Sequence[str]) -> list[str]:
             for a in args]
 
 
-class OperatorProcess:
+class OperatorProcess(Component):
     """`pd-operator <args>` in its own process, its output in `log`."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log: pathlib.Path) -> None:
-        self.argv, self.env, self.log = argv, env, log
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__("pd-operator", argv, log, env)
         port = _flag(argv, "--health-port=")
         self.health_url = f"http://127.0.0.1:{port}/healthz" if port else None
 
-    def start(self) -> OperatorProcess:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+    def __enter__(self) -> OperatorProcess:
+        if self.process is None:
+            self.start()
         return self
 
-    def __enter__(self) -> OperatorProcess:
-        return self.start() if self.process is None else self
-
     def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def stop(self, timeout: float = 30) -> int | None:
-        """SIGTERM (as the kubelet stops a pod) and wait; returns the exit code."""
-        if self.process is None:
-            return None
-        if self.running():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-    def kill(self) -> None:
-        if self.running():
-            assert self.process is not None
-            self.process.kill()
-            self.process.wait()
+        self.stop(timeout=30)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

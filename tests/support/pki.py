@@ -7,7 +7,6 @@ generation instant; kube-apiserver accepts ECDSA for serving and for service-acc
 
 from __future__ import annotations
 
-import ipaddress
 import pathlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,20 +14,11 @@ from datetime import UTC, datetime, timedelta
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from pd_operator.controller.certs import alt_name, subject
 
 VALIDITY = timedelta(days=2)
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _san(host: str) -> x509.GeneralName:
-    try:
-        return x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        return x509.DNSName(host)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -50,7 +40,7 @@ class CA:
         directory.mkdir(parents=True, exist_ok=True)
         now = datetime.now(UTC)
         self._key = ec.generate_private_key(ec.SECP256R1())
-        self._cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(_name(name))
+        self._cert = (x509.CertificateBuilder().subject_name(subject(name)).issuer_name(subject(name))
                       .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
                       .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + VALIDITY)
                       .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -67,10 +57,10 @@ class CA:
         """A server certificate for `hosts` (IPs or DNS names), written as NAME.crt / NAME.key."""
         now = datetime.now(UTC)
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(self._cert.subject)
+        cert = (x509.CertificateBuilder().subject_name(subject(hosts[0])).issuer_name(self._cert.subject)
                 .public_key(key.public_key()).serial_number(x509.random_serial_number())
                 .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + VALIDITY)
-                .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
+                .add_extension(x509.SubjectAlternativeName([alt_name(h) for h in hosts]), critical=False)
                 .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
                 .sign(self._key, hashes.SHA256()))
         pair = Pair(self.directory / f"{name}.crt", self.directory / f"{name}.key")

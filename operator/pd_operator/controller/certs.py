@@ -18,11 +18,11 @@ from cryptography.x509.oid import NameOID
 VALIDITY = timedelta(days=365)
 
 
-def _name(common_name: str) -> x509.Name:
+def subject(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _san(host: str) -> x509.GeneralName:
+def alt_name(host: str) -> x509.GeneralName:
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
@@ -33,16 +33,16 @@ def self_signed(directory: pathlib.Path, hosts: list[str]) -> bytes:
     """Write tls.crt and tls.key for `hosts` into `directory`; return the CA certificate (PEM)."""
     now = datetime.now(UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(_name("pd-operator-webhook-ca"))
-          .issuer_name(_name("pd-operator-webhook-ca")).public_key(ca_key.public_key())
+    ca = (x509.CertificateBuilder().subject_name(subject("pd-operator-webhook-ca"))
+          .issuer_name(subject("pd-operator-webhook-ca")).public_key(ca_key.public_key())
           .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + VALIDITY)
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca.subject)
+    cert = (x509.CertificateBuilder().subject_name(subject(hosts[0])).issuer_name(ca.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now).not_valid_after(now + VALIDITY)
-            .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([alt_name(h) for h in hosts]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
