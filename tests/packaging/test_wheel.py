@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import configparser
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -22,8 +23,14 @@ PACKAGE = "pd_operator"
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(out)],
+    # From a copy of what the build reads: setuptools reuses a build/ directory, and an editable
+    # install leaves an egg-info behind, so an in-place build could hold files deleted since.
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "operator", source / "operator",
+                    ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(out)],
                    check=True, capture_output=True, text=True)
     (path,) = out.glob("pd_operator-*.whl")
     return zipfile.ZipFile(path)
