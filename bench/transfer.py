@@ -24,7 +24,6 @@ from pd_operator.kv import presets
 from pd_operator.kv.blocksize import SideLayout, side_layout
 from pd_operator.kv.plan import TransferPlan, plan_transfer
 from pd_operator.kv.side import Side
-from pd_operator.transfer.engine import P2P
 from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions
 from pd_operator.transfer.loopback import Pairing, arena_bytes, requests, span
 from pd_operator.transfer.ranks import RankWorker, start_workers
@@ -104,7 +103,7 @@ def main() -> None:
                           decode_slot=req.decode.slot, merge=False)
     env = {"MC_TCP_LANES_PER_PEER": str(args.lanes),
            "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": str(args.queue_limit)}
-    workers: list[RankWorker] = start_workers(12, P2P, arena_bytes(p, d, args.prompt_tokens, 1), env)
+    workers: list[RankWorker] = start_workers(12, arena_bytes(p, d, args.prompt_tokens, 1), env)
     try:
         pairing = Pairing.place(workers, p, d, args.prompt_tokens)
         touch(pairing, merged)

@@ -126,10 +126,6 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "PortInHandshakeRange": (
         "error", "A port falls in Mooncake's random P2P handshake RPC range (15000-17000).",
         "Move the port outside 15000-17000."),
-    "MetadataPortExposed": (
-        "error", "The HTTP metadata server would listen on the engines' serving port, which the "
-        "NetworkPolicy opens to every pod of the namespace.",
-        "Give spec.kvTransfer.metadata.serverPort a port other than spec.servingPort."),
     "PortOutOfRange": (
         "error", "A port range runs past 65535.",
         "Lower kvTransfer.kvPort."),

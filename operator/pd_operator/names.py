@@ -44,12 +44,9 @@ class Names:
         return f"{self.deployment}-proxy"
 
     @property
-    def metadata_server(self) -> str:
-        return f"{self.deployment}-metadata"
-
-    @property
-    def mooncake_config(self) -> str:
-        return f"{self.deployment}-mooncake"
+    def serving_config(self) -> str:
+        """The ConfigMap serving pods mount: preflight configs and the KV-link probe's pairing."""
+        return f"{self.deployment}-serving"
 
     @property
     def network_policy(self) -> str:
@@ -60,8 +57,8 @@ class Names:
 
     def limits(self, replicas: dict[str, int], pods_per_instance: dict[str, int]) -> list[tuple[str, int]]:
         """(longest name of each kind, its limit) for the names this deployment renders."""
-        out = [(self.proxy, DNS_LABEL_MAX), (self.metadata_server, DNS_LABEL_MAX),
-               (self.mooncake_config, DNS_LABEL_MAX), (self.network_policy, DNS_LABEL_MAX)]
+        out = [(self.proxy, DNS_LABEL_MAX), (self.serving_config, DNS_LABEL_MAX),
+               (self.network_policy, DNS_LABEL_MAX)]
         for role, count in replicas.items():
             last = max(count - 1, 0)
             out.append((self.instance(role, last), STATEFULSET_MAX))

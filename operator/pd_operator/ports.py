@@ -16,8 +16,10 @@ from pd_operator.topology import PodPlan
 ASCEND_DIRECT_BASE = 20000
 ASCEND_DIRECT_PER_NPU = 1000
 HANDSHAKE_RPC = (15000, 17000)
-DP_RPC_PORT = 13345  # vLLM's default --data-parallel-rpc-port
+DP_RPC_PORT = 13345  # --data-parallel-rpc-port, rendered explicitly (vLLM's default is 29550)
 PROBE_PORT = 8090
+PROBE_RANGE = "KV-link probe"  # bound by the probe sidecars (render/kv_probe.py), not by vLLM
+PROBE_READY_PATH = "/ready"  # the decode gate's readiness endpoint on PROBE_PORT
 MAX_PORT = 65535
 
 
@@ -55,15 +57,15 @@ def side_channel(kv_port: int, plan: PodPlan, ordinal: int) -> PortRange:
 
 def pod_ports(kv_port: int, serving_port: int, plan: PodPlan, ordinal: int) -> list[PortRange]:
     ports = [PortRange("HTTP", serving_port, 1, "spec.servingPort"),
-             PortRange("KV-link probe", PROBE_PORT, 1, "the operator's port plan"),
+             PortRange(PROBE_RANGE, PROBE_PORT, 1, "the operator's port plan"),
              kv_handshake(kv_port, plan, ordinal), side_channel(kv_port, plan, ordinal)]
     if plan.dp > 1:
         ports.append(PortRange("DP RPC", DP_RPC_PORT, 1, "the operator's port plan"))
     return ports
 
 
-def port_findings(role: str, kv_port: int, serving_port: int, plan: PodPlan, npus_per_node: int,
-                  protocol: str) -> list[Finding]:
+def port_findings(role: str, kv_port: int, serving_port: int, plan: PodPlan, npus_per_node: int
+                  ) -> list[Finding]:
     out: list[Finding] = []
     seen: set[str] = set()
 
@@ -90,7 +92,8 @@ def port_findings(role: str, kv_port: int, serving_port: int, plan: PodPlan, npu
                     f"{HANDSHAKE_RPC[0]}-{HANDSHAKE_RPC[1]}, so a random engine port could take them; "
                     "move them outside that range.")
             direct_end = ASCEND_DIRECT_BASE + npus_per_node * ASCEND_DIRECT_PER_NPU
-            if protocol == "ascend" and a.overlaps(ASCEND_DIRECT_BASE, direct_end):
+            # vllm-ascend's PD connectors always use the ascend transport (AscendDirect).
+            if a.overlaps(ASCEND_DIRECT_BASE, direct_end):
                 add("PortInAscendDirectRange", a.field,
                     f"The {role} {a} fall in {ASCEND_DIRECT_BASE}-{direct_end - 1}, where the "
                     f"AscendDirect transport of {npus_per_node} NPUs listens; set "

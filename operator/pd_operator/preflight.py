@@ -1,9 +1,10 @@
 """Checks a serving pod runs before `exec vllm serve`: is what is about to start the pairing the
-operator rendered? Pure: the entrypoint (images/vllm-ascend/entrypoint.py) gathers the facts (the
-rendered config, the argv, the environment, the installed vllm-ascend version, the NPU count, the
-ports already bound) and this module judges them.
+operator rendered? Pure: `pd-preflight` (preflight_cli.py) gathers the facts (the rendered config,
+the argv, the environment, the installed vllm-ascend, the NPUs the device plugin granted, the ports
+already bound) and this module judges them.
 
-The rendered config is a small JSON document (`PreflightConfig`) the operator mounts into the pod.
+The rendered config (`PreflightConfig`) is one key per role of the deployment's serving ConfigMap
+(render/serving_config.py), mounted into every serving pod.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pydantic import Field, ValidationError
 from pd_operator.findings import Finding
 from pd_operator.schema import ApiModel
 
-CONFIG_ENV = "PD_PREFLIGHT_CONFIG"
-DEFAULT_CONFIG_PATH = "/etc/pd-operator/preflight.json"
 V2_CONNECTOR = "MooncakeConnectorV2"
 ROLE_OF = {"prefill": "kv_producer", "decode": "kv_consumer"}
+POD_INDEX_ENV = "PD_POD_INDEX"
+"""The pod's ordinal in its instance (downward API: the StatefulSet pod-index label)."""
 # The first vllm-ascend release assumed to carry the seed change (MooncakeConnectorV2 on Model
 # Runner V2 moving gcd-segment runs when the two sides' kernel block sizes differ). The change is
 # known only as a pull request; confirm the release that merged it before relying on this floor.
@@ -29,24 +30,24 @@ CROSS_TP_MIN_VERSION = "0.32.0rc1"
 
 
 class PreflightConfig(ApiModel):
-    """What the operator rendered for this pod."""
+    """What the operator rendered for the pods of one role."""
 
     role: Literal["prefill", "decode"]
     tensor_parallel_size: int = Field(ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1)
-    data_parallel_size_local: int | None = Field(default=None, ge=1)
-    """DP ranks this pod runs; defaults to dataParallelSize (one pod per instance)."""
+    data_parallel_size_local: int = Field(ge=1)
+    """DP ranks each pod runs."""
+    pods: int = Field(default=1, ge=1)
+    """Pods of one instance; with more than one, pod 0 leads and the others run --headless."""
     engine_block_size: int = Field(ge=1)
     """This side's engine block size, as the KV engine resolved it (rendered as --block-size)."""
     peer_engine_block_size: int = Field(ge=1)
     kv_connector: str = Field(min_length=1)
-    ports: list[int] = Field(default_factory=list)
-    """Every port this pod binds (HTTP, KV handshake, side channel, ...)."""
-
-    @property
-    def dp_local(self) -> int:
-        return self.data_parallel_size_local or self.data_parallel_size
+    npus_per_pod: int = Field(ge=1)
+    """NPUs each pod requests (TP x PP x local DP ranks)."""
+    ports: list[list[int]] = Field(default_factory=list)
+    """Every port each pod binds (HTTP, KV handshake, side channel, ...), by pod ordinal."""
 
 
 def parse_config(text: str, source: str) -> tuple[PreflightConfig | None, list[Finding]]:
@@ -90,18 +91,36 @@ def _mismatch(path: str, message: str) -> Finding:
     return Finding("PreflightShapeMismatch", "error", path, "", message)
 
 
-def check_argv(config: PreflightConfig, argv: Sequence[str]) -> list[Finding]:
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def check_argv(config: PreflightConfig, argv: Sequence[str], ordinal: int | None) -> list[Finding]:
+    if len(argv) < 2 or argv[0].rsplit("/", 1)[-1] != "vllm" or argv[1] != "serve":
+        return [_mismatch("argv", f"The command is {' '.join(argv[:2])!r}, not the rendered `vllm serve`.")]
     flags = flag_values(argv)
     out = []
-    expected = {"--tensor-parallel-size": config.tensor_parallel_size,
-                "--pipeline-parallel-size": config.pipeline_parallel_size,
-                "--data-parallel-size": config.data_parallel_size,
-                "--block-size": config.engine_block_size}
+    expected: dict[str, int | None] = {
+        "--tensor-parallel-size": config.tensor_parallel_size,
+        "--pipeline-parallel-size": config.pipeline_parallel_size,
+        "--data-parallel-size": config.data_parallel_size,
+        "--block-size": config.engine_block_size}
+    defaults: dict[str, int | None] = {"--block-size": None}
+    if config.pods > 1:
+        if ordinal is None:
+            return [_mismatch(f"env.{POD_INDEX_ENV}", f"{POD_INDEX_ENV} is not the pod's ordinal, so its DP "
+                              "ranks cannot be checked; run the pod from the rendered StatefulSet.")]
+        expected |= {"--data-parallel-size-local": config.data_parallel_size_local,
+                     "--data-parallel-start-rank": ordinal * config.data_parallel_size_local}
+        defaults |= {"--data-parallel-size-local": None, "--data-parallel-start-rank": 0}
+        if ("--headless" in argv) != (ordinal > 0):
+            out.append(_mismatch("--headless", f"Pod {ordinal} of the instance must "
+                                 f"{'run' if ordinal else 'not run'} --headless."))
     for flag, want in expected.items():
-        got = flags.get(flag, "1" if flag != "--block-size" else None)
-        if got != str(want):
-            out.append(_mismatch(flag, f"vllm serve gets {flag} {got}, but the operator rendered {want} "
-                                       "for this pairing."))
+        got = _int(flags.get(flag)) if flag in flags else defaults.get(flag, 1)
+        if got != want:
+            out.append(_mismatch(flag, f"vllm serve gets {flag} {flags.get(flag, got)}, but the operator "
+                                       f"rendered {want} for this pod."))
     raw = flags.get("--kv-transfer-config")
     if raw is None:
         return out + [_mismatch("--kv-transfer-config", "vllm serve has no --kv-transfer-config, so it "
@@ -122,23 +141,24 @@ def check_argv(config: PreflightConfig, argv: Sequence[str]) -> list[Finding]:
                              f"({ROLE_OF[config.role]})."))
     extra = (kv.get("kv_connector_extra_config") or {}).get(config.role) or {}
     for key, want in (("tp_size", config.tensor_parallel_size), ("dp_size", config.data_parallel_size)):
-        if key in extra and extra[key] != want:
+        if extra.get(key) != want:
             out.append(_mismatch(f"--kv-transfer-config.kv_connector_extra_config.{config.role}.{key}",
-                                 f"kv_connector_extra_config.{config.role}.{key} is {extra[key]}, but this "
-                                 f"{config.role} runs {want}; vllm-ascend would refuse to start."))
+                                 f"kv_connector_extra_config.{config.role}.{key} is {extra.get(key)}, but "
+                                 f"this {config.role} runs {want}; vllm-ascend would refuse to start."))
     return out
 
 
 def check_npus(config: PreflightConfig, npus: int | None) -> list[Finding]:
-    need = config.tensor_parallel_size * config.pipeline_parallel_size * config.dp_local
-    if npus is None or npus >= need:
+    if npus is not None and npus >= config.npus_per_pod:
         return []
-    return [_mismatch("resources", f"This pod sees {npus} NPUs but its {config.dp_local} DP rank(s) of "
-                                   f"TP {config.tensor_parallel_size} x PP {config.pipeline_parallel_size} "
-                                   f"need {need}.")]
+    seen = "no NPUs it can count" if npus is None else f"{npus} NPUs"
+    return [_mismatch("resources", f"This pod sees {seen} but its {config.data_parallel_size_local} DP "
+                                   f"rank(s) of TP {config.tensor_parallel_size} x PP "
+                                   f"{config.pipeline_parallel_size} need {config.npus_per_pod}.")]
 
 
 def check_version(config: PreflightConfig, env: Mapping[str, str], installed: str | None) -> list[Finding]:
+    """What the image can do, judged from its vllm-ascend version and the runner flag."""
     out = []
     if config.kv_connector == V2_CONNECTOR and env.get("VLLM_USE_V2_MODEL_RUNNER") != "1":
         out.append(Finding("ModelRunnerV2Disabled", "error", "env.VLLM_USE_V2_MODEL_RUNNER", "",
@@ -158,13 +178,21 @@ def check_version(config: PreflightConfig, env: Mapping[str, str], installed: st
     return out
 
 
-def check_ports(config: PreflightConfig, busy: Collection[int]) -> list[Finding]:
+def check_ports(config: PreflightConfig, ordinal: int | None, busy: Collection[int]) -> list[Finding]:
+    ports = config.ports[ordinal or 0] if config.ports else []
     return [Finding("PreflightPortBusy", "error", f"ports.{port}", "",
                     f"Port {port} is already in use in this pod; vllm serve would fail to bind it.")
-            for port in config.ports if port in busy]
+            for port in ports if port in busy]
 
 
-def preflight(config: PreflightConfig, argv: Sequence[str], env: Mapping[str, str], installed: str | None,
-              npus: int | None, busy_ports: Collection[int]) -> list[Finding]:
-    return (check_argv(config, argv) + check_npus(config, npus) + check_version(config, env, installed)
-            + check_ports(config, busy_ports))
+def ordinal_of(env: Mapping[str, str]) -> int | None:
+    return _int(env.get(POD_INDEX_ENV))
+
+
+def preflight(config: PreflightConfig, argv: Sequence[str], env: Mapping[str, str], npus: int | None,
+              busy_ports: Collection[int], image: Sequence[Finding]) -> list[Finding]:
+    """Every finding about this pod; `image` are the findings about the serving image (what the
+    installed vllm-ascend can do), gathered by the caller."""
+    ordinal = ordinal_of(env)
+    return (check_argv(config, argv, ordinal) + check_npus(config, npus) + list(image)
+            + check_ports(config, ordinal, busy_ports))

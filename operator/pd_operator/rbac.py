@@ -22,6 +22,8 @@ RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", *CHILD_VERBS]},
     # Pods are only read for status and deleted for group restarts; the workloads create them.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
+    # The last line of a decode pod's kv-link gate: the figures of a KV link that changed state.
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": CHILD_VERBS},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},

@@ -182,20 +182,8 @@ def _role_findings(dep: PDDeployment, role: str) -> tuple[PodPlan | None, list[F
     except TopologyError as err:
         return None, [*out, Finding("NodeTooSmall", "error", err.field, "", str(err))]
     kv = dep.spec.kv_transfer
-    out += port_findings(role, kv.kv_port, dep.spec.serving_port, plan, spec.npus_per_node, kv.protocol)
+    out += port_findings(role, kv.kv_port, dep.spec.serving_port, plan, spec.npus_per_node)
     return plan, out
-
-
-def _metadata_port_findings(dep: PDDeployment) -> list[Finding]:
-    """The NetworkPolicy opens the serving port of every pod it isolates (the metadata server's
-    too) to the namespace, so the metadata server must not listen on it: anyone there could
-    rewrite the engines' transfer metadata."""
-    meta = dep.spec.kv_transfer.metadata
-    if meta.mode != "http" or meta.server_port != dep.spec.serving_port:
-        return []
-    return [Finding("MetadataPortExposed", "error", "spec.kvTransfer.metadata.serverPort", "",
-                    f"The metadata server port {meta.server_port} equals spec.servingPort, which the "
-                    "NetworkPolicy opens to every pod of the namespace; choose another serverPort.")]
 
 
 def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Finding]:
@@ -235,7 +223,6 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
         if plan is not None:
             plans[role] = plan
     findings += _name_findings(dep, plans)
-    findings += _metadata_port_findings(dep)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
     findings += model_findings
     if model is None:

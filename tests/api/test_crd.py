@@ -67,8 +67,12 @@ def test_enums_bounds_and_defaults_come_from_the_models():
     kv = spec["kvTransfer"]["properties"]
     assert kv["connector"]["enum"] == ["MooncakeConnectorV2", "MooncakeConnectorV1"]
     assert kv["connector"]["default"] == "MooncakeConnectorV2"
-    assert kv["protocol"]["enum"] == ["ascend", "tcp", "rdma"]
-    assert kv["metadata"]["properties"]["mode"]["default"] == "P2PHANDSHAKE"
+    # vllm-ascend's PD connectors hard-code P2P handshakes and the ascend transport: no choice offered.
+    assert "protocol" not in kv and "metadata" not in kv
+    timeouts = kv["timeouts"]["properties"]
+    assert (timeouts["transferMs"]["default"], timeouts["connectMs"]["default"]) == (10000, 10000)
+    mounts = spec["decode"]["properties"]["hostMounts"]["properties"]
+    assert mounts["generation"]["enum"] == ["A2", "A3", "A5", "none"]
     tp = spec["decode"]["properties"]["tensorParallelSize"]
     assert (tp["minimum"], tp["maximum"], tp["default"]) == (1, 64, 1)
     assert spec["prefill"]["properties"]["npuResourceName"]["default"] == "huawei.com/Ascend910"

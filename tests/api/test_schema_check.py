@@ -36,12 +36,13 @@ def test_example_passes():
     (edited(spec__prefill__tensorParallelSize="eight"), "spec.prefill.tensorParallelSize", "not of type"),
     (edited(spec__prefill__tensorParallelSize=0), "spec.prefill.tensorParallelSize", "minimum"),
     (edited(spec__decode__typo=1), "spec.decode", "typo"),
-    (edited(spec__kvTransfer__protocol="udp"), "spec.kvTransfer.protocol", "udp"),
+    (edited(spec__kvTransfer__protocol="tcp"), "spec.kvTransfer", "protocol"),
+    (edited(spec__kvTransfer__timeouts={"transferMs": 60}), "spec.kvTransfer.timeouts.transferMs", "minimum"),
+    (edited(spec__decode__hostMounts={"generation": "A4"}), "spec.decode.hostMounts.generation", "A4"),
     (edited(spec__kvTransfer__kvPort=80), "spec.kvTransfer.kvPort", "minimum"),
     (edited(spec__model__hfConfig={"architectures": ["LlamaForCausalLM"]}), "spec.model", "exactly one"),
     (edited(spec__model__weights={"pvc": {"claimName": "a"}, "image": True}), "spec.model.weights",
      "exactly one"),
-    (edited(spec__kvTransfer__metadata={"mode": "etcd"}), "spec.kvTransfer.metadata", "etcdEndpoint"),
     (edited(spec__decode__pipelineParallelSize=2), "spec.decode", "pipelineParallelSize must be 1"),
 ])
 def test_problems_name_the_field(doc, path, words):

@@ -100,7 +100,8 @@ json_values = st.recursive(
 FIELDS = ["spec.prefill.tensorParallelSize", "spec.decode.dataParallelSize", "spec.model.preset",
           "spec.kvTransfer.kvPort", "spec.decode.blockSize", "spec.prefill.env", "spec.model.kv",
           "spec.decode.extraArgs", "metadata.name", "spec.proxy", "spec.model.weights", "spec",
-          "spec.kvTransfer.metadata", "spec.prefill.npusPerNode", "spec.decode.kernelBlockSize"]
+          "spec.kvTransfer.timeouts", "spec.decode.hostMounts", "spec.prefill.npusPerNode",
+          "spec.decode.kernelBlockSize"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -45,18 +45,34 @@ def pods_of(manifests: list[dict], *, ready: bool = True, layout: str | None = N
         labels = dict(m["spec"]["template"]["metadata"]["labels"])
         if layout is not None and "pd.serving.dev/kv-layout" in labels:
             labels["pd.serving.dev/kv-layout"] = layout
+        containers = [c["name"] for c in m["spec"]["template"]["spec"]["containers"]]
         for ordinal in range(m["spec"].get("replicas", 1)):
-            out.append(pod(f"{m['metadata']['name']}-{ordinal}", labels, ready=ready))
+            out.append(pod(f"{m['metadata']['name']}-{ordinal}", labels, ready=ready, containers=containers))
     return out
 
 
 def pod(name: str, labels: dict[str, str], *, ready: bool = True, restarts: int = 0,
-        phase: str = "Running") -> dict:
+        phase: str = "Running", containers: list[str] | None = None) -> dict:
+    """A pod whose containers (default: one `engine`) are all ready or all not."""
+    names = containers or ["engine"]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "labels": labels},
+            "spec": {"containers": [{"name": n} for n in names]},
             "status": {"phase": phase,
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-                       "containerStatuses": [{"name": "engine", "restartCount": restarts}]}}
+                       "containerStatuses": [{"name": n, "restartCount": restarts if i == 0 else 0,
+                                              "ready": ready} for i, n in enumerate(names)]}}
+
+
+def link_down(pod: dict) -> dict:
+    """The pod as the kubelet reports it once its kv-link gate fails: that container and the pod
+    not ready, the engine still running."""
+    out = copy.deepcopy(pod)
+    for c in out["status"]["containerStatuses"]:
+        if c["name"] == "kv-link":
+            c["ready"] = False
+    out["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    return out
 
 
 def with_status(manifests: list[dict], ready_replicas: int | None = None) -> list[dict]:

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.integration
 NS = "default"
 KINDS = [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "Deployment"),
          ("networking.k8s.io/v1", "NetworkPolicy"), ("policy/v1", "PodDisruptionBudget"), ("v1", "ConfigMap")]
-GLM_CHILDREN = {"Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
+GLM_CHILDREN = {"ConfigMap/glm-flash-serving",
+                "Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
                 "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
                 "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv",
                 "PodDisruptionBudget/glm-flash-prefill", "PodDisruptionBudget/glm-flash-decode"}
@@ -287,10 +288,11 @@ def test_kv_layout_rollout_never_routes_across_layouts(cluster, start_operator, 
     wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
     serve(cluster)
     old_layout = pdd(cluster)["status"]["kvLayout"]["hash"]
-    # Slow StatefulSet and Deployment patches widen the window in which the two roles run
-    # different layouts and the proxy stays gated, so the 50 ms poll below sees it.
+    # Slow StatefulSet, Deployment and status patches widen the window in which the two roles run
+    # different layouts and the proxy stays gated (each status the operator writes stays at least
+    # 0.5 s before the next lands), so the 50 ms poll below sees it.
     cluster.faults.configure(rate=1.0, kinds=["slow"], verbs=["patch"],
-                             resources=["statefulsets", "deployments"], delay_s=0.5)
+                             resources=["statefulsets", "deployments", "pddeployments"], delay_s=0.5)
     patch_spec(custom, {"image": {"name": "registry.example.com/pd-operator/vllm-ascend:v0.24.0-pd1"}})
 
     def proxy_gated() -> bool:
@@ -305,3 +307,25 @@ def test_kv_layout_rollout_never_routes_across_layouts(cluster, start_operator, 
     new_layout = pdd(cluster)["status"]["kvLayout"]["hash"]
     assert {p["metadata"]["labels"]["pd.serving.dev/kv-layout"]
             for p in cluster.list("v1", "Pod", NS, "pd.serving.dev/role in (prefill,decode)")} == {new_layout}
+
+
+def test_a_broken_kv_link_takes_the_decode_instance_out_of_the_proxy(cluster, start_operator):
+    start_operator()
+    cluster.create(example())
+    wait_for(lambda: set(children(cluster)) == GLM_CHILDREN, what="children")
+    serve(cluster)
+    assert pdd(cluster)["status"]["kvLinks"] == [
+        {"decode": "glm-flash-decode-0", "prefill": "glm-flash-prefill-0", "linked": True}]
+    # The decode pod's kv-link gate fails (the kubelet marks that container, and so the pod, not ready).
+    cluster.set_pod_ready(NS, "glm-flash-decode-0-0", False, container="kv-link")
+
+    def routed_around() -> bool:
+        proxy = cluster.get("apps/v1", "Deployment", NS, "glm-flash-proxy")
+        return (condition(cluster, "DecodeReady") == ("False", "KVLinkNotReady")
+                and proxy["spec"]["replicas"] == 0)
+    wait_for(routed_around, what="DecodeReady KVLinkNotReady with the proxy scaled to zero")
+    assert condition(cluster, "Ready") == ("False", "KVLinkNotReady")
+    assert [e["linked"] for e in pdd(cluster)["status"]["kvLinks"]] == [False]
+    cluster.set_pod_ready(NS, "glm-flash-decode-0-0", True, container="kv-link")
+    serve(cluster)  # the proxy is scaled up again; its new pod becomes ready
+    assert cluster.get("apps/v1", "Deployment", NS, "glm-flash-proxy")["spec"]["replicas"] == 1

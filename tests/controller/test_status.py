@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from controller_helpers import desired, pods_of, validated, with_status
+from controller_helpers import desired, link_down, pods_of, validated, with_status
 from controller_support import example
 
 from pd_operator.controller.restarts import Decision
@@ -41,7 +41,34 @@ def test_everything_ready_is_ready_and_complete():
     assert {k: st["kvLayout"][k] for k in ("prefillBlockSize", "decodeBlockSize", "segmentTokens")} == \
         {"prefillBlockSize": 640, "decodeBlockSize": 1152, "segmentTokens": 128}
     assert st["proxyEndpoint"] == "glm-flash-proxy.default.svc:8000"
-    assert [c["type"] for c in st["conditions"]] == [t for t in TYPES if t != "MetadataReady"]
+    assert [c["type"] for c in st["conditions"]] == list(TYPES)
+
+
+def _link_down(validation) -> Observed:
+    children = with_status(desired(validation))
+    pods = [link_down(p) if "decode" in p["metadata"]["name"] else p for p in pods_of(children)]
+    return Observed(children=children, pods=pods)
+
+
+def test_a_decode_instance_without_a_kv_link_is_not_ready_and_says_why():
+    v = validated()
+    got = {c["type"]: c for c in conditions(v, _link_down(v), [], 1, T0)}
+    assert (got["DecodeReady"]["status"], got["DecodeReady"]["reason"]) == ("False", "KVLinkNotReady")
+    message = got["DecodeReady"]["message"]
+    assert "glm-flash-decode-0" in message and "status.kvLinks" in message
+    assert got["PrefillReady"]["status"] == "True"
+    assert (got["Ready"]["status"], got["Ready"]["reason"]) == ("False", "KVLinkNotReady")
+
+
+def test_kv_links_are_reported_as_computed():
+    v = validated()
+    links = [{"decode": "glm-flash-decode-0", "prefill": "glm-flash-prefill-0", "linked": True,
+              "latencyMs": 3.5, "gbps": 1.25}]
+    serving = _serving(v)
+    st = status(v, Observed(children=serving.children, pods=serving.pods, links=links), {}, 1, T0)
+    assert st["kvLinks"] == links
+    kept = status(v, serving, st, 1, T1)  # not computed this time: the previous stays
+    assert kept["kvLinks"] == links
 
 
 def test_pods_of_another_kv_layout_do_not_count_as_ready():
@@ -81,18 +108,6 @@ def test_incompatible_spec_names_the_field_and_keeps_the_last_layout():
     assert got["Ready"]["status"] == "False" and "unchanged" in got["Ready"]["message"]
     assert got["Progressing"]["reason"] == "InvalidSpec"
     assert st["kvLayout"] == {"hash": "before"} and st["observedGeneration"] == 2
-
-
-def test_metadata_condition_only_in_http_mode():
-    v = validated(example("qwen3-next-http-metadata.yaml"))
-    got = _by_type(status(v, _serving(v), {}, 1, T0)["conditions"])
-    assert got["MetadataReady"] == ("True", "ServerAvailable") and got["Ready"] == ("True", "Serving")
-    children = with_status(desired(v))
-    for c in children:
-        if c["metadata"]["name"].endswith("-metadata") and c["kind"] == "Deployment":
-            c["status"]["readyReplicas"] = 0
-    got = _by_type(conditions(v, Observed(children=children, pods=pods_of(children)), [], 1, T0))
-    assert got["MetadataReady"] == ("False", "ServerNotReady") and got["Ready"] == ("False", "ServerNotReady")
 
 
 @pytest.mark.parametrize(("observed", "reason"), [
@@ -144,7 +159,7 @@ def test_every_reason_the_status_gives_is_documented():
         (v, Observed()), (v, _serving(v)), (v, Observed(rolling=True)),
         (validated(prefill__replicas=0), Observed()),
         (validated(proxy__enabled=False), _serving(validated(proxy__enabled=False))),
-        (validated(example("qwen3-next-http-metadata.yaml")), Observed()),
+        (v, _link_down(v)),
         (validated(example("incompatible-glm-tp8-tp3.yaml")), Observed()),
         (v, Observed(children=[{**c, "spec": {**c["spec"], "replicas": 0}} if c["kind"] == "Deployment" else c
                                for c in children], pods=pods_of(children))),

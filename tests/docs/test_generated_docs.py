@@ -28,6 +28,6 @@ def test_api_reference_is_current():
 
 def test_api_reference_documents_every_spec_section():
     text = docs.api_reference()
-    for section in ("spec.model", "spec.kvTransfer", "spec.kvTransfer.metadata", "spec.prefill",
+    for section in ("spec.model", "spec.kvTransfer", "spec.kvTransfer.timeouts", "spec.prefill",
                     "spec.decode", "spec.proxy", "status", "status.conditions[]"):
         assert f"## `{section}`" in text, section

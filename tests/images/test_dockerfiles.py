@@ -1,7 +1,7 @@
 """Static checks of the two images (no docker engine here): every COPY source exists in the build
 context (the repository root), every base image and every pip install is pinned, the operator image
 runs as non-root with only the operator's runtime dependencies, and the serving image's tag matches
-the vllm-ascend floor its entrypoint enforces."""
+the vllm-ascend floor pd-preflight enforces."""
 
 from __future__ import annotations
 
@@ -137,14 +137,14 @@ def test_operator_image_runs_as_non_root():
     assert "pd-operator" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def test_serving_image_tag_is_the_cross_tp_floor_and_runs_the_preflight_entrypoint():
+def test_serving_image_tag_is_the_cross_tp_floor_and_installs_the_pod_commands():
     (base,) = [args_of(rest)[0] for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "FROM"]
     name, tag = base.rsplit(":", 1)
     assert name == "quay.io/ascend/vllm-ascend"
     assert version_key(tag) == version_key(CROSS_TP_MIN_VERSION)
-    steps = instructions(IMAGES["vllm-ascend"])
-    script = [args_of(rest) for keyword, rest in steps if keyword == "ENTRYPOINT"][-1][-1]
-    copied = {dest: sources for sources, dest in copies(IMAGES["vllm-ascend"])}
-    assert copied[script] == ["images/vllm-ascend/entrypoint.py"]
+    # The rendered pods run these console scripts; the package install puts them on PATH.
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"pd-preflight", "pd-kv-probe"} <= set(scripts)
+    assert "/opt/pd-operator" in pip_requirements(IMAGES["vllm-ascend"])
     env = " ".join(rest for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "ENV")
     assert "VLLM_USE_V2_MODEL_RUNNER=1" in env

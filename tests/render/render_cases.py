@@ -1,21 +1,27 @@
-"""Shared helpers of the renderer tests: the examples, their renders, and each pod's real argv.
+"""Shared helpers of the renderer tests: the examples, their renders, and each pod run for real.
 
-`pod_argv` does not re-derive the per-pod flags: it runs the rendered container command with
-/bin/sh, the pod's environment and a stand-in `vllm` that records its argv, so the shell prelude
-that computes the DP start rank and the Mooncake config is exercised as written.
+`run_pod` does not re-derive anything: it lays out what a serving pod would see (the rendered
+ConfigMap's files at their mount path, the container's env with the downward-API values filled in,
+the NPUs the device plugin would grant for the container's resource limit, an installed
+vllm-ascend) and runs the rendered container command in its own network namespace, with a
+stand-in `vllm` on PATH that records its argv. So `pd-preflight` and the shell prelude that
+computes the DP start rank run exactly as written.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from pd_operator.render import mooncake, render
+from pd_operator.render import render
+from pd_operator.render.command import CONFIG_DIR
 from pd_operator.validate import Validation, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,46 +76,74 @@ def pod_env(cont: dict, ordinal: int) -> dict[str, str]:
     return out
 
 
-def run_pod(cont: dict, ordinal: int, work: Path, template: str | None) -> tuple[list[str], dict | None]:
-    """(argv `vllm` is exec'd with in pod `ordinal`, the Mooncake config file it wrote or None)."""
-    command = list(cont["command"])
-    if command[0] != "/bin/sh":
-        return command, None
-    fake = work / "bin" / "vllm"
-    fake.parent.mkdir(parents=True, exist_ok=True)
-    fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                    "open(os.environ['PD_TEST_ARGV'], 'w').write(json.dumps(sys.argv))\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    # The ConfigMap template where the test keeps it instead of the pod's mount path.
-    template_dir = work / "template"
-    template_dir.mkdir()
-    if template is not None:
-        (template_dir / mooncake.CONFIG_KEY).write_text(template)
-    command[2] = command[2].replace(mooncake.TEMPLATE_DIR, str(template_dir))
-    env = {**pod_env(cont, ordinal), "PATH": f"{fake.parent}:/usr/bin:/bin",
-           "PD_TEST_ARGV": str(work / "argv.json")}
-    config = work / "mooncake.json"
-    if "MOONCAKE_CONFIG_PATH" in env:
-        env["MOONCAKE_CONFIG_PATH"] = str(config)
-    subprocess.run(command, env=env, check=True, timeout=30)
-    argv = json.loads((work / "argv.json").read_text())
-    argv[0] = Path(argv[0]).name
-    return argv, json.loads(config.read_text()) if config.exists() else None
+# The vllm-ascend the pods see: a distribution record on PYTHONPATH, as the serving image has it
+# installed (pd-preflight judges the image through it).
+IMAGE_VLLM_ASCEND = "0.32.0"
+VENV_BIN = Path(sys.executable).parent
+# A pod has its own network namespace; without one, ports of this shared machine would look busy.
+NETNS = ["unshare", "-rn"] if shutil.which("unshare") and subprocess.run(
+    ["unshare", "-rn", "true"], capture_output=True).returncode == 0 else []
 
 
-def config_template(manifests: list[dict]) -> str | None:
-    maps = of_kind(manifests, "ConfigMap")
-    return maps[0]["data"][mooncake.CONFIG_KEY] if maps else None
+@dataclass(frozen=True)
+class PodRun:
+    returncode: int
+    stderr: str
+    argv: list[str] | None
+    """What the recorder `vllm` was exec'd with (None: it was not started)."""
 
 
-def pod_argvs(manifests: list[dict], work: Path) -> list[tuple[dict, int, list[str], dict | None]]:
-    """(StatefulSet, ordinal, argv, Mooncake config) of every serving pod of a render."""
-    template = config_template(manifests)
+def npu_count(cont: dict) -> int:
+    """NPUs the device plugin grants: the container's extended-resource limit."""
+    return sum(int(v) for k, v in cont["resources"].get("limits", {}).items() if "/" in k)
+
+
+def config_map_data(manifests: list[dict]) -> dict[str, str]:
+    (config_map,) = of_kind(manifests, "ConfigMap")
+    return config_map["data"]
+
+
+def run_pod(manifests: list[dict], sts: dict, ordinal: int, work: Path, *,
+            cont: dict | None = None, npus: int | None = None,
+            vllm_ascend: str | None = IMAGE_VLLM_ASCEND) -> PodRun:
+    """Run pod `ordinal` of `sts` (its main container, or `cont` edited from it)."""
+    cont = cont or container(sts)
+    work.mkdir(parents=True, exist_ok=True)
+    mounted = work / "etc-pd"
+    mounted.mkdir(exist_ok=True)
+    for key, text in config_map_data(manifests).items():
+        (mounted / key).write_text(text)
+    recorder = work / "bin" / "vllm"
+    recorder.parent.mkdir(exist_ok=True)
+    recorder.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                        "open(os.environ['PD_TEST_ARGV'], 'w').write(json.dumps(sys.argv))\n")
+    recorder.chmod(recorder.stat().st_mode | stat.S_IEXEC)
+    site = work / "site"
+    if vllm_ascend is not None:
+        info = site / f"vllm_ascend-{vllm_ascend}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {vllm_ascend}\n")
+    granted = npu_count(cont) if npus is None else npus
+    argv_file = work / "argv.json"
+    argv_file.unlink(missing_ok=True)
+    env = {**pod_env(cont, ordinal), "PATH": f"{recorder.parent}:{VENV_BIN}:/usr/bin:/bin",
+           "PD_TEST_ARGV": str(argv_file), "PYTHONPATH": str(site),
+           "ASCEND_VISIBLE_DEVICES": ",".join(str(i) for i in range(granted))}
+    command = [arg.replace(CONFIG_DIR, str(mounted)) for arg in cont["command"]]
+    done = subprocess.run([*NETNS, *command], env=env, capture_output=True, text=True, timeout=60)
+    argv = json.loads(argv_file.read_text()) if argv_file.exists() else None
+    if argv:
+        argv[0] = Path(argv[0]).name
+    return PodRun(done.returncode, done.stderr, argv)
+
+
+def pod_argvs(manifests: list[dict], work: Path) -> list[tuple[dict, int, list[str]]]:
+    """(StatefulSet, ordinal, argv) of every serving pod of a render; each pod's preflight must pass."""
     out = []
     for sts in serving_sets(manifests):
         for ordinal in range(sts["spec"]["replicas"]):
-            where = work / f"{sts['metadata']['name']}-{ordinal}"
-            argv, config = run_pod(container(sts), ordinal, where, template)
-            out.append((sts, ordinal, argv, config))
+            run = run_pod(manifests, sts, ordinal, work / f"{sts['metadata']['name']}-{ordinal}")
+            assert run.returncode == 0 and run.argv, \
+                f"{sts['metadata']['name']} pod {ordinal}: the preflight refused: {run.stderr}"
+            out.append((sts, ordinal, run.argv))
     return out
-

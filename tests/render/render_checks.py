@@ -25,8 +25,6 @@ KV_TRANSFER_FIELDS = {
     "kv_parallel_size", "kv_ip", "kv_port", "kv_connector_extra_config", "kv_connector_module_path",
     "enable_permute_local_kv", "kv_load_failure_policy"}
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
-# Owned keys rendered only when their spec field asks for them.
-CONDITIONAL_ENV = {"ASCEND_TRANSFER_TIMEOUT", "ASCEND_CONNECT_TIMEOUT", "MOONCAKE_CONFIG_PATH"}
 
 
 def check_schemas(manifests: list[dict]) -> None:
@@ -63,7 +61,7 @@ def check_pods(validation: Validation, manifests: list[dict], work: Path) -> Non
     dep = validation.deployment
     names = Names(dep.name, dep.namespace)
     engine_ids = []
-    for sts, ordinal, argv, mooncake_config in pod_argvs(manifests, work):
+    for sts, ordinal, argv in pod_argvs(manifests, work):
         role, plan = role_of(sts), validation.pod_plans[role_of(sts)]
         index = int(sts["metadata"]["labels"]["pd.serving.dev/instance"])
         side = dep.role(role)
@@ -83,10 +81,6 @@ def check_pods(validation: Validation, manifests: list[dict], work: Path) -> Non
         check_kv_transfer_config(config, role, validation)
         if ordinal == 0:
             engine_ids.append(config["engine_id"])
-        if dep.spec.kv_transfer.metadata.mode == "P2PHANDSHAKE":
-            assert mooncake_config is None
-        else:
-            assert mooncake_config["local_hostname"] != "@POD_IP@"
     assert len(engine_ids) == len(set(engine_ids)) == sum(dep.role(r).replicas for r in ("prefill", "decode"))
 
 
@@ -96,16 +90,16 @@ def check_containers(validation: Validation, manifests: list[dict]) -> None:
         role = role_of(sts)
         pod = sts["spec"]["template"]["spec"]
         cont = container(sts)
-        sidecars = [c for c in pod["containers"][1:] if c["name"] == "kv-probe"]
-        wanted = role == "prefill" and validation.deployment.spec.model.preset is not None
-        assert len(sidecars) == int(wanted)
+        # Every serving pod runs its side of the KV-link probe (kv_probe.py).
+        (sidecar,) = pod["containers"][1:]
+        assert sidecar["name"] == {"prefill": "kv-probe", "decode": "kv-link"}[role]
+        assert sidecar["command"][:2] == ["pd-kv-probe", {"prefill": "serve", "decode": "gate"}[role]]
         served = {p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
-        assert served | {PROBE_PORT} == _plan_ports(validation, role)
-        assert (PROBE_PORT in served) == wanted
+        assert served == _plan_ports(validation, role) and PROBE_PORT in served
         names = [e["name"] for e in cont["env"]]
         assert not [n for n, c in Counter(names).items() if c > 1], names
         owned = {n for n in names if n in OWNED_ENV}
-        assert set(OWNED_ENV) - CONDITIONAL_ENV <= owned
+        assert set(OWNED_ENV) <= owned
         npus = validation.pod_plans[role].npus_per_pod
         npu = validation.deployment.role(role).npu_resource_name
         assert cont["resources"]["limits"][npu] == cont["resources"]["requests"][npu] == npus

@@ -15,7 +15,7 @@ from pd_operator.render import NotRenderable, render
 def test_there_are_examples_of_each_kind():
     names = {p.stem for p in VALID_EXAMPLES}
     assert {"glm-5.3-flash-tp8-dp2tp4", "glm-5.3-flash-1p1d-tp4", "deepseek-v3.2-multinode-decode",
-            "qwen3-next-http-metadata"} <= names
+            "qwen3-next-a2"} <= names
 
 
 @pytest.mark.parametrize("example", [*VALID_EXAMPLES, INCOMPATIBLE], ids=lambda p: p.stem)

@@ -21,7 +21,7 @@ validate({})
 
 PRESETS = ("glm-5.3-flash", "deepseek-v3.2", "llama-3.1-8b", "qwen3-next-80b-a3b")
 HF_CONFIG = json.loads((ROOT / "tests" / "api" / "llama-3.1-8b.config.json").read_text())
-# A preset, or an inline Hugging Face config (which gets no KV-link probe sidecar).
+# A preset, or an inline Hugging Face config (which the probes get as a resolved `kv` description).
 models = st.sampled_from([{"preset": p} for p in PRESETS] + [{"hfConfig": HF_CONFIG}])
 
 
@@ -40,6 +40,9 @@ def roles(draw, role: str) -> dict:
     if draw(st.booleans()):
         spec["hostNetwork"] = True
     if draw(st.booleans()):
+        spec["hostMounts"] = {"generation": draw(st.sampled_from(["A2", "A3", "A5", "none"])),
+                              "paths": draw(st.sampled_from([[], [{"path": "/etc/hccn.conf"}]]))}
+    if draw(st.booleans()):
         spec["resources"] = {"requests": {"cpu": "16", "memory": "200Gi"}, "limits": {"memory": "400Gi"}}
     return spec
 
@@ -48,10 +51,8 @@ def roles(draw, role: str) -> dict:
 def deployments(draw) -> dict:
     weights = draw(st.sampled_from([{"pvc": {"claimName": "w", "subPath": "m"}},
                                     {"hostPath": {"path": "/data"}}, {"image": True}]))
-    metadata = draw(st.sampled_from([{}, {"mode": "http", "serverPort": 9090},
-                                     {"mode": "etcd", "etcdEndpoint": "etcd.infra:2379"}]))
-    kv = {"protocol": draw(st.sampled_from(["ascend", "tcp"])), "kvPort": 36000, "metadata": metadata,
-          "connector": draw(st.sampled_from(["MooncakeConnectorV2", "MooncakeConnectorV1"]))}
+    kv = {"kvPort": 36000, "connector": draw(st.sampled_from(["MooncakeConnectorV2", "MooncakeConnectorV1"])),
+          "timeouts": draw(st.sampled_from([{}, {"transferMs": 30000, "connectMs": 5000}]))}
     if draw(st.booleans()):
         kv["loadFailurePolicy"] = draw(st.sampled_from(["recompute", "fail"]))
     return {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDDeployment",

@@ -13,10 +13,20 @@ import sys
 import threading
 
 import pytest
-from render_cases import VALID_EXAMPLES, container, load, of_kind, pod_env, serving_sets
+from render_cases import (
+    VALID_EXAMPLES,
+    config_map_data,
+    container,
+    load,
+    of_kind,
+    pod_env,
+    role_of,
+    serving_sets,
+)
 from render_checks import check_all
 
 from pd_operator.render import kv_layout_hash, render
+from pd_operator.render.command import CONFIG_DIR
 from pd_operator.render.context import Context
 from pd_operator.validate import validate
 
@@ -73,9 +83,8 @@ def test_labels_and_selectors():
 
 
 def test_apply_order():
-    kinds = [m["kind"] for m in render(validate(load(next(p for p in VALID_EXAMPLES if "http" in p.stem))))]
-    order = ["ConfigMap", "Service", "Deployment", "StatefulSet", "Deployment", "NetworkPolicy",
-             "PodDisruptionBudget"]
+    kinds = [m["kind"] for m in render(validate(load(GLM)))]
+    order = ["ConfigMap", "Service", "StatefulSet", "Deployment", "NetworkPolicy", "PodDisruptionBudget"]
     assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == order
 
 
@@ -149,15 +158,32 @@ def test_checks_catch_a_broken_render(breakage, tmp_path):
         check_all(validation, manifests, tmp_path)
 
 
-def test_probe_sidecar_arguments_are_accepted_by_pd_kv_probe():
-    from pd_operator.transfer.probe import parser
+def test_probe_sidecars_read_the_pairing_the_engines_run(tmp_path):
+    """Both probe sides rebuild, from the mounted pairing, the engine block sizes vLLM is given."""
+    from pd_operator.transfer.probe import geometry, parser
 
     for example in VALID_EXAMPLES:
         validation = validate(load(example))
-        for sts in serving_sets(render(validation)):
-            sidecars = sts["spec"]["template"]["spec"]["containers"][1:]
-            for sidecar in sidecars:
-                args = parser().parse_args(sidecar["command"][1:])
-                assert args.port == 8090 and args.command == "serve"
-                assert args.prefill_block_size == validation.report.prefill_layout.engine_block_size
-                assert args.decode_block_size == validation.report.decode_layout.engine_block_size
+        manifests = render(validation)
+        for key, text in config_map_data(manifests).items():
+            (tmp_path / key).write_text(text)
+        for sts in serving_sets(manifests):
+            (sidecar,) = sts["spec"]["template"]["spec"]["containers"][1:]
+            args = parser().parse_args([a.replace(CONFIG_DIR, str(tmp_path)) for a in sidecar["command"][1:]])
+            assert args.port == 8090 and args.command == {"prefill": "serve", "decode": "gate"}[role_of(sts)]
+            geo = geometry(args)
+            assert geo.prefill.engine_block_size == validation.report.prefill_layout.engine_block_size
+            assert geo.decode.engine_block_size == validation.report.decode_layout.engine_block_size
+
+
+def test_decode_gates_check_every_prefill_instance_the_proxy_routes_to():
+    from pd_operator.ports import PROBE_PORT
+    from pd_operator.transfer.probe import prefill_peers
+
+    for example in VALID_EXAMPLES:
+        manifests = render(validate(load(example)))
+        pairing = json.loads(config_map_data(manifests)["pairing.json"])
+        proxy = next(m for m in manifests if m["kind"] == "Deployment")
+        argv = container(proxy)["command"]
+        hosts = argv[argv.index("--prefiller-hosts") + 1:argv.index("--prefiller-ports")]
+        assert prefill_peers(pairing) == [f"{h}:{PROBE_PORT}" for h in hosts]

@@ -23,7 +23,7 @@ def pods(tmp_path_factory) -> list[tuple[str, str, int, list[str]]]:
     out = []
     for example in VALID_EXAMPLES:
         work = tmp_path_factory.mktemp(example.stem)
-        for sts, ordinal, argv, _ in pod_argvs(rendered(example), work):
+        for sts, ordinal, argv in pod_argvs(rendered(example), work):
             out.append((example.stem, f"{role_of(sts)} {sts['metadata']['name']}", ordinal, argv))
     return out
 

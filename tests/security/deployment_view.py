@@ -43,9 +43,8 @@ def kv_ports(validation: Validation, role: str) -> dict[str, int]:
     spec, plan = validation.deployment.spec, validation.pod_plans[role]
     kv_port = spec.kv_transfer.kv_port
     out = {"KV handshake": kv_handshake(kv_port, plan, 0).start,
-           "KV side channel": side_channel(kv_port, plan, 0).start}
-    if role == "prefill" and spec.model.preset is not None:
-        out["KV-link probe"] = PROBE_PORT
+           "KV side channel": side_channel(kv_port, plan, 0).start,
+           "KV-link probe": PROBE_PORT}  # prefill: the descriptor; decode: the gate's /ready
     return out
 
 

@@ -1,31 +1,28 @@
-"""Rank processes on loopback for the transfer tier: one pool of rank processes per metadata
-discovery mode (P2P handshake, the HTTP metadata server), reused by every pairing of that mode."""
+"""Rank processes on loopback for the transfer tier: one pool of rank processes with P2P handshake
+discovery (what vllm-ascend's PD connectors use), reused by every pairing."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from transfer_cases import POOL_SIZE, capacity
 
-from pd_operator.transfer.engine import P2P
-from pd_operator.transfer.metadata_server import http_metadata_server
 from pd_operator.transfer.ranks import RankWorker, start_workers
 
-
-@pytest.fixture(scope="session", params=["p2p", "http"])
-def discovery(request) -> Iterator[str]:
-    """The metadata_server string every engine of the pool is opened with."""
-    if request.param == "p2p":
-        yield P2P
-    else:
-        with http_metadata_server() as url:
-            yield url
+# The KV-link gate test runs rendered pods' commands and the controller's pure gate on them: it
+# reuses the renderer's cases and the controller tests' pod builders rather than copying them.
+TESTS = Path(__file__).resolve().parents[1]
+for shared in ("render", "controller"):
+    if str(TESTS / shared) not in sys.path:
+        sys.path.append(str(TESTS / shared))
 
 
 @pytest.fixture(scope="session")
-def rank_pool(discovery: str) -> Iterator[list[RankWorker]]:
-    workers = start_workers(POOL_SIZE, discovery, capacity())
+def rank_pool() -> Iterator[list[RankWorker]]:
+    workers = start_workers(POOL_SIZE, capacity())
     yield workers
     for w in workers:
         w.close()

@@ -1,5 +1,5 @@
 """`pd-kv-probe` for real: a serving process and a checking process, each with its own Mooncake
-engine, over P2P handshake and over the HTTP metadata server."""
+engine, over P2P handshakes (how vllm-ascend's PD connectors discover peers)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pd_operator.kv import presets
 from pd_operator.kv.side import Side
 from pd_operator.localnet import free_port
 from pd_operator.manifest import PairInput
-from pd_operator.transfer.engine import P2P
 from pd_operator.transfer.probe_geometry import probe_geometry
 
 pytestmark = pytest.mark.transfer
@@ -25,18 +24,16 @@ PROBE = [sys.executable, "-m", "pd_operator.transfer.probe"]
 ENV_LOOPBACK = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "ERROR"}
 
 
-def discovery_flags(metadata_server: str) -> list[str]:
-    host = "127.0.0.1" if metadata_server == P2P else f"127.0.0.1:{free_port()}"
-    return ["--metadata-server", metadata_server, "--local-hostname", host]
+LOOPBACK = ["--local-hostname", "127.0.0.1"]
 
 
 def env() -> dict[str, str]:
     return {**os.environ, **ENV_LOOPBACK}
 
 
-def serve(metadata_server: str, pairing: list[str]) -> tuple[subprocess.Popen, str]:
+def serve(pairing: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([*PROBE, "serve", *pairing, *discovery_flags(metadata_server),
+    proc = subprocess.Popen([*PROBE, "serve", *pairing, *LOOPBACK,
                              "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env())
     assert proc.stdout is not None
@@ -46,24 +43,23 @@ def serve(metadata_server: str, pairing: list[str]) -> tuple[subprocess.Popen, s
     return proc, f"127.0.0.1:{port}"
 
 
-def check(metadata_server: str, peer: str, pairing: list[str]) -> tuple[int, dict]:
-    done = subprocess.run([*PROBE, "check", "--peer", peer, *pairing, *discovery_flags(metadata_server)],
+def check(peer: str, pairing: list[str]) -> tuple[int, dict]:
+    done = subprocess.run([*PROBE, "check", "--peer", peer, *pairing, *LOOPBACK],
                           capture_output=True, text=True, env=env(), timeout=120)
     return done.returncode, json.loads(done.stdout)
 
 
 @pytest.fixture
-def served(discovery) -> Iterator[tuple[str, subprocess.Popen, str]]:
-    """A serving probe under the session's metadata discovery (conftest: P2P, then HTTP)."""
-    proc, peer = serve(discovery, GLM_P8_D4)
-    yield discovery, proc, peer
+def served() -> Iterator[tuple[subprocess.Popen, str]]:
+    proc, peer = serve(GLM_P8_D4)
+    yield proc, peer
     proc.terminate()
     proc.wait(10)
 
 
 def test_check_pulls_and_verifies_the_pairings_runs(served):
-    metadata_server, _, peer = served
-    code, result = check(metadata_server, peer, GLM_P8_D4)
+    _, peer = served
+    code, result = check(peer, GLM_P8_D4)
     model = presets.get("glm-5.3-flash")
     geo = probe_geometry(PairInput(Side("prefill", model, 8), Side("decode", model, 4)))
     assert (code, result["errors"], result["ok"]) == (0, [], True)
@@ -73,8 +69,8 @@ def test_check_pulls_and_verifies_the_pairings_runs(served):
 
 
 def test_check_refuses_a_peer_serving_another_pairing(served):
-    metadata_server, _, peer = served
-    code, result = check(metadata_server, peer, ["--model", "glm-5.3-flash", "--prefill-tp", "4",
+    _, peer = served
+    code, result = check(peer, ["--model", "glm-5.3-flash", "--prefill-tp", "4",
                                                  "--decode-tp", "4"])
     assert code == 1 and not result["ok"] and result["bytes"] == 0
     (error,) = result["errors"]
@@ -82,12 +78,11 @@ def test_check_refuses_a_peer_serving_another_pairing(served):
     assert "prefill.engineBlockSize: this side has 1152, the peer 640" in error
 
 
-@pytest.mark.parametrize("discovery", ["p2p"], indirect=True)
 def test_check_fails_when_the_peer_is_gone(served):
-    metadata_server, proc, peer = served
+    proc, peer = served
     proc.kill()
     proc.wait()
-    code, result = check(metadata_server, peer, GLM_P8_D4)
+    code, result = check(peer, GLM_P8_D4)
     assert code == 1 and not result["ok"] and result["entries"] == 0
     assert f"cannot fetch the descriptor from http://{peer}/descriptor" in result["errors"][0]
 
@@ -104,3 +99,8 @@ def test_bad_input_is_one_line_and_exit_2(flags, message):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith(f"pd-kv-probe: {message}")
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_gate_needs_its_peers():
+    done = subprocess.run([*PROBE, "gate", *GLM_P8_D4], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("pd-kv-probe: gate needs --config")

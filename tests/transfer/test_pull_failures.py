@@ -10,7 +10,6 @@ import pytest
 from transfer_cases import few_layers, pair
 
 from pd_operator.kv.plan import RunSet, TransferPlan
-from pd_operator.transfer.engine import P2P
 from pd_operator.transfer.executor import Peer
 from pd_operator.transfer.loopback import Pairing, arena_bytes, requests
 from pd_operator.transfer.ranks import RankWorker, start_workers
@@ -23,7 +22,7 @@ P_LAYOUT, D_LAYOUT = pair(few_layers("llama-3.1-8b", 1), 1, 1)
 
 @pytest.fixture(scope="module")
 def workers() -> Iterator[list[RankWorker]]:
-    pool = start_workers(2, P2P, arena_bytes(P_LAYOUT, D_LAYOUT, PROMPT, 1))
+    pool = start_workers(2, arena_bytes(P_LAYOUT, D_LAYOUT, PROMPT, 1))
     yield pool
     for w in pool:
         w.close()

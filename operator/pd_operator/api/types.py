@@ -114,41 +114,23 @@ class ImageSpec(ApiModel):
     pull_secrets: list[DNSLabel] = Field(default_factory=list, max_length=16)
 
 
-@cel("self.mode != 'etcd' || has(self.etcdEndpoint)", "metadata mode etcd needs etcdEndpoint")
-class MetadataSpec(ApiModel):
-    """How Mooncake transfer engines find each other's metadata."""
-
-    mode: Literal["P2PHANDSHAKE", "http", "etcd"] = "P2PHANDSHAKE"
-    """`P2PHANDSHAKE`: peers exchange metadata directly (no server). `http`: the operator deploys a
-    Mooncake HTTP metadata server. `etcd`: use the etcd at etcdEndpoint."""
-    etcd_endpoint: str | None = Field(default=None, max_length=253, pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$")
-    """`host:port` of the etcd to use with mode etcd."""
-    server_port: Port = 8080
-    """Port of the HTTP metadata server (mode http)."""
-
-    @model_validator(mode="after")
-    def _etcd_needs_endpoint(self) -> MetadataSpec:
-        if self.mode == "etcd" and not self.etcd_endpoint:
-            raise ValueError("spec.kvTransfer.metadata.etcdEndpoint is required with mode etcd")
-        return self
-
-
 class TimeoutSpec(ApiModel):
     abort_request_seconds: int = Field(default=480, ge=1, le=86_400)
     """How long prefill keeps a request's KV for decode to pull (VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT)."""
-    transfer_seconds: int | None = Field(default=None, ge=1, le=3600)
-    """ASCEND_TRANSFER_TIMEOUT."""
-    connect_seconds: int | None = Field(default=None, ge=1, le=3600)
-    """ASCEND_CONNECT_TIMEOUT."""
+    transfer_ms: int = Field(default=10_000, ge=100, le=3_600_000)
+    """ASCEND_TRANSFER_TIMEOUT, in milliseconds as Mooncake reads it (its default is 3000; vllm-ascend's
+    PD guides set 10000)."""
+    connect_ms: int = Field(default=10_000, ge=100, le=3_600_000)
+    """ASCEND_CONNECT_TIMEOUT, in milliseconds as Mooncake reads it (its default is 3000; vllm-ascend's
+    PD guides set 10000)."""
 
 
 class KVTransferSpec(ApiModel):
-    """How KV moves from prefill to decode."""
+    """How KV moves from prefill to decode. vllm-ascend's PD connectors open their Mooncake engine
+    with P2P handshakes and the `ascend` transport, so neither is a choice here."""
 
     connector: Literal["MooncakeConnectorV2", "MooncakeConnectorV1"] = "MooncakeConnectorV2"
-    """V2 (pull mode, Model Runner V2) moves caches across unequal block sizes; V1 pairs blocks."""
-    protocol: Literal["ascend", "tcp", "rdma"] = "ascend"
-    metadata: MetadataSpec = Field(default_factory=MetadataSpec)
+    """V2 (pull mode) moves caches across unequal block sizes; V1 pairs blocks."""
     kv_port: Port = DEFAULT_KV_PORT
     """Base port of the connector: worker handshake ports and the scheduler side channel follow it."""
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
@@ -167,6 +149,31 @@ class Resources(ApiModel):
 
     requests: dict[str, Quantity] = Field(default_factory=dict)
     limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+HostPathType = Literal["", "Directory", "File", "DirectoryOrCreate", "FileOrCreate"]
+NodeGeneration = Literal["A2", "A3", "A5", "none"]
+
+
+class HostPathMount(ApiModel):
+    """A file or directory of the NPU node mounted read-only at the same path in the serving
+    container."""
+
+    path: str = Field(min_length=2, max_length=1024, pattern=r"^/")
+    type: HostPathType = ""
+    """The hostPath type. `File`/`Directory` keep the pod from starting when the path is missing on
+    the node; `""` mounts without a check (for a path that exists on some nodes only)."""
+
+
+class HostMountsSpec(ApiModel):
+    """The Ascend driver files mounted from the node (the device plugin hands out the NPUs)."""
+
+    generation: NodeGeneration = "A3"
+    """Node generation whose mounts to use (vllm-ascend's container guides): `A2` (910B: npu-smi in
+    /usr/local/sbin, /etc/hccn.conf), `A3` (npu-smi in /usr/local/bin), `A5` (950: /etc/hccl_rootinfo.json,
+    /etc/hixlep, no hccn.conf), or `none` for only `paths`."""
+    paths: list[HostPathMount] = Field(default_factory=list, max_length=32)
+    """Extra mounts; one with the same path as a generation mount replaces it (e.g. to change its type)."""
 
 
 class RoleSpec(ApiModel):
@@ -193,6 +200,7 @@ class RoleSpec(ApiModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[FreeObject] = Field(default_factory=list)
     affinity: FreeObject | None = None
+    host_mounts: HostMountsSpec = Field(default_factory=HostMountsSpec)
     host_network: bool = False
     """Use the host network (RDMA setups); the NetworkPolicy cannot isolate such pods."""
     startup_timeout_seconds: int = Field(default=3600, ge=60, le=86_400)
@@ -285,6 +293,19 @@ class KVLayoutStatus(ApiModel):
     """What must match between paired prefill and decode instances (label pd.serving.dev/kv-layout)."""
 
 
+class KVLinkStatus(ApiModel):
+    """The KV link of one decode instance to one prefill instance, as the decode pod's `kv-link`
+    probe last found it (latency and throughput of the probe's test pull when it changed state)."""
+
+    decode: str
+    prefill: str
+    linked: bool
+    latency_ms: float | None = None
+    gbps: float | None = None
+    message: str | None = None
+    """Why the link does not work, from the probe."""
+
+
 class PDDeploymentStatus(ApiModel):
     model_config = ApiModel.model_config | {"extra": "allow"}
     observed_generation: int | None = None
@@ -292,6 +313,8 @@ class PDDeploymentStatus(ApiModel):
     prefill: RoleStatus | None = None
     decode: RoleStatus | None = None
     kv_layout: KVLayoutStatus | None = None
+    kv_links: list[KVLinkStatus] = Field(default_factory=list)
+    """Per decode/prefill instance pair: whether the proxy may route over it."""
     proxy_endpoint: str | None = None
     """`host:port` of the proxy Service inside the cluster."""
 

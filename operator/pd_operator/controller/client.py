@@ -116,7 +116,8 @@ class Client:
 
     def _request(self, verb: str, api_version: str, plural: str, method: str, path: str, *,
                  query: list[tuple[str, str]] | None = None, body: Any = None,
-                 content_type: str = "application/json") -> Any:
+                 content_type: str = "application/json", text: bool = False) -> Any:
+        """The JSON answer (`text`: the body as a string)."""
         allowed = _current.get() or set()
         need = (verb, _group(api_version), plural)
         if need not in allowed:
@@ -124,17 +125,19 @@ class Client:
         try:
             method, url, headers, payload, _ = self.api.param_serialize(
                 method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-                header_params={"Content-Type": content_type, "Accept": "application/json"})
+                header_params={"Content-Type": content_type, "Accept": "*/*" if text else "application/json"})
             response = self.api.call_api(method, url, headers, payload, _request_timeout=TIMEOUT_S)
             response.read()
         except kubernetes.client.ApiException as err:
             raise ApiError(err.status, _message(err.body, str(err.reason))) from None
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(None, f"{method} {path}: {err}") from None
-        text = response.data.decode() if response.data else ""
+        data = response.data.decode() if response.data else ""
         if not 200 <= response.status < 300:
-            raise ApiError(response.status, _message(text, f"{method} {path}: HTTP {response.status}"))
-        return json.loads(text) if text else None
+            raise ApiError(response.status, _message(data, f"{method} {path}: HTTP {response.status}"))
+        if text:
+            return data
+        return json.loads(data) if data else None
 
     # -- PDDeployments ------------------------------------------------------------------------------
 
@@ -221,6 +224,20 @@ class Client:
         self._request("patch", api_version, "validatingwebhookconfigurations", "PATCH",
                       f"/apis/{api_version}/validatingwebhookconfigurations/{configuration}",
                       body={"webhooks": webhooks}, content_type="application/merge-patch+json")
+
+    @needs(("get", "", "pods/log"))
+    def read_pod_log(self, namespace: str, name: str, container: str, lines: int = 1) -> str | None:
+        """The last `lines` lines a container printed (served by the kubelet through the API
+        server), or None when the pod or the container's log does not exist (yet)."""
+        try:
+            data: str = self._request(
+                "get", "v1", "pods/log", "GET", _path("v1", "pods", namespace, name, "log"),
+                query=[("container", container), ("tailLines", str(lines))], text=True)
+        except ApiError as err:
+            if err.status in (400, 404):
+                return None
+            raise
+        return data
 
     # -- events ---------------------------------------------------------------------------------------
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pd_operator.api.types import ROLES
-from pd_operator.controller import restarts, rollout
+from pd_operator.controller import links, restarts, rollout
 from pd_operator.controller import status as status_mod
-from pd_operator.controller.client import Client
+from pd_operator.controller.client import ApiError, Client
 from pd_operator.controller.planner import Plan, is_owned_by, key, plan, stamp
 from pd_operator.controller.pods import label
 from pd_operator.names import Names
@@ -107,6 +107,22 @@ def _group_restarts(client: Client, body: dict, children: list[dict], pods: list
     return decisions
 
 
+def _kv_links(client: Client, validation: Validation, pods: list[dict], previous: dict) -> list[dict]:
+    dep = validation.deployment
+    assert dep is not None
+
+    def read(pod: str) -> dict | None:
+        try:
+            return links.parse_round(client.read_pod_log(dep.namespace, pod, links.LINK_CONTAINER))
+        except ApiError as err:  # the figures only; the link state comes from the pod's readiness
+            logger.info("Cannot read the KV-link round of %s/%s: %s", dep.namespace, pod, err,
+                        extra={"object": f"{dep.namespace}/{dep.name}"})
+            return None
+
+    return links.link_status(dep, pods, previous.get("kvLinks") or [], read,
+                             validation.pod_plans["decode"].pods)
+
+
 def _write_status(client: Client, body: dict, validation: Validation, observed: status_mod.Observed,
                   now: datetime, outcome: Outcome) -> None:
     meta = body["metadata"]
@@ -146,7 +162,8 @@ def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict]
     gone = {pod for d in decisions if d.action == "restart" for pod in d.pods}
     pods = [p for p in pods if p["metadata"]["name"] not in gone]
     observed = status_mod.Observed(children=children, pods=pods, foreign=the_plan.foreign,
-                                   blocked=the_plan.blocked, rolling=rolling, restarts=decisions)
+                                   blocked=the_plan.blocked, rolling=rolling, restarts=decisions,
+                                   links=_kv_links(client, validation, pods, body.get("status") or {}))
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted:
         logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s", ns, meta["name"],

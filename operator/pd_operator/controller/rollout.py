@@ -1,11 +1,18 @@
-"""The proxy's rollout gate: never pair prefill and decode pods of different KV layouts. Pure.
+"""The proxy's gates: route to a decode instance only over a proven KV link, and never pair
+prefill and decode pods of different KV layouts. Pure.
 
-Instance names (and so the proxy's host lists) do not change when the KV layout does, so while a
-layout change rolls through the StatefulSets the proxy could send a request from a new-layout
-prefill to an old-layout decode. While any serving pod still carries another
-`pd.serving.dev/kv-layout` than the wanted one, the proxy only lists instances whose pods are
-all Ready on the wanted layout; with none for a role it is scaled to zero (nothing correct to
-route to). Once the roll is complete the proxy is exactly as rendered again.
+KV link: the proxy lists only decode instances whose pods all report a working link to every
+prefill instance (controller/links.py); a decode instance whose link breaks leaves the list, and
+comes back when its gate passes again.
+
+Rollout: instance names (and so the proxy's host lists) do not change when the KV layout does, so
+while a layout change rolls through the StatefulSets the proxy could send a request from a
+new-layout prefill to an old-layout decode. While any serving pod still carries another
+`pd.serving.dev/kv-layout` than the wanted one, the proxy only lists instances whose pods are all
+Ready on the wanted layout.
+
+With no instance left for a role the proxy is scaled to zero (nothing correct to route to). When
+every instance passes both gates the proxy is exactly as rendered.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import json
 
 from pd_operator.api.types import ROLES
+from pd_operator.controller.links import linked_instances
 from pd_operator.controller.pods import by_instance, instance_ready, label
 from pd_operator.names import Names
 from pd_operator.render.labels import KV_LAYOUT, ROLE
@@ -65,9 +73,14 @@ def restrict(proxy: dict, names: Names, allowed: dict[str, set[int]], replicas: 
 def gate(desired: list[dict], pods: list[dict], names: Names, expected_pods: dict[str, int],
          replicas: dict[str, int], layout_hash: str) -> tuple[list[dict], bool]:
     """(the desired manifests with the proxy gated, whether a layout roll is in progress)."""
-    if not is_rolling(pods, layout_hash):
-        return desired, False
-    allowed = ready_instances(pods, expected_pods, layout_hash)
+    rolling = is_rolling(pods, layout_hash)
+    allowed = {"prefill": set(range(replicas["prefill"])),
+               "decode": linked_instances(pods, expected_pods["decode"], replicas["decode"])}
+    if rolling:
+        ready = ready_instances(pods, expected_pods, layout_hash)
+        allowed = {role: allowed[role] & ready[role] for role in ROLES}
+    if all(allowed[role] == set(range(replicas[role])) for role in ROLES):
+        return desired, rolling
     out = [restrict(m, names, allowed, replicas)
            if m["kind"] == "Deployment" and label(m, ROLE) == "proxy" else m for m in desired]
-    return out, True
+    return out, rolling

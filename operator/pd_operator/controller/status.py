@@ -10,14 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pd_operator.api.types import ROLES, PDDeployment
+from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready
 from pd_operator.controller.restarts import Decision
 from pd_operator.findings import Finding
+from pd_operator.names import Names
 from pd_operator.render import kv_layout_hash
 from pd_operator.render.context import Context
 from pd_operator.validate import Validation
 
-TYPES = ("KVCompatible", "MetadataReady", "PrefillReady", "DecodeReady", "ProxyReady", "Ready",
+TYPES = ("KVCompatible", "PrefillReady", "DecodeReady", "ProxyReady", "Ready",
          "Progressing", "Degraded")
 MAX_MESSAGE = 1024
 FINDING = "<finding code>"
@@ -33,18 +35,18 @@ REASONS: list[tuple[str, str, str, str]] = [
      "engine block sizes and the segment size."),
     ("KVCompatible", "False", FINDING, "The KV check failed; the message names the field to change. "
      "Children of the last valid spec keep running."),
-    ("MetadataReady", "True", "ServerAvailable",
-     "The Mooncake HTTP metadata server is ready (metadata mode http only)."),
-    ("MetadataReady", "False", "ServerNotReady",
-     "Engines cannot register until the metadata server is ready."),
     *((f"{role}Ready", status, reason, text) for role in ("Prefill", "Decode")
       for status, reason, text in _ROLE_REASONS),
+    ("DecodeReady", "False", "KVLinkNotReady", "Some decode instances have not (or no longer) pulled and "
+     "verified the test KV of every prefill instance, so the proxy does not route to them; "
+     "status.kvLinks names the pairs and the probe's error."),
     ("ProxyReady", "True", "ProxyAvailable", "The routing proxy's pods are ready."),
     ("ProxyReady", "True", "Disabled", "spec.proxy.enabled is false."),
     ("ProxyReady", "False", "NoUpstreams", "Scaled to zero: a role has no instance it may route to "
-     "(none yet, or none on the new KV layout during a rollout)."),
+     "(none yet, no decode instance with a working KV link, or none on the new KV layout during a "
+     "rollout)."),
     ("ProxyReady", "False", "ProxyNotReady", "The proxy's pods are not ready yet."),
-    ("Ready", "True", "Serving", "Prefill, decode (and the metadata server and proxy when used) are ready."),
+    ("Ready", "True", "Serving", "Prefill, decode (and the proxy when used) are ready."),
     ("Ready", "False", "<reason of the first failing condition>", "Copied from the first condition above "
      "that is not True, or a finding code when the spec is invalid."),
     ("Progressing", "True", "RollingOut", "A new KV layout is rolling out; the proxy pairs only instances of "
@@ -76,6 +78,8 @@ class Observed:
     rolling: bool = False
     restarts: list[Decision] = field(default_factory=list)
     """Group-restart decisions other than `none` made in this pass."""
+    links: list[dict] | None = None
+    """status.kvLinks as controller/links.py computed it (None: not computed, keep the previous)."""
 
 
 @dataclass(frozen=True)
@@ -140,13 +144,27 @@ def _kv_condition(validation: Validation) -> _Cond:
                  f"{d.engine_block_size} tokens pair through {report.segment_tokens}-token segments.")
 
 
-def _role_condition(dep: PDDeployment, role: str, ready: int) -> _Cond:
+def _unlinked(dep: PDDeployment, pods: list[dict]) -> list[str]:
+    """Decode instances with a pod whose KV-link gate does not pass."""
+    groups = by_instance(pods)
+    names = Names(dep.name, dep.namespace)
+    return [names.instance("decode", i) for i in range(dep.spec.decode.replicas)
+            if any(not link_ready(p) for p in groups.get(("decode", i), []))]
+
+
+def _role_condition(dep: PDDeployment, role: str, ready: int, pods: list[dict]) -> _Cond:
     kind = f"{role.capitalize()}Ready"
     want = dep.role(role).replicas
     if want == 0:
         return _Cond(kind, True, "ScaledToZero", f"spec.{role}.replicas is 0.")
     if ready >= want:
         return _Cond(kind, True, "InstancesReady", f"All {want} {role} instances are ready.")
+    unlinked = _unlinked(dep, pods) if role == "decode" else []
+    if unlinked:
+        return _Cond(kind, False, "KVLinkNotReady",
+                     f"{ready} of {want} decode instances are ready; {', '.join(unlinked)} cannot yet (or no "
+                     "longer) pull KV from every prefill instance, so the proxy does not route to them. "
+                     "See status.kvLinks and the kv-link container's log.")
     return _Cond(kind, False, "InstancesNotReady",
                  f"{ready} of {want} {role} instances are ready; the others are starting or loading "
                  "the model (see the pods' events).")
@@ -165,18 +183,11 @@ def _proxy_condition(dep: PDDeployment, observed: Observed) -> _Cond:
     ready, want = _deployment_ready(_child(observed, "Deployment", f"{dep.name}-proxy"))
     if want == 0:
         return _Cond("ProxyReady", False, "NoUpstreams",
-                     "The proxy is scaled to zero: a role has no instance it may route to yet.")
+                     "The proxy is scaled to zero: a role has no instance it may route to yet (a decode "
+                     "instance needs a working KV link first).")
     if ready >= want:
         return _Cond("ProxyReady", True, "ProxyAvailable", f"{ready} proxy pods are ready.")
     return _Cond("ProxyReady", False, "ProxyNotReady", f"{ready} of {want} proxy pods are ready.")
-
-
-def _metadata_condition(dep: PDDeployment, observed: Observed) -> _Cond:
-    ready, _ = _deployment_ready(_child(observed, "Deployment", f"{dep.name}-metadata"))
-    if ready >= 1:
-        return _Cond("MetadataReady", True, "ServerAvailable", "The Mooncake metadata server is ready.")
-    return _Cond("MetadataReady", False, "ServerNotReady",
-                 "The Mooncake metadata server has no ready pod yet; engines cannot register.")
 
 
 def _degraded(observed: Observed) -> _Cond:
@@ -233,10 +244,7 @@ def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
     if dep is None or not validation.ok:
         return [kv, *_summary(validation, [], observed), _degraded(observed)]
     ready = _ready_counts(validation, observed)
-    parts = []
-    if dep.spec.kv_transfer.metadata.mode == "http":
-        parts.append(_metadata_condition(dep, observed))
-    parts += [_role_condition(dep, role, ready[role]) for role in ROLES]
+    parts = [_role_condition(dep, role, ready[role], observed.pods) for role in ROLES]
     parts.append(_proxy_condition(dep, observed))
     return [kv, *parts, *_summary(validation, parts, observed), _degraded(observed)]
 
@@ -280,6 +288,8 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
     assert p is not None and d is not None
     out["kvLayout"] = {"prefillBlockSize": p.engine_block_size, "decodeBlockSize": d.engine_block_size,
                        "segmentTokens": report.segment_tokens, "hash": layout_hash(validation)}
+    if observed.links is not None:
+        out["kvLinks"] = observed.links
     if dep.spec.proxy.enabled:
         out["proxyEndpoint"] = f"{dep.name}-proxy.{dep.namespace}.svc:{dep.spec.proxy.port}"
     else:
@@ -288,7 +298,7 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
 
 
 SIGNIFICANT = {"KVCompatible", "Ready", "Degraded"}
-STARTING = {"InstancesNotReady", "ProxyNotReady", "ServerNotReady", "NoUpstreams"}
+STARTING = {"InstancesNotReady", "ProxyNotReady", "NoUpstreams", "KVLinkNotReady"}
 """Ready=False reasons that only mean "not up yet": no event when an object starts with them."""
 
 

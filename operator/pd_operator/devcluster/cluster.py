@@ -168,9 +168,10 @@ class DevCluster:
             controllers = WorkloadControllers(self.store, pod_ready=pod_ready)
             self._workloads = asyncio.run_coroutine_threadsafe(controllers.run(), self._loop)
 
-    def set_pod_ready(self, namespace: str, name: str, ready: bool) -> Obj:
+    def set_pod_ready(self, namespace: str, name: str, ready: bool, container: str | None = None) -> Obj:
+        """All containers of the pod (or only `container`) (not) ready, as probes would report."""
         pod = self._pod(namespace, name)
-        return self.patch_status("v1", "Pod", namespace, name, pod_readiness(pod, ready))
+        return self.patch_status("v1", "Pod", namespace, name, pod_readiness(pod, ready, container))
 
     def fail_pod(self, namespace: str, name: str) -> Obj:
         pod = self._pod(namespace, name)

@@ -214,10 +214,14 @@ class WorkloadControllers:
         return pod
 
 
-def pod_readiness(pod: Obj, ready: bool) -> dict[str, Any]:
-    """The status patch that makes a pod (not) Ready."""
+def pod_readiness(pod: Obj, ready: bool, container: str | None = None) -> dict[str, Any]:
+    """The status patch that makes a pod (not) Ready; with `container`, only that container's
+    readiness changes and the pod is Ready when all its containers are, as the kubelet reports."""
+    statuses = (pod.get("status") or {}).get("containerStatuses", [])
+    containers = [{**c, "ready": ready} if container in (None, c.get("name")) else c for c in statuses]
+    if container is not None:
+        ready = all(c.get("ready") for c in containers)
     flag = "True" if ready else "False"
-    containers = [{**c, "ready": ready} for c in (pod.get("status") or {}).get("containerStatuses", [])]
     return {
         "conditions": [
             {"type": "PodScheduled", "status": "True"},

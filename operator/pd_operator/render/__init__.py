@@ -1,7 +1,7 @@
 """Render a validated PDDeployment into the Kubernetes objects that run it: pure, no I/O, no clock.
 
-`render(validation)` returns the manifests in apply order: ConfigMaps, Services, the metadata
-server, the serving StatefulSets, the proxy, the NetworkPolicy and the PodDisruptionBudgets.
+`render(validation)` returns the manifests in apply order: the serving ConfigMap, Services, the
+serving StatefulSets, the proxy, the NetworkPolicy and the PodDisruptionBudgets.
 Owner references are left to the controller, which adopts what it applies.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from pd_operator.api.types import ROLES
-from pd_operator.render import mooncake, proxy
+from pd_operator.render import proxy, serving_config
 from pd_operator.render.context import Context, NotRenderable
 from pd_operator.render.labels import kv_layout_hash
 from pd_operator.render.policy import disruption_budget, network_policy
@@ -22,19 +22,12 @@ __all__ = ["NotRenderable", "kv_layout_hash", "render"]
 
 def render(validation: Validation) -> list[dict]:
     ctx = Context.of(validation)
-    meta_mode = ctx.dep.spec.kv_transfer.metadata.mode
     proxy_on = ctx.dep.spec.proxy.enabled
     instances = ctx.instances()
-    out: list[dict] = []
-    if ctx.uses_config_file:
-        out.append(mooncake.config_map(ctx))
+    out: list[dict] = [serving_config.config_map(ctx)]
     out += [headless_service(ctx, role, i) for role, i in instances]
-    if meta_mode == "http":
-        out.append(mooncake.server_service(ctx))
     if proxy_on:
         out.append(proxy.service(ctx))
-    if meta_mode == "http":
-        out.append(mooncake.server_deployment(ctx))
     out += [stateful_set(ctx, role, i) for role, i in instances]
     if proxy_on:
         out.append(proxy.deployment(ctx))

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 
 from pd_operator.ports import DP_RPC_PORT
-from pd_operator.render import mooncake
+from pd_operator.preflight import POD_INDEX_ENV, ROLE_OF
 from pd_operator.render.context import Context
 
-ROLE_OF = {"prefill": "kv_producer", "decode": "kv_consumer"}
-POD_INDEX_ENV = "PD_POD_INDEX"
+PREFLIGHT_COMMAND = "pd-preflight"  # console script of this package, installed in the serving image
+CONFIG_DIR = "/etc/pd"
+"""Where serving pods mount the serving ConfigMap (render/serving_config.py)."""
 
 
 def kv_transfer_config(ctx: Context, role: str, index: int) -> dict:
@@ -63,28 +64,22 @@ def serve_argv(ctx: Context, role: str, index: int) -> list[str]:
     return argv + list(side.extra_args)
 
 
-def _prelude(ctx: Context, role: str) -> list[str]:
-    """Shell steps that need facts known only inside the pod (its ordinal, its IP)."""
-    steps = []
-    if ctx.uses_config_file:
-        template = f"{mooncake.TEMPLATE_DIR}/{mooncake.CONFIG_KEY}"
-        steps.append(f'sed "s/{mooncake.POD_IP_PLACEHOLDER}/$VLLM_HOST_IP/g" {template} '
-                     '> "$MOONCAKE_CONFIG_PATH"')
-    plan = ctx.plans[role]
-    if plan.multi_pod:
-        # All pods of a StatefulSet share one template, so the DP start rank and the leader's
-        # --headless twin are computed from the pod's ordinal (downward API, PD_POD_INDEX).
-        steps.append(f'if [ "${POD_INDEX_ENV}" -gt 0 ]; then set -- "$@" --headless; fi')
-        steps.append(f'set -- "$@" --data-parallel-start-rank "$(({POD_INDEX_ENV} * {plan.dp_local}))"')
-    return steps
+def preflight_config_path(role: str) -> str:
+    return f"{CONFIG_DIR}/preflight-{role}.json"
 
 
 def pod_command(ctx: Context, role: str, index: int) -> list[str]:
-    """The container command: the plain argv when nothing depends on the pod, else a short shell
-    prelude that appends the per-pod flags and `exec`s the argv. The argv reaches the shell as its
-    positional parameters ("$@"), never as script text, so the JSON argument needs no quoting."""
-    argv = serve_argv(ctx, role, index)
-    steps = _prelude(ctx, role)
-    if not steps:
+    """The container command: `pd-preflight` checks the pod against the rendered pairing, then
+    execs `vllm serve`. In a multi-pod instance all pods share one template, so a short shell
+    prelude first appends the flags that depend on the pod's ordinal (downward API, PD_POD_INDEX):
+    the DP start rank and the non-leaders' --headless. The argv reaches the shell as its positional
+    parameters ("$@"), never as script text, so the JSON argument needs no quoting."""
+    argv = [PREFLIGHT_COMMAND, "--config", preflight_config_path(role), "--", *serve_argv(ctx, role, index)]
+    plan = ctx.plans[role]
+    if not plan.multi_pod:
         return argv
-    return ["/bin/sh", "-c", "; ".join(["set -e", *steps, 'exec "$@"']), "pd-serve", *argv]
+    steps = ["set -e",
+             f'if [ "${POD_INDEX_ENV}" -gt 0 ]; then set -- "$@" --headless; fi',
+             f'set -- "$@" --data-parallel-start-rank "$(({POD_INDEX_ENV} * {plan.dp_local}))"',
+             'exec "$@"']
+    return ["/bin/sh", "-c", "; ".join(steps), "pd-serve", *argv]

@@ -45,11 +45,6 @@ class Context:
         """(role, index) of every engine instance, prefill first."""
         return [(role, i) for role in ROLES for i in range(self.role(role).replicas)]
 
-    @property
-    def uses_config_file(self) -> bool:
-        """A Mooncake JSON config is rendered for the http and etcd metadata modes only."""
-        return self.dep.spec.kv_transfer.metadata.mode != "P2PHANDSHAKE"
-
     def pull_secrets(self) -> dict:
         """The pod spec's imagePullSecrets entry, or nothing."""
         secrets = self.dep.spec.image.pull_secrets

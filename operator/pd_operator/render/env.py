@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pd_operator.owned import DEFAULT_ENV
 from pd_operator.ports import HANDSHAKE_RPC
-from pd_operator.render import mooncake
 from pd_operator.render.command import POD_INDEX_ENV
 from pd_operator.render.context import Context
 
@@ -39,15 +38,13 @@ def owned_env(ctx: Context, role: str, index: int) -> list[dict]:
         _value("MC_MIN_RPC_PORT", HANDSHAKE_RPC[0]),
         _value("MC_MAX_RPC_PORT", HANDSHAKE_RPC[1]),
         _value("VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT", timeouts.abort_request_seconds),
+        # Milliseconds: Mooncake's AscendDirect transport reads both in ms (default 3000; Mooncake
+        # mooncake-transfer-engine/src/transport/ascend_transport/ascend_direct_transport).
+        _value("ASCEND_TRANSFER_TIMEOUT", timeouts.transfer_ms),
+        _value("ASCEND_CONNECT_TIMEOUT", timeouts.connect_ms),
+        _value("PD_ROLE", role), _value("PD_INSTANCE", index),
+        _field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX_LABEL}']"),
     ]
-    if timeouts.transfer_seconds is not None:
-        out.append(_value("ASCEND_TRANSFER_TIMEOUT", timeouts.transfer_seconds))
-    if timeouts.connect_seconds is not None:
-        out.append(_value("ASCEND_CONNECT_TIMEOUT", timeouts.connect_seconds))
-    if ctx.uses_config_file:
-        out.append(_value("MOONCAKE_CONFIG_PATH", mooncake.CONFIG_PATH))
-    out += [_value("PD_ROLE", role), _value("PD_INSTANCE", index),
-            _field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX_LABEL}']")]
     return out
 
 

@@ -30,7 +30,7 @@ def kv_layout_hash(ctx: Context) -> str:
         "model": ctx.model.name, "path": spec.model.name, "dtype": ctx.model.dtype,
         "kvCacheDtype": ctx.layouts["prefill"].side.cache_dtype,  # resolved: `auto` is the model dtype
         "blockSize": {role: ctx.engine_block_size(role) for role in ("prefill", "decode")},
-        "connector": spec.kv_transfer.connector, "protocol": spec.kv_transfer.protocol,
+        "connector": spec.kv_transfer.connector,
         "image": spec.image.name,
     }
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))

@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
-from pd_operator.api.types import Resources
-from pd_operator.ports import pod_ports
-from pd_operator.render import kv_probe, mooncake
+import re
+
+from pd_operator.api.types import HostMountsSpec, Resources
+from pd_operator.ports import PROBE_RANGE, pod_ports
+from pd_operator.render import kv_probe, serving_config
 from pd_operator.render.command import pod_command
 from pd_operator.render.context import Context
 from pd_operator.render.env import container_env
 from pd_operator.render.labels import labels
 from pd_operator.render.probes import probes
 
-# Host files the Ascend runtime needs inside the container, with the device plugin handing out the
-# NPUs themselves (vllm-ascend's LeaderWorkerSet template; facts.md section 2): (volume, path, type).
-ASCEND_HOST_PATHS = (
-    ("ascend-driver", "/usr/local/Ascend/driver", "Directory"),
-    ("ascend-dcmi", "/usr/local/dcmi", "Directory"),
-    ("npu-smi", "/usr/local/bin/npu-smi", "File"),
-    ("hccn-conf", "/etc/hccn.conf", "File"),
-)
+# Host files the Ascend runtime needs inside the container, by node generation, with the device
+# plugin handing out the NPUs themselves (vllm-ascend: docs/source/installation.md and the
+# multi-node PD tutorials' `docker run` mounts): (path, hostPath type). A path of type File or
+# Directory that is missing on the node keeps the pod from starting, so each generation lists
+# only what its nodes have: A2 (910B) keeps npu-smi in /usr/local/sbin and has /etc/hccn.conf; A3
+# keeps it in /usr/local/bin; A5 (950) has no hccn.conf but /etc/hccl_rootinfo.json and
+# /etc/hixlep/. The driver directory is on every generation; the DCMI library directory is only
+# mounted where present (DirectoryOrCreate leaves an empty directory otherwise).
+DRIVER = ("/usr/local/Ascend/driver", "Directory")
+DCMI = ("/usr/local/dcmi", "DirectoryOrCreate")
+INSTALL_INFO = ("/etc/ascend_install.info", "File")
+HOST_MOUNTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "A2": (DRIVER, DCMI, INSTALL_INFO, ("/usr/local/sbin/npu-smi", "File"), ("/etc/hccn.conf", "File")),
+    "A3": (DRIVER, DCMI, INSTALL_INFO, ("/usr/local/bin/npu-smi", "File")),
+    "A5": (DRIVER, DCMI, INSTALL_INFO, ("/usr/local/bin/npu-smi", "File"),
+           ("/etc/hccl_rootinfo.json", "File"), ("/etc/hixlep", "Directory")),
+    "none": (),
+}
 SHM_SIZE = "32Gi"  # vLLM's worker processes exchange tensors through /dev/shm
 TERMINATION_GRACE_SECONDS = 60
 PORT_NAMES = {"HTTP": "http", "DP RPC": "dp-rpc"}
-PROBE_RANGE = "KV-link probe"  # bound by the kv-probe sidecar (kv_probe.py), not by vLLM
 
 
 def container_ports(ctx: Context, role: str) -> list[dict]:
@@ -51,12 +62,27 @@ def resources(user: Resources, npu_name: str | None = None, npus: int = 0) -> di
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def _volumes(ctx: Context) -> tuple[list[dict], list[dict]]:
+def host_paths(spec: HostMountsSpec) -> list[tuple[str, str]]:
+    """(path, type) of every host mount: the generation's, with explicit paths replacing or adding."""
+    out = dict(HOST_MOUNTS[spec.generation])
+    out |= {m.path: m.type for m in spec.paths}
+    return list(out.items())
+
+
+def _volume_name(path: str) -> str:
+    """`host-` and the path as a DNS label: /usr/local/bin/npu-smi -> host-usr-local-bin-npu-smi."""
+    return ("host-" + "-".join(filter(None, re.split(r"[^a-z0-9]+", path.lower()))))[:63].rstrip("-")
+
+
+def _volumes(ctx: Context, role: str) -> tuple[list[dict], list[dict]]:
     weights = ctx.dep.spec.model.weights
-    volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
-    mounts: list[dict] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    for name, path, kind in ASCEND_HOST_PATHS:
-        volumes.append({"name": name, "hostPath": {"path": path, "type": kind}})
+    config_volume, config_mount = serving_config.volume(ctx)
+    volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+                           config_volume]
+    mounts: list[dict] = [{"name": "dshm", "mountPath": "/dev/shm"}, config_mount]
+    for path, kind in host_paths(ctx.role(role).host_mounts):
+        name = _volume_name(path)
+        volumes.append({"name": name, "hostPath": {"path": path, **({"type": kind} if kind else {})}})
         mounts.append({"name": name, "mountPath": path, "readOnly": True})
     source = None
     if weights.pvc is not None:
@@ -67,11 +93,6 @@ def _volumes(ctx: Context) -> tuple[list[dict], list[dict]]:
         volumes.append({"name": "weights", **source})
         sub_path = {"subPath": weights.pvc.sub_path} if weights.pvc and weights.pvc.sub_path else {}
         mounts.append({"name": "weights", "mountPath": weights.mount_path, "readOnly": True, **sub_path})
-    if ctx.uses_config_file:
-        volumes += [{"name": "mooncake-template", "configMap": {"name": ctx.names.mooncake_config}},
-                    {"name": "pd-runtime", "emptyDir": {}}]
-        mounts += [{"name": "mooncake-template", "mountPath": mooncake.TEMPLATE_DIR, "readOnly": True},
-                   {"name": "pd-runtime", "mountPath": mooncake.RUNTIME_DIR}]
     return volumes, mounts
 
 
@@ -95,10 +116,9 @@ def serving_container(ctx: Context, role: str, index: int, mounts: list[dict]) -
 
 def pod_template(ctx: Context, role: str, index: int) -> dict:
     side = ctx.role(role)
-    volumes, mounts = _volumes(ctx)
-    containers = [serving_container(ctx, role, index, mounts)]
-    if kv_probe.wanted(ctx, role):
-        containers.append(kv_probe.sidecar(ctx))
+    volumes, mounts = _volumes(ctx, role)
+    containers = [serving_container(ctx, role, index, mounts),
+                  kv_probe.sidecar(ctx, role)]
     spec: dict = {"containers": containers, "volumes": volumes,
                   "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS, **ctx.pull_secrets()}
     if side.host_network:

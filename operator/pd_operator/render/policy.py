@@ -5,15 +5,15 @@ from __future__ import annotations
 from pd_operator.render.context import Context
 from pd_operator.render.labels import COMPONENT, DEPLOYMENT, metadata, selector
 
-ISOLATED = ("prefill", "decode", "metadata")
+ISOLATED = ("prefill", "decode")
 
 
 def network_policy(ctx: Context) -> dict:
-    """Serving and metadata pods accept any port from this PDDeployment's own pods, and only the
+    """Serving pods accept any port from this PDDeployment's own pods, and only the
     HTTP serving port from other pods of the namespace.
 
     Pod-to-pod traffic inside the deployment is not narrowed to the KV ports: besides the KV
-    handshake, side channel, probe and metadata ports, transfers use Mooncake's random RPC ports
+    handshake, side channel and probe ports, transfers use Mooncake's random RPC ports
     and the AscendDirect range, and multi-pod DP uses HCCL and gloo ports. Everything else,
     including all KV ports, is closed to other pods. The HTTP serving port stays open to the
     namespace (not just the proxy) so in-namespace clients and metric scrapers can reach engines.

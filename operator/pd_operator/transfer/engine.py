@@ -1,10 +1,9 @@
 """One Mooncake TransferEngine per process, opened the way the serving pods open it.
 
 Facts this relies on (facts.md sections 3-4, observed with mooncake-transfer-engine-non-cuda
-0.3.13.post1): engine calls return 0 or -1 and never raise; with `P2PHANDSHAKE` a peer's segment
-is named `host:rpc_port` (the rpc port is random in MC_MIN_RPC_PORT..MC_MAX_RPC_PORT); with a
-metadata server (`http://...`, `etcd://...`) the segment is the `local_hostname` given to
-`initialize`, which must then be unique per process.
+0.3.13.post1): engine calls return 0 or -1 and never raise; with `P2PHANDSHAKE` (the discovery
+vllm-ascend's PD connectors hard-code) a peer's segment is named `host:rpc_port` (the rpc port is
+random in MC_MIN_RPC_PORT..MC_MAX_RPC_PORT).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ class Engine:
     """mooncake.engine.TransferEngine"""
     segment: str
     """The name peers use to reach this engine."""
-    metadata_server: str
 
     def register(self, addr: int, nbytes: int) -> None:
         if nbytes <= 0:
@@ -47,19 +45,12 @@ class Engine:
         return int(self.raw.batch_transfer_sync_read(segment, local, remote, lengths))
 
 
-def open_engine(local_hostname: str, metadata_server: str = P2P, protocol: str = "tcp",
-                device: str = "") -> Engine:
-    """local_hostname: an IP for P2PHANDSHAKE; `ip:n` (unique) with a metadata server."""
+def open_engine(local_hostname: str, protocol: str = "tcp", device: str = "") -> Engine:
+    """An engine named after `local_hostname` (an IP) that finds peers by P2P handshakes."""
     quiet_logs()
     from mooncake.engine import TransferEngine  # lazy: only engine-hosting processes need it
 
     raw = TransferEngine()
-    if raw.initialize(local_hostname, metadata_server, protocol, device) != 0:
-        raise EngineError(f"TransferEngine.initialize({local_hostname!r}, {metadata_server!r}, "
-                          f"{protocol!r}) failed")
-    if metadata_server == P2P:
-        host = local_hostname.rsplit(":", 1)[0] if local_hostname.count(":") == 1 else local_hostname
-        segment = f"{host}:{raw.get_rpc_port()}"
-    else:
-        segment = local_hostname
-    return Engine(raw, segment, metadata_server)
+    if raw.initialize(local_hostname, P2P, protocol, device) != 0:
+        raise EngineError(f"TransferEngine.initialize({local_hostname!r}, {P2P!r}, {protocol!r}) failed")
+    return Engine(raw, f"{local_hostname}:{raw.get_rpc_port()}")

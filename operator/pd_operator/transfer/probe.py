@@ -1,18 +1,22 @@
 """`pd-kv-probe`: prove a prefill/decode KV link works before serving traffic (a readiness gate).
 
-    pd-kv-probe serve --port 36900 PAIRING DISCOVERY      (prefill side; stays up)
-    pd-kv-probe check --peer HOST:36900 PAIRING DISCOVERY (decode side; exit 0 ok, 1 failed)
+    pd-kv-probe serve --port 8090 PAIRING                     (prefill side; stays up)
+    pd-kv-probe check --peer HOST:8090 PAIRING                (one check; exit 0 ok, 1 failed)
+    pd-kv-probe gate --port 8090 --every 30 --config FILE     (decode side; stays up)
 
 PAIRING is `--config FILE` (a PDDeployment manifest, YAML or JSON) or `--model PRESET --prefill-tp N
---decode-tp N [...]`, plus `--prompt-tokens` and `--layers`. DISCOVERY is `--metadata-server`
-(P2PHANDSHAKE, http://host:port/metadata, etcd://host:2379), `--local-hostname`, `--protocol`.
+--decode-tp N [...]`, plus `--prompt-tokens` and `--layers`. Engines use P2P handshakes over tcp
+(`--local-hostname`, default $POD_IP), as vllm-ascend's PD connectors discover peers.
 
 `serve` opens a Mooncake engine, registers every prefill rank's KV tensors for a test prompt, laid
 out with the pairing's real engine block size, fills them with the deterministic prompt content and
 publishes its segment name, the tensors' addresses and a fingerprint of the geometry as JSON at
 `GET /descriptor`. `check` fetches that, refuses a peer built for another pairing, pulls every
 decode rank's runs of the plan through the transfer engine, verifies every byte and prints
-`{ok, latencyMs, gbps, bytes, entries, errors}`. Bad input: one line on stderr, exit 2.
+`{ok, latencyMs, gbps, bytes, entries, errors}`. `gate` checks every prefill instance of the
+deployment in `--config` (or the `--peer`s given) every `--every` seconds, prints one JSON line per
+round and answers `GET /ready` with 200 while the last round linked every peer, 503 otherwise
+(`GET /link` returns the last round). Bad input: one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -36,10 +41,11 @@ import yaml
 from pd_operator.kv import presets
 from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
 from pd_operator.kv.simulate import UNWRITTEN, regions
-from pd_operator.localnet import free_port
 from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
+from pd_operator.names import Names
+from pd_operator.ports import PROBE_PORT, PROBE_READY_PATH
 from pd_operator.transfer import arena
-from pd_operator.transfer.engine import P2P, Engine, EngineError, open_engine
+from pd_operator.transfer.engine import Engine, EngineError, open_engine
 from pd_operator.transfer.executor import Peer, pull
 from pd_operator.transfer.probe_geometry import (
     DEFAULT_LAYERS,
@@ -61,14 +67,18 @@ class InputError(Exception):
 
 # --- pairing and discovery --------------------------------------------------------------------
 
+def read_manifest(path: str) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read: {err}") from None
+    except yaml.YAMLError as err:
+        raise InputError(f"{path}: not valid YAML or JSON: {str(err).splitlines()[0]}") from None
+
+
 def pairing(args: argparse.Namespace) -> PairInput:
     if args.config:
-        try:
-            doc = yaml.safe_load(Path(args.config).read_text())
-        except (OSError, UnicodeDecodeError) as err:
-            raise InputError(f"{args.config}: cannot read: {err}") from None
-        except yaml.YAMLError as err:
-            raise InputError(f"{args.config}: not valid YAML or JSON: {str(err).splitlines()[0]}") from None
+        doc = read_manifest(args.config)
         try:
             return pair_from_manifest(doc)
         except ManifestError as err:
@@ -104,15 +114,11 @@ def geometry(args: argparse.Namespace) -> ProbeGeometry:
 
 
 def local_hostname(args: argparse.Namespace) -> str:
-    """With a metadata server every engine needs a unique `ip:port` name (facts.md section 4)."""
-    host = args.local_hostname or os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
-    if args.metadata_server != P2P and ":" not in host:
-        host = f"{host}:{free_port()}"
-    return host
+    return args.local_hostname or os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
 
 
 def engine(args: argparse.Namespace) -> Engine:
-    return open_engine(local_hostname(args), args.metadata_server, args.protocol, args.device)
+    return open_engine(local_hostname(args))
 
 
 # --- serve -------------------------------------------------------------------------------------
@@ -133,7 +139,7 @@ def prefill_arena(geo: ProbeGeometry) -> tuple[np.ndarray, list[dict]]:
 
 
 def descriptor(eng: Engine, memory: np.ndarray, published: list[dict], geo: ProbeGeometry) -> dict:
-    return {"segment": eng.segment, "metadataServer": eng.metadata_server, "base": int(memory.ctypes.data),
+    return {"segment": eng.segment, "base": int(memory.ctypes.data),
             "bytes": len(memory), "geometry": geo.fingerprint(), "regions": published}
 
 
@@ -147,27 +153,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(json.dumps({"ok": False, "errors": [str(err)]}), flush=True)
         return EXIT_FAILED
     body = json.dumps(descriptor(eng, memory, published, geo)).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path == DESCRIPTOR_PATH:
-                self._send(200, body)
-            elif self.path == "/healthz":
-                self._send(200, b'{"ok": true}')
-            else:
-                self._send(404, b'{"error": "not found"}')
-
-        def _send(self, status: int, payload: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *_: Any) -> None:  # readiness probes would flood the log
-            pass
-
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server = json_server(args.host, args.port, {DESCRIPTOR_PATH: lambda: (200, body),
+                                                "/healthz": lambda: (200, b'{"ok": true}')})
     print(json.dumps({"serving": f"http://{args.host}:{server.server_port}{DESCRIPTOR_PATH}",
                       "segment": eng.segment, "bytes": len(memory)}), flush=True)
     try:
@@ -177,6 +164,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return EXIT_OK
+
+
+Route = Callable[[], tuple[int, bytes]]
+
+
+def json_server(host: str, port: int, routes: dict[str, Route]) -> ThreadingHTTPServer:
+    """An HTTP server answering GET on `routes` with (status, JSON body)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            status, payload = routes.get(self.path, lambda: (404, b'{"error": "not found"}'))()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *_: Any) -> None:  # readiness probes would flood the log
+            pass
+
+    return ThreadingHTTPServer((host, port), Handler)
 
 
 # --- check -------------------------------------------------------------------------------------
@@ -202,42 +210,51 @@ def peers_of(desc: dict) -> dict[int, Peer]:
     return {rank: Peer(rank, desc["segment"], regs) for rank, regs in by_rank.items()}
 
 
-def run_check(args: argparse.Namespace, geo: ProbeGeometry) -> dict:
-    result: dict[str, Any] = {"ok": False, "latencyMs": None, "gbps": None, "bytes": 0, "entries": 0,
-                              "errors": []}
-    try:
-        desc = fetch_descriptor(args.peer, args.timeout)
-        mismatch = fingerprint_differences(geo.fingerprint(), desc.get("geometry", {}))
-        if mismatch:
-            raise ProbeFailure("the peer serves another pairing: " + "; ".join(mismatch))
-        eng = engine(args)
-        # Metadata discovery must find the peer's segment and its registered buffer.
-        if eng.first_buffer(desc["segment"]) != desc["base"]:
-            raise ProbeFailure(f"metadata discovery ({args.metadata_server}) did not return the buffer "
-                               f"segment {desc['segment']} published")
-        memory, ranks = decode_arena(geo)
-        eng.register(int(memory.ctypes.data), len(memory))
-    except (ProbeFailure, EngineError) as err:
-        result["errors"].append(str(err))
+class Checker:
+    """One engine and one decode arena, reused for every check (the gate checks for as long as
+    the pod lives)."""
+
+    def __init__(self, args: argparse.Namespace, geo: ProbeGeometry) -> None:
+        self.geo = geo
+        self.eng = engine(args)
+        self.memory, self.ranks = decode_arena(geo)
+        self.eng.register(int(self.memory.ctypes.data), len(self.memory))
+
+    def check(self, peer: str, timeout: float) -> dict:
+        result: dict[str, Any] = {"peer": peer, "ok": False, "latencyMs": None, "gbps": None, "bytes": 0,
+                                  "entries": 0, "errors": []}
+        geo = self.geo
+        try:
+            desc = fetch_descriptor(peer, timeout)
+            mismatch = fingerprint_differences(geo.fingerprint(), desc.get("geometry", {}))
+            if mismatch:
+                raise ProbeFailure("the peer serves another pairing: " + "; ".join(mismatch))
+            # P2P handshake discovery must find the peer's segment and its registered buffer.
+            if self.eng.first_buffer(desc["segment"]) != desc["base"]:
+                raise ProbeFailure(f"the handshake with segment {desc['segment']} did not return the "
+                                   "buffer it published")
+        except (ProbeFailure, EngineError) as err:
+            result["errors"].append(str(err))
+            return result
+        self.memory.fill(UNWRITTEN)  # a byte left from an earlier round must not pass as pulled
+        peers = peers_of(desc)
+        seconds = 0.0
+        for rank, (rank_memory, rank_views) in enumerate(self.ranks):
+            report = pull(self.eng, geo.request.plan, rank, arena.addresses(rank_views), peers)
+            seconds += report.seconds
+            result["bytes"] += report.bytes
+            result["entries"] += report.entries
+            result["errors"] += [str(f) for f in report.failures]
+            if report.failed_count > len(report.failures):
+                result["errors"].append(f"decode rank {rank}: {report.failed_count - len(report.failures)} "
+                                        "more failed runs")
+            if report.ok:
+                result["errors"] += differences(rank_memory, rank_views, geo.decode, rank, geo.decode_pool,
+                                                [geo.request.decode])
+        result["latencyMs"] = round(seconds * 1e3, 3)
+        result["gbps"] = round(result["bytes"] / seconds / 1e9, 3) if seconds > 0 else 0.0
+        result["ok"] = not result["errors"]
         return result
-    peers = peers_of(desc)
-    seconds = 0.0
-    for rank, (rank_memory, rank_views) in enumerate(ranks):
-        report = pull(eng, geo.request.plan, rank, arena.addresses(rank_views), peers)
-        seconds += report.seconds
-        result["bytes"] += report.bytes
-        result["entries"] += report.entries
-        result["errors"] += [str(f) for f in report.failures]
-        if report.failed_count > len(report.failures):
-            result["errors"].append(f"decode rank {rank}: {report.failed_count - len(report.failures)} "
-                                    "more failed runs")
-        if report.ok:
-            result["errors"] += differences(rank_memory, rank_views, geo.decode, rank, geo.decode_pool,
-                                            [geo.request.decode])
-    result["latencyMs"] = round(seconds * 1e3, 3)
-    result["gbps"] = round(result["bytes"] / seconds / 1e9, 3) if seconds > 0 else 0.0
-    result["ok"] = not result["errors"]
-    return result
 
 
 def decode_arena(geo: ProbeGeometry) -> tuple[np.ndarray, list[tuple[np.ndarray, dict]]]:
@@ -255,10 +272,64 @@ def decode_arena(geo: ProbeGeometry) -> tuple[np.ndarray, list[tuple[np.ndarray,
 def cmd_check(args: argparse.Namespace) -> int:
     geo = geometry(args)
     began = time.monotonic()
-    result = run_check(args, geo)
+    try:
+        result = Checker(args, geo).check(args.peer, args.timeout)
+    except EngineError as err:
+        result = {"peer": args.peer, "ok": False, "latencyMs": None, "gbps": None, "bytes": 0, "entries": 0,
+                  "errors": [str(err)]}
     result["totalMs"] = round((time.monotonic() - began) * 1e3, 3)
     print(json.dumps(result))
     return EXIT_OK if result["ok"] else EXIT_FAILED
+
+
+# --- gate --------------------------------------------------------------------------------------
+
+def prefill_peers(doc: Any) -> list[str]:
+    """The probe endpoint of every prefill instance's leader pod of a PDDeployment manifest."""
+    meta, spec = doc.get("metadata") or {}, doc.get("spec") or {}
+    names = Names(meta.get("name", ""), meta.get("namespace") or "default")
+    replicas = int((spec.get("prefill") or {}).get("replicas", 1))
+    return [f"{names.pod_host('prefill', i, 0)}:{PROBE_PORT}" for i in range(replicas)]
+
+
+def gate_round(checker: Checker | None, peers: list[str], timeout: float, error: str | None = None) -> dict:
+    """One round: linked only when there is a peer and every peer's check passed."""
+    results = [checker.check(peer, timeout) for peer in peers] if checker else []
+    errors = [error] if error else [] if peers else ["no prefill instance to link to"]
+    return {"ok": bool(results) and all(r["ok"] for r in results), "peers": results, "errors": errors,
+            "at": time.time()}
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    geo = geometry(args)
+    last: dict[str, Any] = {"ok": False, "peers": [], "errors": ["no check has run yet"]}
+    lock = threading.Lock()
+
+    def answer(ready_only: bool) -> tuple[int, bytes]:
+        with lock:
+            body = json.dumps(last).encode()
+            return (200 if last["ok"] or not ready_only else 503), body
+
+    routes = {PROBE_READY_PATH: lambda: answer(True), "/link": lambda: answer(False)}
+    server = json_server(args.host, args.port, routes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    checker: Checker | None = None
+    while True:
+        error = None
+        if checker is None:
+            try:
+                checker = Checker(args, geo)
+            except EngineError as err:  # stay up and not ready: a restart would restart the group
+                error = str(err)
+        try:
+            peers = args.peer or prefill_peers(read_manifest(args.config))
+        except InputError as err:  # the mounted config is replaced in place; keep the last peers
+            peers, error = [], str(err)
+        result = gate_round(checker, peers, args.timeout, error)
+        with lock:
+            last = result
+        print(json.dumps(result), flush=True)
+        time.sleep(args.every)
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -280,29 +351,36 @@ def parser() -> argparse.ArgumentParser:
                       help=f"test prompt length (default {DEFAULT_PROMPT_TOKENS}, ends mid-block)")
     pair.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
                       help=f"layers per cache group to register (default {DEFAULT_LAYERS})")
-    disc = common.add_argument_group("discovery")
-    disc.add_argument("--metadata-server", default=P2P,
-                      help="P2PHANDSHAKE (default), http://host:port/metadata or etcd://host:port")
-    disc.add_argument("--local-hostname",
-                      help="this engine's name: an IP (default $POD_IP), ip:port with a metadata server")
-    disc.add_argument("--protocol", default="tcp", help="tcp (default), rdma or ascend")
-    disc.add_argument("--device", default="", help="device name for rdma/ascend")
+    common.add_argument("--local-hostname", help="this engine's IP (default $POD_IP)")
 
     top = argparse.ArgumentParser(prog="pd-kv-probe", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", parents=[common], help="prefill side: publish a test buffer and stay up")
     serve.add_argument("--host", default="0.0.0.0", help="address of the descriptor endpoint")
-    serve.add_argument("--port", type=int, default=36900, help="port of the descriptor endpoint")
+    serve.add_argument("--port", type=int, default=PROBE_PORT, help="port of the descriptor endpoint")
     serve.set_defaults(func=cmd_serve)
-    check = sub.add_parser("check", parents=[common], help="decode side: pull and verify, exit 0/1")
+    check = sub.add_parser("check", parents=[common], help="pull and verify once, exit 0/1")
     check.add_argument("--peer", required=True, help="host:port of a `pd-kv-probe serve`")
     check.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the descriptor")
     check.set_defaults(func=cmd_check)
+    gate = sub.add_parser("gate", parents=[common], help="decode side: check every prefill periodically, "
+                          "answer /ready")
+    gate.add_argument("--host", default="0.0.0.0", help="address of the /ready endpoint")
+    gate.add_argument("--port", type=int, default=PROBE_PORT, help="port of the /ready endpoint")
+    gate.add_argument("--every", type=float, default=30.0, help="seconds between rounds")
+    gate.add_argument("--peer", action="append", default=[],
+                      help="host:port of a `pd-kv-probe serve` (repeatable); default: every prefill "
+                           "instance of --config")
+    gate.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a descriptor")
+    gate.set_defaults(func=cmd_gate)
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "gate" and not (args.config or args.peer):
+        print("pd-kv-probe: gate needs --config (its prefill instances) or --peer", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return int(args.func(args))
     except InputError as err:

@@ -92,10 +92,10 @@ def differences(memory: np.ndarray, views: dict[RegionKey, np.ndarray], layout: 
 class _Rank:
     """The child's state: engine, arena and the current layout."""
 
-    def __init__(self, metadata_server: str, hostname: str, capacity: int):
+    def __init__(self, hostname: str, capacity: int):
         from pd_operator.transfer.engine import open_engine  # imports mooncake: child only
 
-        self.engine = open_engine(hostname, metadata_server)
+        self.engine = open_engine(hostname)
         # Untouched until filled: a benchmark touches only the bytes a plan moves (a 32k-token GLM
         # pool is ~1 GB a rank), tests fill the whole arena.
         self.memory = np.empty(capacity, dtype=np.uint8)
@@ -150,10 +150,10 @@ class _Rank:
         return {"rc": rc, "started": began, "seconds": time.monotonic() - began, "bytes": nbytes}
 
 
-def _serve(conn: Connection, metadata_server: str, hostname: str, capacity: int, env: dict[str, str]) -> None:
+def _serve(conn: Connection, hostname: str, capacity: int, env: dict[str, str]) -> None:
     os.environ.update(env)
     try:
-        rank = _Rank(metadata_server, hostname, capacity)
+        rank = _Rank(hostname, capacity)
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
@@ -175,11 +175,11 @@ def _serve(conn: Connection, metadata_server: str, hostname: str, capacity: int,
 class RankWorker:
     """Parent-side handle of one rank process."""
 
-    def __init__(self, metadata_server: str, hostname: str, capacity: int, env: dict[str, str] | None = None):
+    def __init__(self, hostname: str, capacity: int, env: dict[str, str] | None = None):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, daemon=True,
-                                   args=(child, metadata_server, hostname, capacity,
+                                   args=(child, hostname, capacity,
                                          {**LOOPBACK_ENV, **(env or {})}))
         self.process.start()
         child.close()
@@ -222,21 +222,13 @@ class RankWorker:
         self.conn.close()
 
 
-def start_workers(count: int, metadata_server: str, capacity: int,
-                  env: dict[str, str] | None = None) -> list[RankWorker]:
-    """Start `count` rank processes in parallel. With a metadata server each gets a unique
-    `127.0.0.1:<port>` hostname (else `Duplicate rpc_meta key`, facts.md section 4)."""
-    from pd_operator.localnet import free_port
-    from pd_operator.transfer.engine import P2P
-
-    ports: set[int] = set()
-    while metadata_server != P2P and len(ports) < count:
-        ports.add(free_port())
-    hostnames = [f"127.0.0.1:{p}" for p in sorted(ports)] or ["127.0.0.1"] * count
+def start_workers(count: int, capacity: int, env: dict[str, str] | None = None) -> list[RankWorker]:
+    """Start `count` rank processes in parallel, each an engine on 127.0.0.1 (P2P handshakes give
+    every one its own `127.0.0.1:<rpc port>` segment)."""
     workers = []
     try:
-        for hostname in hostnames:
-            workers.append(RankWorker(metadata_server, hostname, capacity, env))
+        for _ in range(count):
+            workers.append(RankWorker("127.0.0.1", capacity, env))
         return [w.ready() for w in workers]
     except BaseException:
         for w in workers:

@@ -1,0 +1,105 @@
+"""The KV-link gate as the operator sees it. Pure: the caller passes the pods and what it read.
+
+Every decode pod runs `pd-kv-probe gate` (render/kv_probe.py) in its `kv-link` container, whose
+readinessProbe passes only while the gate's last round pulled and verified the test KV of every
+prefill instance. So the verdict travels the way Kubernetes already carries readiness: the kubelet
+probes the container and writes `containerStatuses[kv-link].ready`, and the operator reads it from
+the pods it watches anyway. The operator never dials a pod (it may run outside the pod network,
+and the NetworkPolicy need not admit it). The figures of a link (latency, Gbps) are the gate's last
+round, which it prints as one JSON line; the operator reads that line through the API server
+(`pods/log`, tailLines 1) only when a link changes state, so a steady deployment costs no request.
+
+A decode instance is linked when every one of its pods exists and has a ready `kv-link`; the
+proxy routes only to linked decode instances (controller/rollout.py) and DecodeReady says which
+are not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+
+from pd_operator.api.types import PDDeployment
+from pd_operator.controller.pods import by_instance
+from pd_operator.names import Names
+from pd_operator.render.kv_probe import CONTAINER
+
+LINK_CONTAINER = CONTAINER["decode"]
+
+RoundReader = Callable[[str], "dict | None"]
+"""pod name -> the gate's last round (parsed), or None when it cannot be read. The reconcile passes
+one that reads the pod's log through the API; link_status calls it only for changed links."""
+
+
+def _gated(pod: dict) -> bool:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return any(c.get("name") == LINK_CONTAINER for c in containers)
+
+
+def link_ready(pod: dict) -> bool:
+    """The pod's kv-link container is ready (a pod rendered without the gate counts as linked)."""
+    if not _gated(pod):
+        return True
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any(c.get("name") == LINK_CONTAINER and c.get("ready") is True for c in statuses)
+
+
+def linked_instances(pods: list[dict], expected_pods: int, replicas: int) -> set[int]:
+    """Decode instances whose pods all exist and all have a working KV link."""
+    groups = by_instance(pods)
+    return {i for i in range(replicas)
+            if len(members := groups.get(("decode", i), [])) == expected_pods
+            and all(link_ready(p) for p in members)}
+
+
+def parse_round(log_tail: str | None) -> dict | None:
+    """The gate's last round from the tail of its log (one JSON object per line)."""
+    for line in reversed((log_tail or "").strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("peers"), list):
+            return value
+    return None
+
+
+def _leader(pods: list[dict]) -> dict | None:
+    return min(pods, key=lambda p: p["metadata"]["name"], default=None)
+
+
+def _entry(decode: str, prefill: str, linked: bool, figures: Mapping | None) -> dict:
+    out: dict = {"decode": decode, "prefill": prefill, "linked": linked}
+    if figures is not None:
+        for key in ("latencyMs", "gbps"):
+            if figures.get(key) is not None:
+                out[key] = figures[key]
+        errors = figures.get("errors") or []
+        if errors and not linked:
+            out["message"] = str(errors[0])[:300]
+    return out
+
+
+def link_status(dep: PDDeployment, pods: list[dict], previous: list[dict], read: RoundReader,
+                expected_pods: int) -> list[dict]:
+    """One entry per (decode instance, prefill instance): linked, and the figures of the gate round
+    that last changed it. An entry whose state did not change is carried over as it was, so a
+    steady deployment's status does not move and nothing is read."""
+    names = Names(dep.name, dep.namespace)
+    before = {(e.get("decode"), e.get("prefill")): e for e in previous}
+    groups = by_instance(pods)
+    out = []
+    for d in range(dep.spec.decode.replicas):
+        members = groups.get(("decode", d), [])
+        linked = len(members) == expected_pods and all(link_ready(p) for p in members)
+        decode = names.instance("decode", d)
+        pairs = [(p, names.instance("prefill", p)) for p in range(dep.spec.prefill.replicas)]
+        if all(before.get((decode, prefill), {}).get("linked") == linked for _, prefill in pairs):
+            out += [before[(decode, prefill)] for _, prefill in pairs]
+            continue
+        leader = _leader(members)
+        last = read(leader["metadata"]["name"]) if leader is not None and _gated(leader) else None
+        by_peer = {str(r.get("peer", "")).rsplit(":", 1)[0]: r for r in (last or {}).get("peers", [])}
+        for p, prefill in pairs:
+            out.append(_entry(decode, prefill, linked, by_peer.get(names.pod_host("prefill", p, 0))))
+    return out

@@ -1,0 +1,82 @@
+"""The ConfigMap every serving pod mounts at /etc/pd: what its start-up checks compare against.
+
+- `preflight-<role>.json`: the pairing as the operator rendered it for that role
+  (`pd_operator.preflight.PreflightConfig`); `pd-preflight` reads it before it execs `vllm serve`.
+- `pairing.json`: a PDDeployment manifest with the model's resolved KV description inline, from
+  which both KV-link probe sides (`pd-kv-probe serve|gate --config`) derive the pairing's real run
+  geometry, and the decode side its prefill peers. The kubelet refreshes a mounted ConfigMap in
+  place, so scaling prefill reaches the decode gates without restarting decode pods.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pd_operator.api.types import ROLES
+from pd_operator.ports import PROBE_RANGE, pod_ports
+from pd_operator.preflight import PreflightConfig
+from pd_operator.render.command import CONFIG_DIR, preflight_config_path
+from pd_operator.render.context import Context
+from pd_operator.render.labels import metadata
+
+PAIRING_KEY = "pairing.json"
+PAIRING_PATH = f"{CONFIG_DIR}/{PAIRING_KEY}"
+VOLUME = "pd-serving"
+
+
+def preflight_key(role: str) -> str:
+    return preflight_config_path(role).rsplit("/", 1)[1]
+
+
+def preflight_config(ctx: Context, role: str) -> PreflightConfig:
+    side, plan, spec = ctx.role(role), ctx.plans[role], ctx.dep.spec
+    peer = "decode" if role == "prefill" else "prefill"
+    ports = [sorted(p for r in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal)
+                    if r.name != PROBE_RANGE for p in range(r.start, r.end))
+             for ordinal in range(plan.pods)]
+    return PreflightConfig(
+        role=role, tensor_parallel_size=side.tensor_parallel_size,  # type: ignore[arg-type]
+        pipeline_parallel_size=side.pipeline_parallel_size, data_parallel_size=side.data_parallel_size,
+        data_parallel_size_local=plan.dp_local, pods=plan.pods,
+        engine_block_size=ctx.engine_block_size(role), peer_engine_block_size=ctx.engine_block_size(peer),
+        kv_connector=spec.kv_transfer.connector, npus_per_pod=plan.npus_per_pod, ports=ports)
+
+
+PAIRING_SHAPE = {"tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "npus_per_node",
+                 "block_size", "kernel_block_size", "num_speculative_tokens"}
+"""What the probes read of a role: its shape (the geometry)..."""
+PAIRING_ONLY = {"prefill": {"replicas"}}
+"""...and of prefill its replicas (the decode gates' peers)."""
+
+
+def pairing_manifest(ctx: Context) -> dict:
+    """The deployment reduced to what the probes read, with the model's KV description resolved (a
+    preset stays a preset), so the probe needs no ConfigMap read to rebuild the pairing."""
+    spec = ctx.dep.spec
+    model = spec.model.model_dump(by_alias=True, exclude_none=True, mode="json",
+                                  exclude={"hf_config", "hf_config_map", "kv"})
+    if spec.model.preset is None:
+        model["kv"] = ctx.model.model_dump(by_alias=True, exclude_none=True, mode="json")
+    roles = {role: ctx.role(role).model_dump(by_alias=True, exclude_none=True, mode="json",
+                                             include=PAIRING_SHAPE | PAIRING_ONLY.get(role, set()))
+             for role in ROLES}
+    kv = {"connector": spec.kv_transfer.connector, "kvPort": spec.kv_transfer.kv_port}
+    return {"apiVersion": ctx.dep.api_version, "kind": ctx.dep.kind,
+            "metadata": {"name": ctx.dep.name, "namespace": ctx.dep.namespace},
+            "spec": {"model": model, "kvTransfer": kv,
+                     "image": spec.image.model_dump(by_alias=True, exclude_none=True, mode="json"),
+                     "servingPort": spec.serving_port, **roles}}
+
+
+def config_map(ctx: Context) -> dict:
+    data = {preflight_key(role): preflight_config(ctx, role).model_dump_json(by_alias=True) + "\n"
+            for role in ROLES}
+    data[PAIRING_KEY] = json.dumps(pairing_manifest(ctx), indent=2, sort_keys=True) + "\n"
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(ctx, ctx.names.serving_config, None), "data": data}
+
+
+def volume(ctx: Context) -> tuple[dict, dict]:
+    """(the pod volume, the container mount) of the ConfigMap."""
+    return ({"name": VOLUME, "configMap": {"name": ctx.names.serving_config}},
+            {"name": VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})

@@ -1,0 +1,91 @@
+"""The KV-link gate as the operator sees it: decode instances leave the proxy when their kv-link
+container is not ready, DecodeReady says why, and status.kvLinks carries each pair's state with the
+figures of the gate round that changed it (read only on a change)."""
+
+from __future__ import annotations
+
+import json
+
+from controller_helpers import desired, link_down, pods_of, validated
+from test_rollout import _gate, _hosts, _proxy
+
+from pd_operator.controller.links import link_status, linked_instances, parse_round
+from pd_operator.render import render
+
+DECODE_HOST = "glm-flash-decode-{}-0.glm-flash-decode-{}.default.svc"
+
+
+def _round(ok: bool, *prefills: int) -> dict:
+    """A gate round as `pd-kv-probe gate` prints it (one JSON object per line)."""
+    return {"ok": ok, "errors": [], "at": 0.0, "peers": [
+        {"peer": f"glm-flash-prefill-{p}-0.glm-flash-prefill-{p}.default.svc:8090", "ok": ok,
+         "latencyMs": 2.5 + p, "gbps": 1.5, "bytes": 1, "entries": 1,
+         "errors": [] if ok else ["cannot fetch the descriptor"]} for p in prefills]}
+
+
+def _decode_down(pods: list[dict], *indices: int) -> list[dict]:
+    names = {f"glm-flash-decode-{i}-" for i in indices}
+    return [link_down(p) if any(p["metadata"]["name"].startswith(n) for n in names) else p for p in pods]
+
+
+def test_a_decode_instance_without_a_link_leaves_the_proxy():
+    v = validated(decode__replicas=2)
+    pods = _decode_down(pods_of(desired(v)), 1)
+    assert linked_instances(pods, 1, 2) == {0}
+    out, rolling = _gate(v, pods)
+    assert not rolling
+    assert _hosts(_proxy(out), "--decoder-hosts") == [DECODE_HOST.format(0, 0)]
+    assert _hosts(_proxy(out), "--decoder-ports") == ["8000"]
+    assert len(_hosts(_proxy(out), "--prefiller-hosts")) == 1  # prefill is not gated by decode links
+
+
+def test_no_linked_decode_instance_scales_the_proxy_to_zero_and_a_working_one_brings_it_back():
+    v = validated()
+    pods = pods_of(desired(v))
+    out, _ = _gate(v, _decode_down(pods, 0))
+    assert _proxy(out)["spec"]["replicas"] == 0
+    out, _ = _gate(v, pods)
+    assert out == render(v)
+
+
+def test_a_decode_pod_not_created_yet_is_not_routed_to():
+    v = validated()
+    pods = [p for p in pods_of(desired(v)) if "decode" not in p["metadata"]["name"]]
+    assert linked_instances(pods, 1, 1) == set()
+    assert _proxy(_gate(v, pods)[0])["spec"]["replicas"] == 0
+
+
+def test_parse_round_takes_the_last_round_line():
+    line = json.dumps(_round(True, 0))
+    assert parse_round(f"noise\n{line}\n") == _round(True, 0)
+    assert parse_round("pd-kv-probe: bad input\n") is None and parse_round(None) is None
+
+
+def test_link_status_reads_the_figures_only_when_a_link_changes():
+    v = validated(prefill__replicas=2)
+    dep, pods = v.deployment, pods_of(desired(v))
+    reads: list[str] = []
+
+    def read(pod: str) -> dict:
+        reads.append(pod)
+        return _round(True, 0, 1)
+
+    first = link_status(dep, pods, [], read, 1)
+    assert reads == ["glm-flash-decode-0-0"]
+    assert first == [{"decode": "glm-flash-decode-0", "prefill": f"glm-flash-prefill-{p}", "linked": True,
+                      "latencyMs": 2.5 + p, "gbps": 1.5} for p in (0, 1)]
+    assert link_status(dep, pods, first, read, 1) == first and len(reads) == 1  # steady: nothing read
+
+    def broken(pod: str) -> dict:
+        reads.append(pod)
+        return _round(False, 0, 1)
+
+    down = link_status(dep, _decode_down(pods, 0), first, broken, 1)
+    assert len(reads) == 2 and [e["linked"] for e in down] == [False, False]
+    assert down[0]["message"] == "cannot fetch the descriptor"
+
+
+def test_link_status_without_figures_still_gives_the_state():
+    v = validated()
+    entries = link_status(v.deployment, _decode_down(pods_of(desired(v)), 0), [], lambda pod: None, 1)
+    assert entries == [{"decode": "glm-flash-decode-0", "prefill": "glm-flash-prefill-0", "linked": False}]

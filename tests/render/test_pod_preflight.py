@@ -1,0 +1,133 @@
+"""Every rendered serving pod starts through `pd-preflight`, run for real: the files the pod would
+see are laid out (render_cases.run_pod), a recorder stands in for `vllm`, and the preflight must
+exec it with exactly the rendered argv, and refuse, naming the finding, a pod whose argv, NPU
+grant or image was tampered with.
+
+The image is what `pd-preflight` finds installed (its capability check: preflight_cli.image_findings);
+here an installed vllm-ascend is laid out on PYTHONPATH, as the serving image has it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from render_cases import VALID_EXAMPLES, container, load, role_of, run_pod, serving_sets
+
+from pd_operator.render import render
+from pd_operator.validate import validate
+
+GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
+MULTI_POD = next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek"))
+EX_CONFIG = 78
+
+
+def _manifests(example) -> list[dict]:
+    return render(validate(load(example)))
+
+
+def _decode(manifests: list[dict]) -> dict:
+    return next(s for s in serving_sets(manifests) if role_of(s) == "decode")
+
+
+def _rendered_vllm_argv(cont: dict) -> list[str]:
+    """The `vllm serve ...` part of the rendered command (before any per-pod flags)."""
+    command = cont["command"]
+    return command[command.index("--") + 1:]
+
+
+@pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_every_rendered_pod_passes_its_preflight_and_execs_the_rendered_argv(example, tmp_path):
+    manifests = _manifests(example)
+    for sts in serving_sets(manifests):
+        cont = container(sts)
+        start = cont["command"].index("pd-preflight")
+        assert cont["command"][start:start + 4] == \
+            ["pd-preflight", "--config", f"/etc/pd/preflight-{role_of(sts)}.json", "--"]
+        for ordinal in range(sts["spec"]["replicas"]):
+            run = run_pod(manifests, sts, ordinal, tmp_path / f"{sts['metadata']['name']}-{ordinal}")
+            assert run.returncode == 0, run.stderr
+            rendered = _rendered_vllm_argv(cont)
+            # Exactly the rendered argv; a multi-pod instance's prelude only appends its per-pod flags.
+            assert run.argv[:len(rendered)] == rendered
+            extra = run.argv[len(rendered):]
+            if sts["spec"]["replicas"] == 1:
+                assert extra == []
+            else:
+                local = int(rendered[rendered.index("--data-parallel-size-local") + 1])
+                assert extra == [*(["--headless"] if ordinal else []), "--data-parallel-start-rank",
+                                 str(ordinal * local)]
+
+
+def _refused(run, code: str, path: str) -> None:
+    assert run.returncode == EX_CONFIG and run.argv is None, run
+    assert f"error: {code} at {path}:" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def _edited(cont: dict, flag: str, value: str) -> dict:
+    out = copy.deepcopy(cont)
+    out["command"][out["command"].index(flag) + 1] = value
+    return out
+
+
+@pytest.mark.parametrize(("flag", "value", "path"), [
+    ("--tensor-parallel-size", "8", "--tensor-parallel-size"),
+    ("--block-size", "128", "--block-size"),
+])
+def test_a_tampered_argv_is_refused(flag, value, path, tmp_path):
+    manifests = _manifests(GLM)
+    sts = _decode(manifests)
+    run = run_pod(manifests, sts, 0, tmp_path, cont=_edited(container(sts), flag, value))
+    _refused(run, "PreflightShapeMismatch", path)
+
+
+def test_a_tampered_kv_transfer_config_is_refused(tmp_path):
+    manifests = _manifests(GLM)
+    sts = _decode(manifests)
+    cont = container(sts)
+    kv = json.loads(cont["command"][cont["command"].index("--kv-transfer-config") + 1])
+    kv["kv_role"] = "kv_producer"
+    run = run_pod(manifests, sts, 0, tmp_path, cont=_edited(cont, "--kv-transfer-config", json.dumps(kv)))
+    _refused(run, "PreflightShapeMismatch", "--kv-transfer-config.kv_role")
+
+
+def test_a_pod_on_the_wrong_ordinal_is_refused(tmp_path):
+    # Pod 1 of a two-pod decode instance must run --headless with DP start rank 2; give it ordinal 0's
+    # flags by dropping the prelude's per-pod steps.
+    manifests = _manifests(MULTI_POD)
+    sts = next(s for s in serving_sets(manifests) if s["spec"]["replicas"] > 1)
+    cont = copy.deepcopy(container(sts))
+    cont["command"] = cont["command"][cont["command"].index("pd-serve") + 1:]
+    run = run_pod(manifests, sts, 1, tmp_path, cont=cont)
+    _refused(run, "PreflightShapeMismatch", "--headless")
+
+
+def test_too_few_npus_granted_is_refused(tmp_path):
+    manifests = _manifests(GLM)
+    sts = _decode(manifests)  # DP2 x TP4: 8 NPUs
+    cont = copy.deepcopy(container(sts))
+    for part in ("requests", "limits"):
+        cont["resources"][part]["huawei.com/Ascend910"] = 4  # the device plugin then grants 4
+    run = run_pod(manifests, sts, 0, tmp_path, cont=cont)
+    _refused(run, "PreflightShapeMismatch", "resources")
+
+
+def test_an_image_without_cross_tp_runs_is_refused(tmp_path):
+    # Prefill blocks of 640 and decode blocks of 1152 need the seed change's cross-TP runs.
+    manifests = _manifests(GLM)
+    sts = _decode(manifests)
+    run = run_pod(manifests, sts, 0, tmp_path, vllm_ascend="0.23.0")
+    _refused(run, "ConnectorVersionTooOld", "image")
+    run = run_pod(manifests, sts, 0, tmp_path / "none", vllm_ascend=None)
+    _refused(run, "ConnectorVersionTooOld", "image")
+
+
+def test_a_missing_config_is_refused(tmp_path):
+    manifests = _manifests(GLM)
+    sts = _decode(manifests)
+    for config_map in (m for m in manifests if m["kind"] == "ConfigMap"):
+        config_map["data"] = {}
+    run = run_pod(manifests, sts, 0, tmp_path)
+    assert run.returncode == EX_CONFIG and "PreflightConfigInvalid" in run.stderr and run.argv is None

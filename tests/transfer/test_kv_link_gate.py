@@ -1,0 +1,147 @@
+"""The KV-link gate with real processes: the rendered `kv-probe` command of a prefill pod and the
+rendered `kv-link` command of a decode pod run on loopback, each with its own Mooncake engine. The
+decode gate goes ready once it pulled and verified the prefill's test KV; the prefill probe is
+stopped and the gate goes not ready; the operator's pure gate (controller/rollout.py, links.py),
+given the pods with the kv-link readiness the kubelet would report, takes the decode instance out of
+the proxy's upstreams and says why in DecodeReady and status.kvLinks.
+
+What stands in for the cluster: the rendered ConfigMap's files at a temporary mount path, POD_IP
+127.0.0.1 (the downward API), free ports instead of 8090 (both pods share one network here),
+`--peer 127.0.0.1:<port>` for the prefill pod's DNS name, a 1 s period instead of 30 s, and a plain
+GET of the rendered readinessProbe path standing in for the kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from controller_helpers import desired, link_down, pods_of, validated
+from controller_support import example, wait_for
+from render_cases import config_map_data, role_of, serving_sets
+
+from pd_operator.controller import links, rollout
+from pd_operator.controller.status import Observed, conditions, layout_hash, status
+from pd_operator.localnet import free_port
+from pd_operator.names import Names
+from pd_operator.render import render
+from pd_operator.render.command import CONFIG_DIR
+
+pytestmark = pytest.mark.transfer
+
+VENV_BIN = Path(sys.executable).parent
+GATE_TIMEOUT = 120.0  # generous upper bound for a state change on a loaded machine
+
+
+class Sidecar:
+    """One sidecar command of a rendered pod, running, with its stdout lines collected."""
+
+    def __init__(self, cont: dict, mounted: Path, port: int, extra: list[str] | None = None) -> None:
+        command = [arg.replace(CONFIG_DIR, str(mounted)) for arg in cont["command"]]
+        command[command.index("--port") + 1] = str(port)
+        if "--every" in command:
+            command[command.index("--every") + 1] = "1"
+        env = {**os.environ, "PATH": f"{VENV_BIN}:/usr/bin:/bin", "MC_TCP_BIND_ADDRESS": "127.0.0.1",
+               "MC_LOG_LEVEL": "ERROR",
+               **{e["name"]: e["value"] for e in cont["env"] if "value" in e}, "POD_IP": "127.0.0.1"}
+        self.proc = subprocess.Popen([*command, *(extra or [])], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.lines: list[str] = []
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def kubelet_ready(cont: dict, port: int) -> bool:
+    """The rendered readinessProbe (httpGet) as the kubelet runs it: 2xx is ready."""
+    probe = cont["readinessProbe"]["httpGet"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe['path']}", timeout=10) as answer:
+            return 200 <= answer.status < 300
+    except urllib.error.HTTPError:
+        return False
+    except OSError:
+        return False
+
+
+def decoder_hosts(validation, pods: list[dict]) -> list[str] | None:
+    """The proxy's decode upstreams as the operator computes them (None: scaled to zero)."""
+    dep = validation.deployment
+    gated, _ = rollout.gate(render(validation), pods, Names(dep.name, dep.namespace),
+                            {r: validation.pod_plans[r].pods for r in ("prefill", "decode")},
+                            {r: dep.role(r).replicas for r in ("prefill", "decode")}, layout_hash(validation))
+    proxy = next(m for m in gated if m["kind"] == "Deployment")
+    if proxy["spec"]["replicas"] == 0:
+        return None
+    argv = proxy["spec"]["template"]["spec"]["containers"][0]["command"]
+    start = argv.index("--decoder-hosts") + 1
+    return argv[start:argv.index("--decoder-ports")]
+
+
+def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
+    validation = validated(example())  # GLM-5.3-Flash, prefill TP8 (blocks of 640) -> decode DP2xTP4 (1152)
+    manifests = render(validation)
+    mounted = tmp_path / "etc-pd"
+    mounted.mkdir()
+    for key, text in config_map_data(manifests).items():
+        (mounted / key).write_text(text)
+    sets = {role_of(s): s for s in serving_sets(manifests)}
+    probe_cont, gate_cont = (sets[r]["spec"]["template"]["spec"]["containers"][1]
+                             for r in ("prefill", "decode"))
+    assert (probe_cont["name"], gate_cont["name"]) == ("kv-probe", "kv-link")
+
+    probe_port, gate_port = free_port(), free_port()
+
+    def as_in_cluster(round_: dict) -> dict:
+        """The round as a gate in the cluster prints it: the peer by the prefill pod's DNS name (the
+        config's peers), where here `--peer` named 127.0.0.1."""
+        peer = f"{Names('glm-flash', 'default').pod_host('prefill', 0, 0)}:8090"
+        return {**round_, "peers": [{**p, "peer": peer} for p in round_["peers"]]}
+
+    prefill = Sidecar(probe_cont, mounted, probe_port)
+    gate = Sidecar(gate_cont, mounted, gate_port, ["--peer", f"127.0.0.1:{probe_port}"])
+    try:
+        children = desired(validation)
+        pods = pods_of(children)  # every container ready, as once the engines have loaded
+        names = Names("glm-flash", "default")
+
+        wait_for(lambda: kubelet_ready(gate_cont, gate_port), GATE_TIMEOUT, "the decode gate to go ready")
+        last = links.parse_round("".join(gate.lines))
+        assert last is not None and last["ok"]
+        (pair,) = last["peers"]
+        assert pair["errors"] == [] and pair["bytes"] > 0 and pair["gbps"] > 0
+        assert decoder_hosts(validation, pods) == [names.pod_host("decode", 0, 0)]
+        linked = links.link_status(validation.deployment, pods, [], lambda pod: as_in_cluster(last), 1)
+        assert [(e["prefill"], e["linked"]) for e in linked] == [("glm-flash-prefill-0", True)]
+        assert linked[0]["latencyMs"] == pair["latencyMs"] > 0 and linked[0]["gbps"] == pair["gbps"] > 0
+
+        prefill.stop()
+        wait_for(lambda: not kubelet_ready(gate_cont, gate_port), GATE_TIMEOUT, "the gate to go not ready")
+        down = [link_down(p) if "decode" in p["metadata"]["name"] else p for p in pods]
+        assert decoder_hosts(validation, down) is None  # the only decode instance left the upstreams
+        body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{gate_port}/link", timeout=10).read())
+        assert not body["ok"] and "cannot fetch the descriptor" in body["peers"][0]["errors"][0]
+        unlinked = links.link_status(validation.deployment, down, linked, lambda pod: as_in_cluster(body), 1)
+        observed = Observed(children=children, pods=down, links=unlinked)
+        got = {c["type"]: (c["status"], c["reason"]) for c in conditions(validation, observed, [], 1, "t")}
+        assert got["DecodeReady"] == ("False", "KVLinkNotReady")
+        (entry,) = status(validation, observed, {}, 1, "t")["kvLinks"]
+        assert not entry["linked"] and "cannot fetch the descriptor" in entry["message"]
+    finally:
+        for sidecar in (gate, prefill):
+            if sidecar.proc.poll() is None:
+                sidecar.stop()
