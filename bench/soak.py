@@ -53,6 +53,8 @@ def churn(cp: ControlPlane, names: list[str], every_s: float, stop: threading.Ev
 def unhandled(log: str) -> list[str]:
     out = []
     for line in log.splitlines():
+        if line.startswith("--- start "):  # the launcher's header (support.cluster.Component)
+            continue
         try:
             record = json.loads(line)
         except ValueError:
