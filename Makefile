@@ -20,10 +20,15 @@ HELM3_DIR := $(TOOLS)/helm3
 TOOLS_STAMP := $(TOOLS)/.installed-$(notdir $(KUBECTL_LAYER))
 HELM3_STAMP := $(HELM3_DIR)/.installed-$(notdir $(HELM3_LAYER))
 CHART := charts/pd-operator
+# The contract and vllm tiers' upstream code: vllm-ascend's release source archives and the Mooncake
+# NPU wheel their images install, pinned by sha256 in tests/support/upstream.py (build artefacts, not
+# committed).
+UPSTREAM := .cache/upstream
+UPSTREAM_STAMP := $(UPSTREAM)/.fetched
 # Committed files that generators write; `make verify` fails when regenerating changes them.
 GENERATED := crds $(CHART)/crds $(CHART)/files docs/api.md README.md
 
-.PHONY: install system-deps vllm-env tools testcluster chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean
+.PHONY: install system-deps vllm-env tools testcluster upstream chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean
 
 # Mooncake's wheel links libibverbs even on machines without RDMA hardware.
 system-deps:
@@ -88,6 +93,12 @@ tools: $(TOOLS_STAMP) $(HELM3_STAMP)
 testcluster:
 	@bash tools/testcluster/build.sh
 
+$(UPSTREAM_STAMP): tests/support/upstream.py
+	$(PY) tests/support/upstream.py
+	touch $@
+
+upstream: install $(UPSTREAM_STAMP)
+
 # The API reference (docs/api.md) and the README's findings/conditions tables come from the code.
 docs: install
 	$(PY) -m pd_operator.tools.docs
@@ -99,11 +110,11 @@ crds: install
 chart-sync: install
 	$(PY) -m pd_operator.tools.chart_sync
 
-test: install vllm-env tools testcluster
+test: install vllm-env tools testcluster upstream
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install tools
-	$(PY) -m pytest -m "not integration and not faults and not transfer and not vllm" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not faults and not transfer and not vllm and not contract" $(PYTEST_ARGS)
 
 # The plan, then a real control plane (tests/support), helm install, kubectl apply, kubectl get pdd.
 demo: install tools testcluster
@@ -135,4 +146,4 @@ verify: install tools
 	  if [ -n "$$new" ]; then echo "verify: generated but not committed: $$new" >&2; exit 1; fi
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) $(UPSTREAM) .pytest_cache .hypothesis .mypy_cache .ruff_cache

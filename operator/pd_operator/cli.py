@@ -17,12 +17,11 @@ import yaml
 
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import side_layout
-from pd_operator.kv.compat import DEFAULT_PROMPT_TOKENS, PairReport, check_pair
-from pd_operator.kv.dtypes import DTYPES
+from pd_operator.kv.compat import ASCEND_KV_CACHE_DTYPES, DEFAULT_PROMPT_TOKENS, PairReport, check_pair
 from pd_operator.kv.hf_config import model_from_hf_config
 from pd_operator.kv.pages import LayoutError
 from pd_operator.kv.plan import plan_transfer
-from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
+from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, PLATFORMS, Side
 from pd_operator.kv.summary import report_json, report_table
 from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
 from pd_operator.render import NotRenderable, render
@@ -91,7 +90,7 @@ def _pair_from_flags(args: argparse.Namespace) -> PairInput:
 
     def side(role: str, m, tp: int, dp: int, pp: int, block: int | None) -> Side:
         return Side(role, m, tp, dp, pp, args.kv_cache_dtype, block or args.block_size,  # type: ignore[arg-type]
-                    args.kernel_block_size, args.num_speculative_tokens, f"--{role}")
+                    args.kernel_block_size, args.num_speculative_tokens, f"--{role}", args.platform)
 
     return PairInput(
         side("prefill", model, args.prefill_tp, args.prefill_dp, args.prefill_pp, args.prefill_block_size),
@@ -236,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--block-size", type=_positive, help="--block-size requested on both roles")
     plan.add_argument("--kernel-block-size", type=_positive, default=ASCEND_KERNEL_BLOCK)
     plan.add_argument("--num-speculative-tokens", type=int, default=0, choices=range(0, 65), metavar="N")
-    plan.add_argument("--kv-cache-dtype", default="auto", choices=("auto", *DTYPES))
+    plan.add_argument("--kv-cache-dtype", default="auto", choices=ASCEND_KV_CACHE_DTYPES)
+    plan.add_argument("--platform", default="ascend", choices=PLATFORMS,
+                      help="whose block rule: vllm-ascend's (the serving image, default) or plain vLLM's")
     plan.add_argument("--connector", default=DEFAULT_CONNECTOR)
     plan.add_argument("--prompt-tokens", type=_positive, default=DEFAULT_PROMPT_TOKENS)
     plan.add_argument("-o", "--output", choices=("table", "json"), default="table")

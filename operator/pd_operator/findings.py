@@ -76,8 +76,27 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "Align the two block sizes so their gcd is a multiple of the compress ratio, "
         "for example by overriding blockSize on one side."),
     "CrossTPBlockSizesUnsupported": (
-        "error", "The two sides' block sizes differ and the connector pairs blocks index by index.",
-        "Use MooncakeConnectorV2 (cross-TP token runs) or make both block sizes equal."),
+        "error", "MooncakeConnectorV1 maps unequal blocks at kernel granularity, but one side's block is not "
+        "a multiple of the other side's kernel block.",
+        "Use the same kernelBlockSize on both roles."),
+    "KVCacheDTypeUnsupported": (
+        "error", "The platform does not accept this KV cache dtype (plain vLLM has no int8).",
+        "Use a kvCacheDtype the platform lists (int8 only on vllm-ascend)."),
+    "KVCacheDTypeIncompatible": (
+        "error", "A 16-bit KV cache dtype that differs from the model dtype; vLLM refuses it at start-up.",
+        "Set kvCacheDtype to auto or to the model dtype."),
+    "AscendBlockRuleDiffers": (
+        "info", "vllm-ascend's block rule gives this side another engine block than plain vLLM's would "
+        "(a requested block, or an int8/fp8 KV cache on a pooled-indexer model).",
+        "Nothing to do: the operator plans and renders vllm-ascend's block."),
+    "RequestedBlockLowered": (
+        "warning", "vllm-ascend's C8 rule gives a smaller engine block than the requested blockSize (it caps "
+        "the block at the one covering the state page).",
+        "Drop blockSize, or expect the smaller block: the operator plans and renders it."),
+    "C8LatentNotTileAligned": (
+        "error", "vllm-ascend packs an int8/fp8 MLA cache in 128-value tiles and the latent is not a "
+        "multiple of 128.",
+        "Use kvCacheDtype auto for this model."),
     "ShardedTPIncompatible": (
         "error", "A sharded cache needs one side's TP to divide the other's.",
         "Choose tensor parallel sizes where one divides the other (for example 8 and 4)."),
@@ -108,15 +127,32 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "PreflightShapeMismatch": (
         "error", "The vllm serve flags or the pod's NPUs disagree with the rendered pairing.",
         "Remove flags that override the rendered parallel sizes, block size or kv-transfer-config."),
-    "ConnectorVersionTooOld": (
-        "error", "The serving image's vllm-ascend predates cross-TP runs for unequal block sizes.",
-        "Use a serving image whose vllm-ascend has MooncakeConnectorV2 with cross-TP runs."),
-    "ModelRunnerV2Disabled": (
-        "error", "MooncakeConnectorV2 is configured but VLLM_USE_V2_MODEL_RUNNER is not 1.",
-        "Set VLLM_USE_V2_MODEL_RUNNER=1 (the operator renders it)."),
+    "PreflightImageMismatch": (
+        "error", "The pod's installed vllm-ascend lacks what the spec claims of the image (a connector, "
+        "the seed change's cross-TP runs, a model family).",
+        "Use the image the spec describes, or correct spec.image (vllmAscendVersion, seedChange)."),
     "PreflightPortBusy": (
         "error", "A port the serving pod must bind is already in use.",
         "Stop whatever holds the port, or move the port in the spec."),
+    "ImageUnknown": (
+        "error", "The serving image's vllm-ascend release cannot be told from its tag or is not one the "
+        "operator knows.",
+        "Use a quay.io/ascend/vllm-ascend release tag, or set spec.image.vllmAscendVersion "
+        "(and seedChange)."),
+    "ImageLacksConnector": (
+        "error", "The image's vllm-ascend does not register the kv connector the spec asks for.",
+        "Use a connector the image registers or an image whose vllm-ascend registers it."),
+    "ImageLacksModel": (
+        "error", "The image's vllm-ascend has no model code for the model's family.",
+        "Use an image with a vllm-ascend release that supports the model."),
+    "ImageLacksSeedChange": (
+        "error", "The pairing needs token runs between unequal kernel blocks, which only the seed change "
+        "(vllm-ascend PR #16755) provides.",
+        "Use an image built from images/vllm-ascend (seedChange: true) or equal kernelBlockSize."),
+    "ImageBlockRuleUnmodelled": (
+        "error", "The image's vllm-ascend sizes this model's engine block by a rule the operator does not "
+        "plan (an older hybrid-model rule, or no C8 packing of an int8/fp8 MLA cache).",
+        "Use an image with the vllm-ascend release whose block rule the operator plans (0.30.0rc2)."),
     "PortOverlap": (
         "error", "Two port ranges of the same pod overlap.",
         "Move kvTransfer.kvPort (or the named port) so the ranges are disjoint."),

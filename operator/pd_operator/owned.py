@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # Env var -> the spec field (or reason) that controls it.
 OWNED_ENV: dict[str, str] = {
-    "VLLM_USE_V2_MODEL_RUNNER": "always 1: MooncakeConnectorV2 needs Model Runner V2",
+    "VLLM_USE_V2_MODEL_RUNNER": "spec.image and the model (the runner the image runs the model family on)",
     "VLLM_HOST_IP": "the pod IP (status.podIP)",
     "HCCL_IF_IP": "the pod IP (status.podIP)",
     "GLOO_SOCKET_IFNAME": "the pod network interface",
@@ -19,8 +19,6 @@ OWNED_ENV: dict[str, str] = {
     "VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": "spec.kvTransfer.timeouts.abortRequestSeconds",
     "ASCEND_TRANSFER_TIMEOUT": "spec.kvTransfer.timeouts.transferMs",
     "ASCEND_CONNECT_TIMEOUT": "spec.kvTransfer.timeouts.connectMs",
-    "PD_ROLE": "the role of the pod",
-    "PD_INSTANCE": "the instance of the pod",
     "PD_POD_INDEX": "the pod's ordinal in its instance (downward API)",
 }
 
@@ -58,6 +56,11 @@ OWNED_FLAGS: dict[str, str] = {
     "--served-model-name": "spec.model.servedModelName",
     "--max-model-len": "spec.model.maxModelLen",
 }
+
+
+# Rendered for hybrid models only (render/command.py says why); extraArgs may not touch it for them.
+PREFIX_CACHING_OFF = "--no-enable-prefix-caching"
+PREFIX_CACHING_FLAGS = ("--enable-prefix-caching", PREFIX_CACHING_OFF)
 
 
 def flag_name(arg: str) -> str | None:

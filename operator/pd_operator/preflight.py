@@ -1,7 +1,8 @@
 """Checks a serving pod runs before `exec vllm serve`: is what is about to start the pairing the
-operator rendered? Pure: `pd-preflight` (preflight_cli.py) gathers the facts (the rendered config,
-the argv, the environment, the installed vllm-ascend, the NPUs the device plugin granted, the ports
-already bound) and this module judges them.
+operator rendered, on the image the spec described? Pure: `pd-preflight` (preflight_cli.py) gathers
+the facts (the rendered config, the argv, the environment, what the installed vllm-ascend's source
+registers (pd_operator.image_check), the NPUs the device plugin granted, the ports already bound)
+and this module judges them.
 
 The rendered config (`PreflightConfig`) is one key per role of the deployment's serving ConfigMap
 (render/serving_config.py), mounted into every serving pod.
@@ -10,23 +11,19 @@ The rendered config (`PreflightConfig`) is one key per role of the deployment's 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field, ValidationError
 
 from pd_operator.findings import Finding
+from pd_operator.image_check import Installed, check
+from pd_operator.images import ImageCapabilities
 from pd_operator.schema import ApiModel
 
-V2_CONNECTOR = "MooncakeConnectorV2"
 ROLE_OF = {"prefill": "kv_producer", "decode": "kv_consumer"}
 POD_INDEX_ENV = "PD_POD_INDEX"
 """The pod's ordinal in its instance (downward API: the StatefulSet pod-index label)."""
-# The first vllm-ascend release assumed to carry the seed change (MooncakeConnectorV2 on Model
-# Runner V2 moving gcd-segment runs when the two sides' kernel block sizes differ). The change is
-# known only as a pull request; confirm the release that merged it before relying on this floor.
-CROSS_TP_MIN_VERSION = "0.32.0rc1"
 
 
 class PreflightConfig(ApiModel):
@@ -42,12 +39,13 @@ class PreflightConfig(ApiModel):
     """Pods of one instance; with more than one, pod 0 leads and the others run --headless."""
     engine_block_size: int = Field(ge=1)
     """This side's engine block size, as the KV engine resolved it (rendered as --block-size)."""
-    peer_engine_block_size: int = Field(ge=1)
     kv_connector: str = Field(min_length=1)
     npus_per_pod: int = Field(ge=1)
     """NPUs each pod requests (TP x PP x local DP ranks)."""
     ports: list[list[int]] = Field(default_factory=list)
     """Every port each pod binds (HTTP, KV handshake, side channel, ...), by pod ordinal."""
+    image: ImageCapabilities
+    """What the spec says the image can do (pd_operator.images), checked against the installed code."""
 
 
 def parse_config(text: str, source: str) -> tuple[PreflightConfig | None, list[Finding]]:
@@ -76,15 +74,6 @@ def flag_values(argv: Sequence[str]) -> dict[str, str]:
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
             out[name] = argv[i + 1]
     return out
-
-
-def version_key(version: str) -> tuple[int, int, int, float] | None:
-    """(major, minor, patch, rc) with a final release after its release candidates."""
-    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?rc(\d+))?", version)
-    if not match:
-        return None
-    major, minor, patch, rc = match.groups()
-    return int(major), int(minor), int(patch or 0), float(rc) if rc is not None else float("inf")
 
 
 def _mismatch(path: str, message: str) -> Finding:
@@ -157,25 +146,12 @@ def check_npus(config: PreflightConfig, npus: int | None) -> list[Finding]:
                                    f"{config.pipeline_parallel_size} need {config.npus_per_pod}.")]
 
 
-def check_version(config: PreflightConfig, env: Mapping[str, str], installed: str | None) -> list[Finding]:
-    """What the image can do, judged from its vllm-ascend version and the runner flag."""
-    out = []
-    if config.kv_connector == V2_CONNECTOR and env.get("VLLM_USE_V2_MODEL_RUNNER") != "1":
-        out.append(Finding("ModelRunnerV2Disabled", "error", "env.VLLM_USE_V2_MODEL_RUNNER", "",
-                           f"{V2_CONNECTOR} runs on Model Runner V2 only, but VLLM_USE_V2_MODEL_RUNNER is "
-                           f"{env.get('VLLM_USE_V2_MODEL_RUNNER')!r}; set it to 1."))
-    if config.engine_block_size == config.peer_engine_block_size:
-        return out
-    have = version_key(installed) if installed else None
-    need = version_key(CROSS_TP_MIN_VERSION)
-    if have is None or need is None or have < need:
-        found = f"vllm-ascend {installed}" if installed else "no vllm-ascend"
-        out.append(Finding(
-            "ConnectorVersionTooOld", "error", "image", "",
-            f"This {config.role} pages KV in {config.engine_block_size}-token blocks and its peer in "
-            f"{config.peer_engine_block_size}-token blocks, which needs {V2_CONNECTOR} cross-TP runs from "
-            f"vllm-ascend {CROSS_TP_MIN_VERSION} or later; the image has {found}."))
-    return out
+def check_image(config: PreflightConfig, installed: Installed | None) -> list[Finding]:
+    """The one judgement of the image: the spec's claim against what the installed code registers."""
+    if installed is None:
+        return [Finding("PreflightImageMismatch", "error", "spec.image.name", "",
+                        "No vllm-ascend is installed in this image; use a vllm-ascend serving image.")]
+    return check(config.image, installed)
 
 
 def check_ports(config: PreflightConfig, ordinal: int | None, busy: Collection[int]) -> list[Finding]:
@@ -190,9 +166,9 @@ def ordinal_of(env: Mapping[str, str]) -> int | None:
 
 
 def preflight(config: PreflightConfig, argv: Sequence[str], env: Mapping[str, str], npus: int | None,
-              busy_ports: Collection[int], image: Sequence[Finding]) -> list[Finding]:
-    """Every finding about this pod; `image` are the findings about the serving image (what the
-    installed vllm-ascend can do), gathered by the caller."""
+              busy_ports: Collection[int], installed: Installed | None) -> list[Finding]:
+    """Every finding about this pod; `installed` is what introspection found of the image's
+    vllm-ascend (None: none is installed)."""
     ordinal = ordinal_of(env)
-    return (check_argv(config, argv, ordinal) + check_npus(config, npus) + list(image)
+    return (check_argv(config, argv, ordinal) + check_npus(config, npus) + check_image(config, installed)
             + check_ports(config, ordinal, busy_ports))

@@ -3,11 +3,11 @@
     pd-preflight --config /etc/pd/preflight-decode.json -- vllm serve MODEL ... --kv-transfer-config '{...}'
 
 Gathers what only the pod knows (its argv, its environment, the NPUs the device plugin granted,
-the ports already bound, the installed vllm-ascend), lets pd_operator.preflight judge it against the
-rendered config and, when nothing is wrong, replaces itself with the command (`exec`), so vLLM
-keeps the container's PID and signals. Any error: the findings on stderr, one per line, and exit
-78 (EX_CONFIG), so the pod fails at once with the reason in its log instead of minutes later in a
-transfer.
+the ports already bound, what the installed vllm-ascend's source registers), lets
+pd_operator.preflight judge it against the rendered config and, when nothing is wrong, replaces
+itself with the command (`exec`), so vLLM keeps the container's PID and signals. Any error: the
+findings on stderr, one per line, and exit 78 (EX_CONFIG), so the pod fails at once with the reason
+in its log instead of minutes later in a transfer.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 
 from pd_operator.findings import Finding
-from pd_operator.preflight import PreflightConfig, check_version, ordinal_of, parse_config, preflight
+from pd_operator.image_check import Installed, installed_root, introspect
+from pd_operator.preflight import ordinal_of, parse_config, preflight
 
 EX_CONFIG = 78
 # NPU ids the Ascend device plugin grants a container (Ascend/ascend-device-plugin: Allocate's
@@ -31,17 +31,10 @@ EX_CONFIG = 78
 DEVICE_ENVS = ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES")
 
 
-def installed_vllm_ascend() -> str | None:
-    try:
-        return metadata.version("vllm-ascend")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def image_findings(config: PreflightConfig, env: Mapping[str, str]) -> list[Finding]:
-    """What the serving image can do, against what this pairing needs. The one place the image is
-    judged: the capability check of the image model plugs in here."""
-    return check_version(config, env, installed_vllm_ascend())
+def installed_vllm_ascend() -> Installed | None:
+    """What the vllm_ascend package this Python would import registers, read from its source."""
+    root = installed_root()
+    return introspect(root) if root is not None else None
 
 
 def visible_npus(env: Mapping[str, str], dev: Path = Path("/dev")) -> int | None:
@@ -84,7 +77,10 @@ def findings_for(config_path: str, argv: Sequence[str], env: Mapping[str, str]) 
         return findings
     ordinal = ordinal_of(env) or 0
     ports = config.ports[ordinal] if ordinal < len(config.ports) else []
-    return preflight(config, argv, env, visible_npus(env), busy(ports), image_findings(config, env))
+    installed = installed_vllm_ascend()
+    if installed is not None:  # the pod log names what runs: version, build commit, source root
+        print(f"pd-preflight: {installed.describe()}", file=sys.stderr)
+    return preflight(config, argv, env, visible_npus(env), busy(ports), installed)
 
 
 def main(args: Sequence[str] | None = None) -> int:

@@ -2,8 +2,8 @@
 
 It never raises on user input. Every problem becomes a Finding with the manifest field path, in
 the order a person would fix them: the document's shape (CRD schema and CEL rules, then the
-pydantic model), then the model description, then each role's topology, ports and overrides,
-then KV compatibility of the pair.
+pydantic model), then each role's topology, ports and overrides, then the model description and
+what the serving image can serve (pd_operator.images), then KV compatibility of the pair.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pd_operator import images
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import API_VERSION, KIND, ROLES, ModelSpec, PDDeployment, RoleSpec
 from pd_operator.findings import Finding, is_compatible
@@ -24,7 +25,7 @@ from pd_operator.kv.hf_config import ConfigError, model_from_hf_config
 from pd_operator.kv.model import ModelKV
 from pd_operator.kv.side import Side
 from pd_operator.names import DNS1035_LABEL, Names
-from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, owned_flag
+from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, PREFIX_CACHING_FLAGS, flag_name, owned_flag
 from pd_operator.ports import port_findings
 from pd_operator.topology import PodPlan, TopologyError, pod_plan
 
@@ -144,11 +145,15 @@ def resolve_model(spec: ModelSpec, namespace: str, read_config_map: ConfigMapRea
 
 
 def side_of(role: str, spec: RoleSpec, model: ModelKV, kv_cache_dtype: str) -> Side:
+    """The side as a serving image runs it: every image is a vllm-ascend one, so vllm-ascend's block
+    rule (platform "ascend", as 0.30.0rc2 has it); images whose release sizes blocks otherwise are
+    refused by images.findings (ImageBlockRuleUnmodelled, KVCacheDTypeUnsupported)."""
     return Side(role=role, model=model, tensor_parallel=spec.tensor_parallel_size,  # type: ignore[arg-type]
                 data_parallel=spec.data_parallel_size, pipeline_parallel=spec.pipeline_parallel_size,
                 kv_cache_dtype=kv_cache_dtype, block_size=spec.block_size,
                 kernel_block_size=spec.kernel_block_size,
-                num_speculative_tokens=spec.num_speculative_tokens, path=f"spec.{role}")
+                num_speculative_tokens=spec.num_speculative_tokens, path=f"spec.{role}",
+                model_path="spec.model", platform="ascend")
 
 
 def _override_findings(role: str, spec: RoleSpec) -> list[Finding]:
@@ -167,6 +172,23 @@ def _override_findings(role: str, spec: RoleSpec) -> list[Finding]:
             out.append(Finding("ArgOverride", "error", f"spec.{role}.extraArgs[{i}]", "",
                                f"{spelled} is rendered by the operator from {owner}; remove it from "
                                "extraArgs and set that instead."))
+    return out
+
+
+def _prefix_caching_findings(dep: PDDeployment, model: ModelKV) -> list[Finding]:
+    """Hybrid models run with prefix caching off (render/command.py): their block is planned for it."""
+    if not model.is_hybrid:
+        return []
+    out = []
+    for role in ROLES:
+        for i, arg in enumerate(dep.role(role).extra_args):
+            name = flag_name(arg)
+            if name and len(name) > 2 and any(flag.startswith(name) for flag in PREFIX_CACHING_FLAGS):
+                out.append(Finding(
+                    "ArgOverride", "error", f"spec.{role}.extraArgs[{i}]", "",
+                    f"{name} is rendered by the operator for hybrid models (prefix caching off: with it on, "
+                    "vLLM switches the state cache to its 'align' mode and another engine block than the "
+                    "one planned); remove it from extraArgs."))
     return out
 
 
@@ -210,6 +232,12 @@ def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Find
     return out
 
 
+def _image_findings(dep: PDDeployment, model: ModelKV | None) -> list[Finding]:
+    kernel_blocks = (dep.spec.prefill.kernel_block_size, dep.spec.decode.kernel_block_size)
+    return images.findings(dep.spec.image, dep.spec.kv_transfer.connector, model,
+                           dep.spec.model.kv_cache_dtype, kernel_blocks)
+
+
 def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Validation:
     """Validate one PDDeployment manifest. `read_config_map` lets the controller resolve
     `spec.model.hfConfigMap`; without it (pdctl, the webhook) that check is deferred."""
@@ -225,8 +253,10 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
     findings += _name_findings(dep, plans)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
     findings += model_findings
+    findings += _image_findings(dep, model)
     if model is None:
         return Validation(findings, dep, None, None, plans)
+    findings += _prefix_caching_findings(dep, model)
     cache_dtype = dep.spec.model.kv_cache_dtype
     report = check_pair(side_of("prefill", dep.spec.prefill, model, cache_dtype),
                         side_of("decode", dep.spec.decode, model, cache_dtype),

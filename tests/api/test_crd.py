@@ -81,7 +81,8 @@ def test_enums_bounds_and_defaults_come_from_the_models():
 def test_cache_group_union_is_one_object_with_rules_per_kind():
     groups = crd.openapi_schema()["properties"]["spec"]["properties"]["model"]["properties"]["kv"][
         "properties"]["groups"]["items"]
-    assert groups["properties"]["kind"]["enum"] == ["attention", "mla", "indexer", "state"]
+    assert groups["properties"]["kind"]["enum"] == ["attention", "mla", "indexer", "indexerTail", "state"]
     assert not any("default" in p for k, p in groups["properties"].items() if k != "kind")
     messages = [r["message"] for r in groups["x-kubernetes-validations"]]
     assert "kind mla needs kvLoraRank" in messages
+    assert "kind indexerTail needs headDim, poolTokens" in messages

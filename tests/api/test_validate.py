@@ -56,8 +56,13 @@ def test_example_is_valid_and_resolved():
     ({"spec.decode.dataParallelSize": 3, "spec.decode.npusPerNode": 8}, "NodeTooSmall",
      "spec.decode.dataParallelSize"),
     ({"spec.decode.hostNetwork": True}, "HostNetwork", "spec.decode.hostNetwork"),
-    ({"spec.kvTransfer.connector": "MooncakeConnectorV1"}, "CrossTPBlockSizesUnsupported",
-     "spec.kvTransfer.connector"),
+    ({"spec.kvTransfer.connector": "MooncakeConnectorV1", "spec.decode.kernelBlockSize": 256},
+     "CrossTPBlockSizesUnsupported", "spec.kvTransfer.connector"),
+    ({"spec.model.kvCacheDtype": "float16"}, "KVCacheDTypeIncompatible", "spec.model.kvCacheDtype"),
+    ({"spec.prefill.extraArgs": ["--enable-prefix-caching"]}, "ArgOverride", "spec.prefill.extraArgs[0]"),
+    ({"spec.decode.extraArgs": ["--no-enable-prefix"]}, "ArgOverride", "spec.decode.extraArgs[0]"),
+    ({"spec.prefill.blockSize": 4096, "spec.model.kvCacheDtype": "int8"}, "RequestedBlockLowered",
+     "spec.prefill.blockSize"),
     ({"spec.model.preset": "no-such-model"}, "UnknownModel", "spec.model.preset"),
     ({"spec.decode.numSpeculativeTokens": 1}, "StateShapeMismatch", "spec.decode.numSpeculativeTokens"),
     ({"spec.prefill.replicas": "two"}, "InvalidSpec", "spec.prefill.replicas"),
@@ -69,6 +74,27 @@ def test_rule_reports_code_and_path(changes, code, path):
     finding = next(f for f in result.findings if f.code == code)
     assert finding.severity == CATALOG[code][0]
     assert finding.message.endswith(".") and len(finding.message) > 30
+
+
+def test_a_float16_kv_cache_on_a_bf16_model_is_refused_with_vllms_words():
+    result = validate(with_changes({"spec.model.kvCacheDtype": "float16"}))
+    assert not result.ok
+    (finding,) = [f for f in result.errors if f.code == "KVCacheDTypeIncompatible"]
+    assert finding.path == "spec.model.kvCacheDtype"
+    assert 'kv_cache_dtype="float16" is incompatible with dtype="bfloat16"' in finding.message
+
+
+def test_int8_kv_cache_gives_vllm_ascends_c8_blocks():
+    result = validate(with_changes({"spec.model.kvCacheDtype": "int8"}))
+    assert result.ok, [f.line() for f in result.errors]
+    assert (result.report.prefill_layout.engine_block_size, result.report.decode_layout.engine_block_size) \
+        == (1152, 2176)
+
+
+def test_prefix_caching_flags_are_free_for_models_without_state():
+    doc = with_changes({"spec.prefill.extraArgs": ["--enable-prefix-caching"]})
+    doc["spec"]["model"]["preset"] = "llama-3.1-8b"
+    assert "ArgOverride" not in {f.code for f in validate(doc).findings}
 
 
 def test_hf_config_map_is_deferred_without_a_reader_and_resolved_with_one():

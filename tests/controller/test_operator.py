@@ -293,7 +293,8 @@ def test_kv_layout_rollout_never_routes_across_layouts(cluster, start_operator, 
     # 0.5 s before the next lands), so the 50 ms poll below sees it.
     cluster.faults.configure(rate=1.0, kinds=["slow"], verbs=["patch"],
                              resources=["statefulsets", "deployments", "pddeployments"], delay_s=0.5)
-    patch_spec(custom, {"image": {"name": "registry.example.com/pd-operator/vllm-ascend:v0.24.0-pd1"}})
+    rebuilt = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed-b"
+    patch_spec(custom, {"image": {"name": rebuilt}})
 
     def proxy_gated() -> bool:
         status = pdd(cluster).get("status") or {}

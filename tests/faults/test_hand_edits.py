@@ -52,7 +52,7 @@ EDITS = {
     "image": (lambda sts: serving(sts).__setitem__("image", "example.com/not-the-engine:latest"),
               lambda sts: serving(sts)["image"]),
     "env": (lambda sts: next(e for e in serving(sts)["env"] if e["name"] == "VLLM_USE_V2_MODEL_RUNNER")
-            .__setitem__("value", "0"), lambda sts: env_value(sts, "VLLM_USE_V2_MODEL_RUNNER")),
+            .__setitem__("value", "tampered"), lambda sts: env_value(sts, "VLLM_USE_V2_MODEL_RUNNER")),
 }
 
 

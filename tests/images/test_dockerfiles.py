@@ -1,13 +1,17 @@
 """Static checks of the two images (no docker engine here): every COPY source exists in the build
 context (the repository root), every base image and every pip install is pinned, the operator image
-runs as non-root with only the operator's runtime dependencies, and the serving image's tag matches
-the vllm-ascend floor pd-preflight enforces."""
+runs as non-root with only the operator's runtime dependencies, and the serving image is a known
+vllm-ascend release rebuilt from the seed change's ref, checked at build time and recorded, with the
+console scripts the rendered pods run."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -15,12 +19,17 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from pd_operator.preflight import CROSS_TP_MIN_VERSION, version_key
+from pd_operator.image_check import COMMIT_FILE
+from pd_operator.images import RELEASES, SEED_PULL_REQUEST, release_of_tag
+from support.vllm_ascend_tree import write_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = {name: ROOT / "images" / name / "Dockerfile" for name in ("operator", "vllm-ascend")}
 PINNED_TAG = re.compile(r"^v?\d+\.\d+\.\d+")  # a full version, not a floating `3.11` or `latest`
 PINNED_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!-]+$")
+# The serving image's vllm-ascend checkout: fetched at VLLM_ASCEND_REF and checked against
+# VLLM_ASCEND_COMMIT in the same RUN, so it is pinned by commit rather than by a COPY.
+FETCHED_CHECKOUT = "/vllm-workspace/vllm-ascend"
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
@@ -67,8 +76,10 @@ def pip_requirements(path: Path) -> list[str]:
             for i in range(len(words) - 1):
                 if words[i].endswith("pip") and words[i + 1] == "install":
                     options = set(words[i + 2:])
-                    assert not {"-r", "-c", "--requirement", "--constraint", "-e"} & options, command
-                    reqs += [w for w in words[i + 2:] if not w.startswith("-")]
+                    assert not {"-r", "-c", "--requirement", "--constraint"} & options, command
+                    values = {words[j + 1] for j in range(i + 2, len(words) - 1)
+                              if words[j] in ("--extra-index-url", "--index-url")}
+                    reqs += [w for w in words[i + 2:] if not w.startswith("-") and w not in values]
     return reqs
 
 
@@ -98,6 +109,8 @@ def test_every_pip_install_is_pinned(image):
     assert reqs
     destinations = [dest.rstrip("/") for _, dest in copies(IMAGES[image])]
     for req in reqs:
+        if req == FETCHED_CHECKOUT and image == "vllm-ascend":
+            continue  # pinned by commit: test_serving_image_builds_vllm_ascend_from_the_seed_ref
         if req.startswith("/"):
             # A local path is pinned by the COPY that put it there.
             assert any(req == d or req.startswith(d + "/") or d.startswith(req + "/")
@@ -137,14 +150,95 @@ def test_operator_image_runs_as_non_root():
     assert "pd-operator" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def test_serving_image_tag_is_the_cross_tp_floor_and_installs_the_pod_commands():
+def build_args(path: Path) -> dict[str, str]:
+    out = {}
+    for keyword, rest in instructions(path):
+        if keyword == "ARG":
+            name, _, default = rest.partition("=")
+            out[name] = default.strip('"')
+    return out
+
+
+def serving_run_steps() -> list[str]:
+    return [rest for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "RUN"]
+
+
+def test_serving_image_is_a_known_vllm_ascend_release_and_installs_the_pod_commands():
     (base,) = [args_of(rest)[0] for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "FROM"]
-    name, tag = base.rsplit(":", 1)
-    assert name == "quay.io/ascend/vllm-ascend"
-    assert version_key(tag) == version_key(CROSS_TP_MIN_VERSION)
-    # The rendered pods run these console scripts; the package install puts them on PATH.
+    assert base.startswith("quay.io/ascend/vllm-ascend:v")
+    assert release_of_tag(base) == list(RELEASES)[-1], "the base is the newest release the operator knows"
+    steps = instructions(IMAGES["vllm-ascend"])
+    # The rendered container command (pd-preflight ... -- vllm serve) replaces any ENTRYPOINT; the
+    # package install puts the console scripts the pods run on PATH.
+    assert not [rest for keyword, rest in steps if keyword == "ENTRYPOINT"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert {"pd-preflight", "pd-kv-probe"} <= set(scripts)
     assert "/opt/pd-operator" in pip_requirements(IMAGES["vllm-ascend"])
-    env = " ".join(rest for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "ENV")
-    assert "VLLM_USE_V2_MODEL_RUNNER=1" in env
+    env = " ".join(rest for keyword, rest in steps if keyword == "ENV")
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in env, "the runner is rendered per model, not fixed in the image"
+
+
+def test_serving_image_builds_vllm_ascend_from_the_seed_ref():
+    args = build_args(IMAGES["vllm-ascend"])
+    assert args["VLLM_ASCEND_REF"] == f"refs/pull/{SEED_PULL_REQUEST}/head"
+    assert args["VLLM_ASCEND_REPO"] == "https://github.com/vllm-project/vllm-ascend.git"
+    assert args["VLLM_ASCEND_COMMIT"] == "", "no commit is written down: build.sh resolves it"
+    (build,) = [r for r in serving_run_steps() if "VLLM_ASCEND_REF" in r]
+    order = [build.index(step) for step in (
+        'test -n "${VLLM_ASCEND_COMMIT}"',
+        'git fetch -q --depth 1 "${VLLM_ASCEND_REPO}" "${VLLM_ASCEND_REF}"',
+        '[ "${fetched}" = "${VLLM_ASCEND_COMMIT}" ]',
+        f"python3 -m pd_operator.image_check {FETCHED_CHECKOUT} --require-seed",
+        f"pip install --no-cache-dir -e {FETCHED_CHECKOUT}",
+        "python3 -m pd_operator.image_check --installed --require-seed",
+        f'echo "${{VLLM_ASCEND_COMMIT}}" > {COMMIT_FILE}')]
+    assert order == sorted(order), "fetch, verify the commit, check the seed, build, check again, record"
+    (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_REF" not in r]
+    assert "pip install --no-cache-dir --no-deps /opt/pd-operator" in install, \
+        "the package (and its image_check) is installed before the build runs it"
+    labels = " ".join(rest for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "LABEL")
+    assert 'dev.pd-serving.vllm-ascend.commit="${VLLM_ASCEND_COMMIT}"' in labels
+    assert 'dev.pd-serving.vllm-ascend.ref="${VLLM_ASCEND_REF}"' in labels
+
+
+def test_build_script_resolves_the_ref_and_passes_the_commit():
+    script = (ROOT / "images/vllm-ascend/build.sh").read_text()
+    assert f'ref="${{2:-refs/pull/{SEED_PULL_REQUEST}/head}}"' in script
+    assert 'git ls-remote "$repo" "$ref"' in script
+    assert '--build-arg VLLM_ASCEND_COMMIT="$commit"' in script
+    assert subprocess.run(["bash", "-n", str(ROOT / "images/vllm-ascend/build.sh")]).returncode == 0
+
+
+def image_check(root: Path) -> subprocess.CompletedProcess:
+    """The build-time check exactly as the Dockerfile runs it, on a stand-in source tree."""
+    return subprocess.run([sys.executable, "-m", "pd_operator.image_check", str(root), "--require-seed"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_build_time_check_fails_without_the_seed_functions_and_passes_with_them(tmp_path):
+    without = image_check(write_tree(tmp_path / "release", version="0.30.0rc2", seed=False))
+    assert without.returncode == 1
+    assert "no _compute_cross_tp_runs in MooncakeConnectorV2's package" in without.stderr
+    assert "seed change no" in without.stdout
+    no_connector = image_check(write_tree(tmp_path / "old", version="0.23.0", v2=False))
+    assert no_connector.returncode == 1 and "MooncakeConnectorV2 is not registered" in no_connector.stderr
+    with_seed = image_check(write_tree(tmp_path / "seed"))
+    assert with_seed.returncode == 0, with_seed.stderr
+    assert "vllm-ascend 0.30.0rc3.dev1 (g0123abc)" in with_seed.stdout
+    assert "seed change yes" in with_seed.stdout
+
+
+def test_build_time_check_of_the_installed_vllm_ascend(tmp_path):
+    """`--installed` reads the vllm_ascend Python would import (after the image's pip install)."""
+    def installed(path: Path | None) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(
+            str(p) for p in (path, ROOT / "operator") if p)}
+        command = [sys.executable, "-m", "pd_operator.image_check", "--installed", "--require-seed"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+
+    seed = write_tree(tmp_path / "seed")
+    done = installed(seed)
+    assert done.returncode == 0 and f"at {seed}:" in done.stdout, done.stderr
+    assert installed(write_tree(tmp_path / "release", seed=False)).returncode == 1
+    nothing = installed(None)
+    assert nothing.returncode == 1 and "no vllm_ascend package is importable" in nothing.stderr

@@ -1,38 +1,49 @@
-"""The serving pod's preflight checks, pure (pd_operator.preflight), and `pd-preflight`'s own
-handling of a missing config or command. The rendered pods' commands run through it for real in
+"""The serving pod's preflight checks, pure (pd_operator.preflight), and `pd-preflight` run for real:
+its handling of a missing config or command, and of the image it finds installed (a stand-in
+vllm-ascend source tree on its import path). The rendered pods' commands run through it for real in
 tests/render/test_pod_preflight.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from pd_operator.findings import CATALOG
-from pd_operator.preflight import (
-    CROSS_TP_MIN_VERSION,
-    PreflightConfig,
-    check_version,
-    parse_config,
-    preflight,
-    version_key,
-)
+from pd_operator.image_check import Installed, introspect
+from pd_operator.images import capabilities
+from pd_operator.preflight import PreflightConfig, parse_config, preflight
 from pd_operator.preflight_cli import visible_npus
+from support.vllm_ascend_tree import write_tree
 
-# GLM-5.3-Flash decode of a P=TP8 -> D=DP2xTP4 pairing: 1152-token blocks here, 640 on prefill.
+# GLM-5.3-Flash decode of a P=TP8 -> D=DP2xTP4 pairing on a seed image: 1152-token blocks here, 640
+# on prefill.
+SEED_IMAGE = capabilities("registry.example.com/pd-vllm-ascend:v0.30.0rc2-pr16755", "0.30.0rc2", True)
+assert SEED_IMAGE is not None
 CONFIG = {"role": "decode", "tensorParallelSize": 4, "dataParallelSize": 2, "dataParallelSizeLocal": 2,
-          "engineBlockSize": 1152, "peerEngineBlockSize": 640, "kvConnector": "MooncakeConnectorV2",
-          "npusPerPod": 8, "ports": [[8000, 36000]]}
+          "engineBlockSize": 1152, "kvConnector": "MooncakeConnectorV2", "npusPerPod": 8,
+          "ports": [[8000, 36000]], "image": SEED_IMAGE.to_wire()}
 # DP4 x TP4 decode over two pods of 8 NPUs (two DP ranks each).
 MULTI_POD = {**CONFIG, "dataParallelSize": 4, "pods": 2, "ports": [[8000, 36000], [8000, 36008]]}
 KV = {"kv_connector": "MooncakeConnectorV2", "kv_role": "kv_consumer", "kv_port": "36000", "engine_id": "d0",
       "kv_connector_extra_config": {"prefill": {"dp_size": 1, "tp_size": 8},
                                     "decode": {"dp_size": 2, "tp_size": 4}}}
-ENV = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 KV_DP4 = json.dumps({**KV, "kv_connector_extra_config": {"prefill": {"dp_size": 1, "tp_size": 8},
                                                          "decode": {"dp_size": 4, "tp_size": 4}}})
+
+
+@pytest.fixture(scope="module")
+def seed_tree(tmp_path_factory) -> Path:
+    return write_tree(tmp_path_factory.mktemp("seed"))
+
+
+@pytest.fixture(scope="module")
+def seed_image(seed_tree) -> Installed:
+    return introspect(seed_tree, commit_file=seed_tree / "no-commit-file")
 
 
 def multi_pod_argv(ordinal: int) -> list[str]:
@@ -48,47 +59,49 @@ def argv(*extra: str, **overrides: str) -> list[str]:
     return ["vllm", "serve", "zai/glm-5.3-flash", *[x for kv in flags.items() for x in kv], *extra]
 
 
-def run(config: dict = CONFIG, args: list[str] | None = None, env: dict = ENV, npus: int | None = 8,
-        busy: frozenset[int] = frozenset(), image: tuple = ()) -> list[tuple[str, str]]:
+def run(installed: Installed | None, config: dict = CONFIG, args: list[str] | None = None,
+        env: dict | None = None, npus: int | None = 8,
+        busy: frozenset[int] = frozenset()) -> list[tuple[str, str]]:
     cfg = PreflightConfig.model_validate(config)
-    findings = preflight(cfg, args or argv(), env, npus, busy, list(image))
+    findings = preflight(cfg, args or argv(), env or {}, npus, busy, installed)
     for f in findings:
         assert f.code in CATALOG and f.message.endswith(".")
     return [(f.code, f.path) for f in findings]
 
 
-def test_a_consistent_pod_passes():
-    assert run() == []
+def test_a_consistent_pod_passes(seed_image):
+    assert run(seed_image) == []
 
 
-def test_flags_that_disagree_with_the_rendered_pairing_are_named():
-    assert run(args=argv(**{"--tensor-parallel-size": "8"})) == \
+def test_flags_that_disagree_with_the_rendered_pairing_are_named(seed_image):
+    assert run(seed_image, args=argv(**{"--tensor-parallel-size": "8"})) == \
         [("PreflightShapeMismatch", "--tensor-parallel-size")]
-    assert run(args=argv(**{"--block-size": "128"})) == [("PreflightShapeMismatch", "--block-size")]
+    assert run(seed_image, args=argv(**{"--block-size": "128"})) == \
+        [("PreflightShapeMismatch", "--block-size")]
     wrong_role = json.dumps({**KV, "kv_role": "kv_producer"})
-    assert run(args=argv(**{"--kv-transfer-config": wrong_role})) == \
+    assert run(seed_image, args=argv(**{"--kv-transfer-config": wrong_role})) == \
         [("PreflightShapeMismatch", "--kv-transfer-config.kv_role")]
     extra = json.dumps({**KV, "kv_connector_extra_config": {"decode": {"dp_size": 2, "tp_size": 2}}})
-    assert run(args=argv(**{"--kv-transfer-config": extra})) == \
+    assert run(seed_image, args=argv(**{"--kv-transfer-config": extra})) == \
         [("PreflightShapeMismatch", "--kv-transfer-config.kv_connector_extra_config.decode.tp_size")]
-    assert run(args=argv(**{"--kv-transfer-config": "{not json"})) == \
+    assert run(seed_image, args=argv(**{"--kv-transfer-config": "{not json"})) == \
         [("PreflightShapeMismatch", "--kv-transfer-config")]
-    assert run(args=["python3", "-m", "something"]) == [("PreflightShapeMismatch", "argv")]
+    assert run(seed_image, args=["python3", "-m", "something"]) == [("PreflightShapeMismatch", "argv")]
 
 
-def test_multi_pod_flags_follow_the_pods_ordinal():
+def test_multi_pod_flags_follow_the_pods_ordinal(seed_image):
     leader, second = multi_pod_argv(0), multi_pod_argv(1)
-    assert run(MULTI_POD, leader, {**ENV, "PD_POD_INDEX": "0"}) == []
-    assert run(MULTI_POD, second, {**ENV, "PD_POD_INDEX": "1"}) == []
-    assert run(MULTI_POD, leader, {**ENV, "PD_POD_INDEX": "1"}) == \
+    assert run(seed_image, MULTI_POD, leader, {"PD_POD_INDEX": "0"}) == []
+    assert run(seed_image, MULTI_POD, second, {"PD_POD_INDEX": "1"}) == []
+    assert run(seed_image, MULTI_POD, leader, {"PD_POD_INDEX": "1"}) == \
         [("PreflightShapeMismatch", "--headless"), ("PreflightShapeMismatch", "--data-parallel-start-rank")]
-    assert run(MULTI_POD, leader, ENV) == [("PreflightShapeMismatch", "env.PD_POD_INDEX")]
+    assert run(seed_image, MULTI_POD, leader, {}) == [("PreflightShapeMismatch", "env.PD_POD_INDEX")]
 
 
-def test_too_few_npus_for_the_local_ranks():
-    assert run(npus=4) == [("PreflightShapeMismatch", "resources")]
-    assert run(npus=None) == [("PreflightShapeMismatch", "resources")]  # none to be seen at all
-    assert run(config={**CONFIG, "npusPerPod": 4}, npus=4) == []
+def test_too_few_npus_for_the_local_ranks(seed_image):
+    assert run(seed_image, npus=4) == [("PreflightShapeMismatch", "resources")]
+    assert run(seed_image, npus=None) == [("PreflightShapeMismatch", "resources")]  # none to be seen at all
+    assert run(seed_image, config={**CONFIG, "npusPerPod": 4}, npus=4) == []
 
 
 def test_npus_come_from_the_device_plugins_grant():
@@ -97,39 +110,23 @@ def test_npus_come_from_the_device_plugins_grant():
     assert visible_npus({"ASCEND_VISIBLE_DEVICES": "0,1,2,3", "ASCEND_RT_VISIBLE_DEVICES": "0,1"}) == 2
 
 
-def test_image_findings_are_reported_as_given():
-    image = check_version(PreflightConfig.model_validate(CONFIG), ENV, "0.23.0")
-    assert run(image=tuple(image)) == [("ConnectorVersionTooOld", "image")]
+def test_the_image_is_checked_against_the_claim_by_its_code_not_its_version(tmp_path):
+    no_seed = introspect(write_tree(tmp_path / "stock", version="0.30.0rc2", seed=False))
+    assert run(no_seed) == [("PreflightImageMismatch", "spec.image.seedChange")]
+    no_v2 = introspect(write_tree(tmp_path / "old", v2=False, glm_next=False))
+    assert run(no_v2) == [("PreflightImageMismatch", "spec.image.seedChange"),
+                          ("PreflightImageMismatch", "spec.kvTransfer.connector"),
+                          ("PreflightImageMismatch", "spec.image.vllmAscendVersion")]
+    assert run(None) == [("PreflightImageMismatch", "spec.image.name")]
+    stock_claim = capabilities("quay.io/ascend/vllm-ascend:v0.30.0rc2")
+    assert stock_claim is not None
+    assert run(no_seed, config={**CONFIG, "image": stock_claim.to_wire()}) == []
 
 
-@pytest.mark.parametrize("version, ok", [(None, False), ("0.23.0", False), ("0.32.0rc0", False),
-                                         (CROSS_TP_MIN_VERSION, True), ("0.32.0", True), ("0.34.1", True)])
-def test_unequal_block_sizes_need_a_cross_tp_vllm_ascend(version, ok):
-    found = check_version(PreflightConfig.model_validate(CONFIG), ENV, version)
-    assert [(f.code, f.path) for f in found] == ([] if ok else [("ConnectorVersionTooOld", "image")])
-
-
-def test_equal_block_sizes_need_no_particular_version():
-    config = PreflightConfig.model_validate({**CONFIG, "peerEngineBlockSize": 1152})
-    assert check_version(config, ENV, None) == []
-
-
-def test_v2_connector_needs_the_v2_model_runner():
-    found = check_version(PreflightConfig.model_validate(CONFIG), {}, "0.32.0")
-    assert [(f.code, f.path) for f in found] == [("ModelRunnerV2Disabled", "env.VLLM_USE_V2_MODEL_RUNNER")]
-
-
-def test_busy_ports_of_this_pod():
-    assert run(busy=frozenset({36000})) == [("PreflightPortBusy", "ports.36000")]
-    second = {**ENV, "PD_POD_INDEX": "1"}
-    assert run(MULTI_POD, multi_pod_argv(1), second, busy=frozenset({36000, 36008})) == \
-        [("PreflightPortBusy", "ports.36008")]
-
-
-def test_version_order():
-    keys = [version_key(v) for v in ("0.32.0rc1", "0.32.0rc2", "0.32.0", "v0.32.1")]
-    assert keys == sorted(keys) and len(set(keys)) == 4
-    assert version_key("not a version") is None
+def test_busy_ports_of_this_pod(seed_image):
+    assert run(seed_image, busy=frozenset({36000})) == [("PreflightPortBusy", "ports.36000")]
+    assert run(seed_image, MULTI_POD, multi_pod_argv(1), {"PD_POD_INDEX": "1"},
+               busy=frozenset({36000, 36008})) == [("PreflightPortBusy", "ports.36008")]
 
 
 def test_bad_config_names_the_field():
@@ -141,9 +138,44 @@ def test_bad_config_names_the_field():
     assert findings[0].code == "PreflightConfigInvalid" and "not JSON" in findings[0].message
 
 
-def pd_preflight(*args: str) -> subprocess.CompletedProcess:
+# --- pd-preflight, run for real ----------------------------------------------------------------------
+
+def pd_preflight(*args: str, vllm_ascend: Path | None = None) -> subprocess.CompletedProcess:
+    """Run pd-preflight with `vllm_ascend` (a source tree) on its import path, as the image has it."""
+    env = {**os.environ, "ASCEND_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+           "PYTHONPATH": str(vllm_ascend) if vllm_ascend else ""}
     return subprocess.run([sys.executable, "-m", "pd_operator.preflight_cli", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, env=env, timeout=60)
+
+
+def served(tmp_path: Path) -> list[str]:
+    """Arguments for a config without ports (this machine's are not the pod's) and a stand-in `vllm`
+    that prints what it was given (the flags are what is judged)."""
+    path = tmp_path / "preflight-decode.json"
+    path.write_text(json.dumps({**CONFIG, "ports": []}))
+    vllm = tmp_path / "bin" / "vllm"
+    vllm.parent.mkdir(exist_ok=True)
+    vllm.write_text('#!/bin/sh\necho "$@"\n')
+    vllm.chmod(0o755)
+    return ["--config", str(path), "--", str(vllm), *argv()[1:]]
+
+
+def test_pd_preflight_names_the_image_it_found_and_execs(tmp_path, seed_tree):
+    done = pd_preflight(*served(tmp_path), vllm_ascend=seed_tree)
+    assert done.returncode == 0, done.stderr
+    assert f"pd-preflight: vllm-ascend 0.30.0rc3.dev1 (g0123abc) at {seed_tree}" in done.stderr
+    assert done.stdout.startswith("serve zai/glm-5.3-flash --tensor-parallel-size 4")
+
+
+def test_pd_preflight_refuses_an_image_without_the_claimed_seed_and_does_not_exec(tmp_path):
+    stock = write_tree(tmp_path / "stock", seed=False)
+    done = pd_preflight(*served(tmp_path), vllm_ascend=stock)
+    assert done.returncode == 78 and done.stdout == ""
+    assert "PreflightImageMismatch at spec.image.seedChange" in done.stderr
+    assert f"vllm-ascend 0.30.0rc3.dev1 (g0123abc) at {stock}" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = pd_preflight(*served(tmp_path))  # no vllm-ascend at all
+    assert done.returncode == 78 and "No vllm-ascend is installed" in done.stderr
 
 
 def test_a_missing_config_refuses_with_its_path(tmp_path):

@@ -26,7 +26,7 @@ spec:
     weights:
       image: true
   image:
-    name: registry.example.com/vllm-ascend:test
+    name: quay.io/ascend/vllm-ascend:v0.30.0rc2
   kvTransfer:
     connector: MooncakeConnectorV2
   prefill:
@@ -83,25 +83,45 @@ def test_plan_json_has_exactly_the_documented_keys(capsys):
         side = data[role]
         assert set(side) == {"tensorParallelSize", "dataParallelSize", "engineBlockSize", "cacheGroups"}
         for group in side["cacheGroups"]:
-            per = "bytesPerRequest" if group["kind"] == "state" else "bytesPerToken"
+            per = "bytesPerRequest" if group["kind"] in ("state", "indexerTail") else "bytesPerToken"
             assert set(group) == {"name", "kind", "replicated", per, "pageBytes"}
-    assert set(data["transfer"]) == {"segmentTokens", "promptTokens", "entries", "bytes", "perDecodeRank"}
+    assert set(data["transfer"]) == {"segmentTokens", "promptTokens", "entries", "bytes", "perDecodeRank",
+                                     "perPrefillRank"}
+    for row in data["transfer"]["perPrefillRank"]:
+        assert set(row) == {"rank", "bytes", "groups"}
     assert (data["prefill"]["engineBlockSize"], data["decode"]["engineBlockSize"]) == (640, 1152)
     assert (data["decode"]["tensorParallelSize"], data["decode"]["dataParallelSize"]) == (4, 2)
     assert data["transfer"]["segmentTokens"] == 128
 
 
+def test_one_tp8_prefill_rank_sends_the_seeds_18_5_mb_of_kda_state(capsys):
+    """The seed's "~18.5 MB transferred per request" (P=TP8 -> D=DP2xTP4) is one TP8 prefill rank's KDA
+    state over the 34 KDA layers: 34 x (8 x 128 x 128 x 4 + 3 x 8 x 128 x 3 x 2) bytes."""
+    code, out, _ = run(capsys, *GLM_WHAT_IF, "-o", "json")
+    assert code == 0
+    senders = json.loads(out)["transfer"]["perPrefillRank"]
+    assert [r["rank"] for r in senders] == list(range(8))
+    assert {r["groups"]["kda"] for r in senders} == {34 * (8 * 128 * 128 * 4 + 3 * 8 * 128 * 3 * 2)} \
+        == {18_452_480}
+    code, table, _ = run(capsys, *GLM_WHAT_IF)
+    assert "sent per prefill rank" in table and "kda 18,452,480" in table
+
+
 @pytest.mark.parametrize("prompt", [1, 10_000, 131_072])
 def test_transfer_bytes_match_an_independent_count(capsys, prompt):
-    """One decode instance (TP4) pulls, summed over its ranks: the whole MLA latent and compressed
-    indexer on every rank (replicated), and its quarter of the KDA state, unpadded."""
+    """One decode instance (TP4) pulls, summed over its ranks: the whole MLA latent, compressed indexer
+    and indexer tail on every rank (replicated), and its quarter of the KDA state, unpadded."""
     code, out, _ = run(capsys, *GLM_WHAT_IF, "--prompt-tokens", str(prompt), "-o", "json")
     assert code == 0
     transfer = json.loads(out)["transfer"]
-    mla = 12 * prompt * 512 * 2
-    indexer = 12 * ceil(prompt / 4) * 128 * 2
-    kda_per_rank = 36 * (64 * 128 * 128 * 4 + 3 * 64 * 128 * 3 * 2) // 4
-    assert transfer["bytes"] == 4 * (mla + indexer + kda_per_rank)
+    mla = 11 * prompt * 512 * 2
+    indexer = 11 * ceil(prompt / 4) * 128 * 2
+    tail = 11 * 2 * 4 * 128 * 4
+    kda_per_rank = 34 * (64 * 128 * 128 * 4 + 3 * 64 * 128 * 3 * 2) // 4
+    assert transfer["bytes"] == 4 * (mla + indexer + tail + kda_per_rank)
+    senders = transfer["perPrefillRank"]
+    assert sum(r["bytes"] for r in senders) == transfer["bytes"]
+    assert {r["groups"]["kda"] for r in senders} == {kda_per_rank // 2}
     assert transfer["promptTokens"] == prompt
     ranks = transfer["perDecodeRank"]
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
@@ -115,17 +135,19 @@ def test_plan_with_errors_exits_1_and_names_the_flag(capsys):
     assert code == cli.EXIT_FINDINGS
     data = json.loads(out)
     assert not data["compatible"] and data["transfer"] is None
-    (finding,) = data["findings"]
-    assert (finding["code"], finding["path"], finding["group"]) == (
-        "HeadsNotDivisibleByTP", "--decode-tp", "kda")
+    found = sorted((f["code"], f["path"], f["group"]) for f in data["findings"])
+    # vLLM's own check on the 64 attention heads, and the KDA state that cannot be split over 3 ranks.
+    assert found == [("HeadsNotDivisibleByTP", "--decode-tp", ""),
+                     ("HeadsNotDivisibleByTP", "--decode-tp", "kda")]
 
 
 @pytest.mark.parametrize(("flags", "code", "path"), [
     (["--decode-pp", "2"], "DecodePipelineParallel", "--decode-pp"),
-    (["--connector", "MooncakeConnectorV1"], "CrossTPBlockSizesUnsupported", "--connector"),
     (["--decode-model", "llama-3.1-8b"], "ModelMismatch", "--decode-model"),
-    (["--decode-block-size", "130", "--kernel-block-size", "2"], "BlockNotDivisibleByCompressRatio",
-     "--decode-block-size"),
+    (["--decode-block-size", "130", "--kernel-block-size", "2", "--platform", "vllm"],
+     "BlockNotDivisibleByCompressRatio", "--decode-block-size"),
+    (["--kv-cache-dtype", "float16"], "KVCacheDTypeIncompatible", "--kv-cache-dtype"),
+    (["--kv-cache-dtype", "int8", "--platform", "vllm"], "KVCacheDTypeUnsupported", "--kv-cache-dtype"),
     (["--kv-cache-dtype", "fp8", "--decode-model", "deepseek-v3.2"], "ModelMismatch", "--decode-model"),
 ])
 def test_what_if_findings_name_the_flag(capsys, flags, code, path):
@@ -235,3 +257,14 @@ def test_models_lists_the_presets_and_their_block_sizes(capsys):
     assert rows["glm-5.3-flash"]["engineBlockSize"] == {"1": 4352, "2": 2176, "4": 1152, "8": 640}
     code, out, _ = run(capsys, "models")
     assert code == 0 and "4352/2176/1152/640" in out
+
+
+def test_the_glm_example_prints_what_each_prefill_rank_sends(capsys):
+    example = Path(__file__).parents[2] / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml"
+    code, out, _ = run(capsys, "plan", str(example))
+    assert code == 0
+    lines = out.splitlines()
+    start = lines.index("sent per prefill rank (bytes):")
+    senders = lines[start + 1:start + 9]
+    assert [line.split(":")[0].strip() for line in senders] == [f"prefill rank {r}" for r in range(8)]
+    assert all("kda 18,452,480" in line for line in senders)

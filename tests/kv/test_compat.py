@@ -17,17 +17,21 @@ QWEN_NEXT = presets.get("qwen3-next-80b-a3b")
 
 
 def prefill(model: ModelKV = GLM, tp: int = 8, **kw) -> Side:
-    return Side("prefill", model, tp, path="spec.prefill", **kw)
+    return Side("prefill", model, tp, path="spec.prefill", model_path="spec.model", **kw)
 
 
 def decode(model: ModelKV = GLM, tp: int = 4, **kw) -> Side:
-    return Side("decode", model, tp, 2, path="spec.decode", **kw)
+    return Side("decode", model, tp, 2, path="spec.decode", model_path="spec.model", **kw)
 
 
-def only(findings: list[Finding], code: str) -> Finding:
-    matching = [f for f in findings if f.code == code]
+def only(findings: list[Finding], code: str, group: str | None = None) -> Finding:
+    matching = [f for f in findings if f.code == code and group in (None, f.group)]
     assert len(matching) == 1, findings
     return matching[0]
+
+
+C8_UNALIGNED = GLM.model_copy(update={"groups": [g.model_copy(update={"kv_lora_rank": 320}) if g.kind == "mla"
+                                                  else g for g in GLM.groups]})
 
 
 def dense(heads: int) -> ModelKV:
@@ -50,11 +54,13 @@ def test_equal_sides_have_no_findings():
 CASES = [
     # (id, prefill side, decode side, connector, code, severity, path, group, advice in the message)
     ("segment-splits-compressed-entry",
-     prefill(kernel_block_size=2), decode(tp=8, kernel_block_size=2, block_size=130), "MooncakeConnectorV2",
+     prefill(kernel_block_size=2, platform="vllm"),
+     decode(tp=8, kernel_block_size=2, block_size=130, platform="vllm"), "MooncakeConnectorV2",
      "SegmentSplitsCompressedEntry", "error", "spec.decode.blockSize", "indexer",
      "so the gcd is a multiple of 4"),
     ("block-not-divisible-by-compress-ratio",
-     prefill(tp=8, kernel_block_size=2, block_size=130), decode(tp=8, kernel_block_size=2),
+     prefill(tp=8, kernel_block_size=2, block_size=130, platform="vllm"),
+     decode(tp=8, kernel_block_size=2, platform="vllm"),
      "MooncakeConnectorV2", "BlockNotDivisibleByCompressRatio", "error", "spec.prefill.blockSize", "indexer",
      "multiple of 4"),
     ("block-not-kernel-aligned",
@@ -85,17 +91,42 @@ CASES = [
     ("kv-cache-dtype-mismatch",
      prefill(), decode(kv_cache_dtype="fp8"), "MooncakeConnectorV2",
      "KVCacheDTypeMismatch", "error", "spec.decode.kvCacheDtype", "", "use the same kvCacheDtype"),
-    ("v1-connector-different-block-sizes",
-     prefill(), decode(), "MooncakeConnectorV1",
+    ("v1-connector-kernel-blocks-differ",
+     prefill(), decode(kernel_block_size=256), "MooncakeConnectorV1",
      "CrossTPBlockSizesUnsupported", "error", "spec.kvTransfer.connector", "",
-     "use MooncakeConnectorV2"),
+     "'remote_block_size(640) not divisible by kernel_size(256)'"),
     ("state-shape-mismatch-from-speculative-tokens",
-     prefill(), decode(num_speculative_tokens=1), "MooncakeConnectorV2",
-     "StateShapeMismatch", "error", "spec.decode.numSpeculativeTokens", "kda",
+     prefill(QWEN_NEXT, tp=2), decode(QWEN_NEXT, tp=2, num_speculative_tokens=1), "MooncakeConnectorV2",
+     "StateShapeMismatch", "error", "spec.decode.numSpeculativeTokens", "deltanet",
      "use the same numSpeculativeTokens"),
+    ("kv-cache-dtype-incompatible-with-the-model",
+     prefill(kv_cache_dtype="float16"), decode(kv_cache_dtype="float16"), "MooncakeConnectorV2",
+     "KVCacheDTypeIncompatible", "error", "spec.model.kvCacheDtype", "",
+     'kv_cache_dtype="float16" is incompatible with dtype="bfloat16"'),
+    ("int8-kv-cache-on-plain-vllm",
+     prefill(LLAMA, kv_cache_dtype="int8", platform="vllm"),
+     decode(LLAMA, kv_cache_dtype="int8", platform="vllm"),
+     "MooncakeConnectorV2", "KVCacheDTypeUnsupported", "error", "spec.model.kvCacheDtype", "",
+     "only vllm-ascend adds int8"),
+    ("ascend-block-rule-lowers-a-c8-request",
+     prefill(kv_cache_dtype="int8"), decode(kv_cache_dtype="int8", block_size=4096),
+     "MooncakeConnectorV2", "RequestedBlockLowered", "warning", "spec.decode.blockSize", "",
+     "below the requested 4096"),
     ("heads-not-divisible",
      prefill(), decode(tp=3), "MooncakeConnectorV2",
      "HeadsNotDivisibleByTP", "error", "spec.decode.tensorParallelSize", "kda", "TP that divides 64"),
+    ("ascend-block-rule-differs-from-vllms",
+     prefill(), decode(tp=8, block_size=512), "MooncakeConnectorV2",
+     "AscendBlockRuleDiffers", "info", "spec.decode.blockSize", "",
+     "engine block is 640 tokens; plain vLLM's rule would give 1024"),
+    ("c8-latent-not-tile-aligned",
+     prefill(C8_UNALIGNED, kv_cache_dtype="int8"), decode(C8_UNALIGNED, kv_cache_dtype="int8"),
+     "MooncakeConnectorV2", "C8LatentNotTileAligned", "error", "spec.model.kvCacheDtype", "mla",
+     "use kvCacheDtype auto"),
+    ("attention-heads-not-divisible",
+     prefill(), decode(tp=3), "MooncakeConnectorV2",
+     "HeadsNotDivisibleByTP", "error", "spec.decode.tensorParallelSize", "",
+     "'Total number of attention heads (64) must be divisible by tensor parallel size (3).'"),
     ("cross-tp-segments-info",
      prefill(), decode(), "MooncakeConnectorV2",
      "CrossTPSegments", "info", "", "", "128-token segments"),
@@ -106,7 +137,7 @@ CASES = [
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_rule_fires(p, d, connector, code, severity, path, group, advice):
     report = check_pair(p, d, connector=connector)
-    finding = only(report.findings, code)
+    finding = only(report.findings, code, group)
     assert (finding.severity, finding.path, finding.group) == (severity, path, group)
     assert advice in finding.message
     assert code in CATALOG
@@ -117,11 +148,26 @@ def test_rule_fires(p, d, connector, code, severity, path, group, advice):
 
 def test_segment_split_comes_with_the_side_rule_that_causes_it():
     """Both blocks divisible by the ratio imply a gcd divisible by it, so a split always has a side cause."""
-    report = check_pair(prefill(kernel_block_size=2), decode(tp=8, kernel_block_size=2, block_size=130))
+    report = check_pair(prefill(kernel_block_size=2, platform="vllm"),
+                        decode(tp=8, kernel_block_size=2, block_size=130, platform="vllm"))
     codes = [f.code for f in report.findings]
     assert "BlockNotDivisibleByCompressRatio" in codes and "SegmentSplitsCompressedEntry" in codes
     assert report.prefill_layout and report.decode_layout
     assert (report.prefill_layout.engine_block_size, report.decode_layout.engine_block_size) == (640, 650)
+
+
+def test_speculative_tokens_change_the_glm_state_and_its_indexer_tail():
+    report = check_pair(prefill(), decode(num_speculative_tokens=1))
+    found = sorted(f.group for f in report.findings if f.code == "StateShapeMismatch")
+    assert found == ["indexer-tail", "kda"]
+
+
+def test_mtp_adds_the_draft_layer_to_the_mla_groups():
+    report = check_pair(prefill(num_speculative_tokens=3), decode(num_speculative_tokens=3))
+    assert report.compatible and report.prefill_layout is not None
+    assert {g.name: g.num_layers for g in report.prefill_layout.groups} == {
+        "mla": 12, "indexer": 12, "indexer-tail": 12, "kda": 34}
+    assert report.prefill_layout.group("indexer-tail").page_bytes >= 2 * (4 + 3) * 128 * 4
 
 
 def test_dtype_spellings_of_the_same_type_match():
@@ -176,7 +222,9 @@ def test_replicated_dense_heads_do_not_need_dividing_tps():
 
 def test_errors_on_both_sides_are_all_reported():
     report = check_pair(prefill(tp=3), decode(tp=3, pipeline_parallel=2))
-    codes = sorted((f.code, f.path) for f in report.findings)
-    assert codes == [("DecodePipelineParallel", "spec.decode.pipelineParallelSize"),
-                     ("HeadsNotDivisibleByTP", "spec.decode.tensorParallelSize"),
-                     ("HeadsNotDivisibleByTP", "spec.prefill.tensorParallelSize")]
+    codes = sorted((f.code, f.path, f.group) for f in report.findings)
+    assert codes == [("DecodePipelineParallel", "spec.decode.pipelineParallelSize", ""),
+                     ("HeadsNotDivisibleByTP", "spec.decode.tensorParallelSize", ""),
+                     ("HeadsNotDivisibleByTP", "spec.decode.tensorParallelSize", "kda"),
+                     ("HeadsNotDivisibleByTP", "spec.prefill.tensorParallelSize", ""),
+                     ("HeadsNotDivisibleByTP", "spec.prefill.tensorParallelSize", "kda")]

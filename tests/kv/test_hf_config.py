@@ -40,18 +40,41 @@ def test_config_gives_the_preset_description(folder, preset):
         assert layout_digest(from_config, tp) == layout_digest(expected, tp)
 
 
-def test_glm5_next_config_gives_the_glm_preset():
-    """GLM-5.3-Flash shapes of facts.md in transformers' Glm5NextTextConfig key names."""
-    model = model_from_hf_config(config("glm-5.3-flash"), "glm")
-    assert model.groups == presets.get("glm-5.3-flash").groups
-
-
-def test_glm5_next_reads_linear_attn_config_and_sparse_layer_types():
+def test_glm5_next_checkpoint_config_gives_the_glm_preset():
+    """The released GLM-5.3-Flash config.json layout (Glm5NextForConditionalGeneration, the text model under
+    `text_config`) reads as the preset: 11 MLA/indexer/tail layers + 1 MTP layer, 34 KDA layers."""
     cfg = config("glm-5.3-flash")
-    for key in ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim"):
-        del cfg[key]
-    cfg["linear_attn_config"] = {"num_heads": 32, "head_dim": 64, "short_conv_kernel_size": 4}
-    cfg["layer_types"] = ["linear_attention", "deepseek_sparse_attention"] * 24
+    assert cfg["architectures"] == ["Glm5NextForConditionalGeneration"] and "num_hidden_layers" not in cfg
+    model = model_from_hf_config(cfg, "glm")
+    assert model.groups == presets.get("glm-5.3-flash").groups
+    assert [(g.name, g.num_layers, g.mtp_layers) for g in model.groups] == [
+        ("mla", 11, 1), ("indexer", 11, 1), ("indexer-tail", 11, 1), ("kda", 34, 0)]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_glm5_next_checkpoint_and_preset_give_the_same_block_sizes(tp, kv_cache_dtype):
+    model = model_from_hf_config(config("glm-5.3-flash"), "glm")
+    ours = side_layout(Side("prefill", model, tp, kv_cache_dtype=kv_cache_dtype)).engine_block_size
+    preset = side_layout(Side("prefill", presets.get("glm-5.3-flash"), tp, kv_cache_dtype=kv_cache_dtype))
+    assert ours == preset.engine_block_size
+    if kv_cache_dtype == "auto":
+        assert ours == {1: 4352, 2: 2176, 4: 1152, 8: 640}[tp]
+
+
+def test_glm5_next_flat_text_config_reads_the_same():
+    """A text-only checkpoint (Glm5NextForCausalLM, keys at the top level) gives the same description."""
+    cfg = config("glm-5.3-flash")
+    flat = {**cfg["text_config"], "architectures": ["Glm5NextForCausalLM"], "dtype": cfg["dtype"]}
+    assert model_from_hf_config(flat, "glm").groups == presets.get("glm-5.3-flash").groups
+
+
+def test_glm5_next_reads_flat_kda_keys_and_sparse_layer_types():
+    cfg = config("glm-5.3-flash")
+    text = cfg["text_config"]
+    del text["linear_attn_config"]
+    text.update(linear_num_heads=32, linear_head_dim=64, linear_conv_kernel_dim=4, num_hidden_layers=48,
+                layer_types=["linear_attention", "deepseek_sparse_attention"] * 24)
     model = model_from_hf_config(cfg, "glm")
     assert (model.group("mla").num_layers, model.group("kda").num_layers) == (24, 24)
     assert model.group("kda").tensors[0].head_groups == [32]
@@ -59,13 +82,22 @@ def test_glm5_next_reads_linear_attn_config_and_sparse_layer_types():
 
 
 def test_glm5_next_defaults_follow_transformers():
-    """Without the optional keys: index_kpool 16, 64 KDA heads of 128, one MLA layer in four."""
-    cfg = {key: value for key, value in config("glm-5.3-flash").items()
-           if not key.startswith(("linear_", "index_"))}
+    """Without the optional keys: index_kpool 16, 64 KDA heads of 128, one MLA layer in four, no MTP."""
+    cfg = config("glm-5.3-flash")
+    cfg["text_config"] = {key: value for key, value in cfg["text_config"].items()
+                          if not key.startswith(("linear_", "index_", "layer_types", "num_nextn"))}
     model = model_from_hf_config(cfg, "glm")
-    assert model.group("indexer").compress_ratio == 16
-    assert (model.group("mla").num_layers, model.group("kda").num_layers) == (12, 36)
+    assert model.group("indexer").compress_ratio == 16 == model.group("indexer-tail").pool_tokens
+    assert (model.group("mla").num_layers, model.group("kda").num_layers) == (11, 34)
+    assert model.group("mla").mtp_layers == 0
     assert model.group("kda").tensors[0].head_groups == [64]
+
+
+def test_text_config_must_be_an_object():
+    cfg = config("glm-5.3-flash")
+    cfg["text_config"] = [1]
+    with pytest.raises(ConfigError, match="'text_config' must be an object"):
+        model_from_hf_config(cfg, "glm")
 
 
 def test_kimi_linear_config_gives_mla_and_kda():
@@ -125,7 +157,7 @@ BROKEN = [
     ("kimi-linear-48b-a3b-instruct", "linear_attn_config", {"num_heads": 32, "head_dim": 128},
      "'linear_attn_config.kda_layers' must list layer numbers"),
     ("glm-5.3-flash", "index_kpool", 0, "'index_kpool' must be at least 1"),
-    ("glm-5.3-flash", "layer_types", ["linear_attention", "sliding_attention"] * 24,
+    ("glm-5.3-flash", "layer_types", ["linear_attention", "sliding_attention"] * 22 + ["linear_attention"],
      "'layer_types' holds sliding_attention"),
 ]
 
@@ -133,13 +165,14 @@ BROKEN = [
 @pytest.mark.parametrize(("folder", "key", "value", "message"), BROKEN,
                          ids=[f"{b[0]}-{b[1]}-{b[2]!r}" for b in BROKEN])
 def test_broken_config_names_the_key(folder, key, value, message):
-    cfg = config(folder)
+    top = config(folder)
+    cfg = top.get("text_config", top) if key != "architectures" else top
     if value is None:
         del cfg[key]
     else:
         cfg[key] = value
     with pytest.raises(ConfigError) as err:
-        model_from_hf_config(cfg, folder)
+        model_from_hf_config(top, folder)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 

@@ -50,9 +50,13 @@ def generated_models(draw) -> ModelKV:
                        "kvLoraRank": draw(st.sampled_from([16, 48])),
                        "qkRopeHeadDim": draw(st.sampled_from([0, 8]))})
         if draw(st.booleans()):
+            ratio = draw(st.sampled_from([1, 2, 4]))
             groups.append({"kind": "indexer", "name": "idx", "numLayers": 2, "headDim": 16,
-                           "compressRatio": draw(st.sampled_from([1, 2, 4])), "quantBlockSize": 8,
+                           "compressRatio": ratio, "quantBlockSize": 8,
                            "dtype": draw(st.sampled_from(["fp8", "bfloat16"]))})
+            if ratio > 1 and draw(st.booleans()):  # a pooled indexer's per-request tail, one MTP layer
+                groups.append({"kind": "indexerTail", "name": "tail", "numLayers": 2, "mtpLayers": 1,
+                               "headDim": 16, "poolTokens": ratio})
     if draw(st.booleans()):
         heads = draw(st.sampled_from([16, 32]))
         groups.append({"kind": "state", "name": "ssm", "numLayers": 2, "tensors": [
@@ -209,11 +213,11 @@ def test_replicated_runs_are_cut_at_both_sides_block_boundaries():
     plan = plan_transfer(side_layout(Side("prefill", glm, 8)), side_layout(Side("decode", glm, 4)), prompt)
     cuts = set(range(0, prompt, 640)) | set(range(0, prompt, 1152))
     mla_entries = sum(rs.entries for rs in plan.runsets if rs.group == "mla")
-    assert mla_entries == len(cuts) * 12 * 4  # per layer, per decode rank
+    assert mla_entries == len(cuts) * 11 * 4  # per layer, per decode rank
     idx_cuts = set(range(0, ceil(prompt / 4), 160)) | set(range(0, ceil(prompt / 4), 288))
-    assert sum(rs.entries for rs in plan.runsets if rs.group == "indexer") == len(idx_cuts) * 12 * 4
+    assert sum(rs.entries for rs in plan.runsets if rs.group == "indexer") == len(idx_cuts) * 11 * 4
     # State: each decode rank gets its heads of 4 parts (recurrent, conv q/k/v) from 2 prefill ranks.
-    assert sum(rs.entries for rs in plan.runsets if rs.group == "kda") == 4 * 2 * 36 * 4
+    assert sum(rs.entries for rs in plan.runsets if rs.group == "kda") == 4 * 2 * 34 * 4
 
 
 def test_replicated_groups_spread_over_prefill_ranks():

@@ -1,21 +1,18 @@
-"""Our engine block sizes against vLLM 0.34's own hybrid unification, run in `.vllm-venv` on the same
-config.json files (vllm_align_probe.py says exactly which vLLM objects are real).
+"""Our engine block sizes against vLLM 0.34's own start-up code and vllm-ascend 0.30.0rc2's own block rule,
+run in `.vllm-venv` on the same config.json files (vllm_align_probe.py says exactly which objects are real).
 
 Hybrids vLLM can resolve here: Qwen3-Next (dense attention + Gated DeltaNet) and Kimi Linear (MLA + KDA),
-the latter also with GLM-5.3-Flash's shapes (NoPE MLA 512, KDA 64 heads x 128, conv 4). vLLM's own
-Glm5NextForCausalLM cannot be resolved in the small recipe: its module imports the multimodal GLM-4.1V
-code, which needs torchvision. Its state shapes come from the same KDA calculator the Kimi Linear class
-uses (vllm: MambaStateShapeCalculator.kda_state_shape), so the GLM-shaped Kimi config exercises the
-same unification inputs.
+the latter also with GLM-5.3-Flash's shapes (NoPE MLA 512, KDA 64 heads x 128, conv 4) and, for
+vllm-ascend's rule, its pooled indexer keys (`index_topk`, `index_kpool` 4), which are what that rule
+reads. vLLM's own Glm5Next classes cannot be resolved in the small recipe (their module imports the
+multimodal GLM-4.1V code, which needs torchvision); their state shapes come from the same KDA calculator
+the Kimi Linear class uses (vllm: MambaStateShapeCalculator.kda_state_shape).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
+from vllm_tier import hf_config, run_probe
 
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import side_layout
@@ -24,22 +21,23 @@ from pd_operator.kv.side import Side
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
-HERE = Path(__file__).parent
-CONFIGS = HERE / "hf_configs"
-
 QWEN, KIMI, GLM_AS_KIMI = ("qwen3-next-80b-a3b-instruct", "kimi-linear-48b-a3b-instruct",
                            "glm-5.3-flash-as-kimi-linear")
+GLM = presets.get("glm-5.3-flash")
 
 
-def case(folder: str, tp: int, kernel: int = 128, block_size: int | None = None, spec: int = 0) -> dict:
-    assert block_size is None or block_size % kernel == 0, "see vllm_align_probe.py: no layer rounding"
-    return {"folder": str(CONFIGS / folder), "tp": tp, "kernel": kernel, "blockSize": block_size,
-            "specTokens": spec}
+def case(folder: str, tp: int, kernel: int = 128, block_size: int | None = None, spec: int = 0,
+         kv_cache_dtype: str = "auto", platform: str = "vllm") -> dict:
+    config = hf_config(folder)
+    if platform == "ascend":  # what vllm-ascend's rule reads to recognise a pooled-indexer model
+        config = {**config, "index_topk": 2048, "index_kpool": 4, "index_head_dim": 128, "index_n_heads": 32}
+    extras = "".join(f"-{name}{value}" for name, value in (("b", block_size), ("s", spec)) if value)
+    return {"id": f"{platform}-{folder}-tp{tp}-k{kernel}-{kv_cache_dtype}{extras}", "config": config,
+            "dtype": config.get("dtype") or config.get("torch_dtype"), "tp": tp, "kernel": kernel,
+            "blockSize": block_size, "specTokens": spec, "kvCacheDtype": kv_cache_dtype, "platform": platform}
 
 
-CASES = [
+VLLM_CASES = [
     *(case(QWEN, tp) for tp in (1, 2, 4, 8, 16)),
     *(case(QWEN, tp, kernel) for tp in (1, 4) for kernel in (16, 64)),
     case(QWEN, 4, 16, block_size=1024),
@@ -52,36 +50,36 @@ CASES = [
     case(GLM_AS_KIMI, 1, spec=3),
     case(GLM_AS_KIMI, 8, block_size=512),
     case(GLM_AS_KIMI, 8, 16),
+    case(GLM_AS_KIMI, 2, kv_cache_dtype="fp8"),
+]
+# vllm-ascend's rule: C8 (int8) and MTP 3 at TP1 and TP2, requested blocks, and bf16 at every TP.
+ASCEND_CASES = [
+    *(case(GLM_AS_KIMI, tp, kv_cache_dtype=dtype, spec=spec, platform="ascend")
+      for tp in (1, 2) for dtype in ("auto", "int8") for spec in (0, 3)),
+    *(case(GLM_AS_KIMI, tp, platform="ascend") for tp in (4, 8, 16)),
+    *(case(GLM_AS_KIMI, 8, block_size=block, platform="ascend") for block in (256, 512, 1024)),
+    case(GLM_AS_KIMI, 8, block_size=4096, kv_cache_dtype="int8", platform="ascend"),
+    case(GLM_AS_KIMI, 1, block_size=384, platform="ascend"),
 ]
 
 
-def case_id(c: dict) -> str:
-    extras = "".join(f"-{key}{c[key]}" for key in ("blockSize", "specTokens") if c[key])
-    return f"{Path(c['folder']).name}-tp{c['tp']}-k{c['kernel']}{extras}"
-
-
 @pytest.fixture(scope="module")
-def vllm_results() -> dict[str, dict]:
-    if not VLLM_PYTHON.exists():
-        pytest.skip(f"{VLLM_PYTHON} is absent; `make vllm-env` installs vLLM's config code")
-    done = subprocess.run([str(VLLM_PYTHON), str(HERE / "vllm_align_probe.py"), json.dumps(CASES)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return {case_id(row["case"]): row for row in rows}
+def probed() -> dict[str, dict]:
+    return run_probe(VLLM_CASES + ASCEND_CASES)
 
 
-def our_layout(c: dict):
-    model = model_from_hf_config(json.loads((Path(c["folder"]) / "config.json").read_text()), "m")
-    return side_layout(Side("prefill", model, c["tp"], block_size=c["blockSize"],
-                            kernel_block_size=c["kernel"], num_speculative_tokens=c["specTokens"]))
+def our_side(c: dict, model=None) -> Side:
+    model = model or model_from_hf_config(c["config"], "m")
+    return Side("prefill", model, c["tp"], block_size=c["blockSize"], kernel_block_size=c["kernel"],
+                num_speculative_tokens=c["specTokens"], kv_cache_dtype=c["kvCacheDtype"],
+                platform=c["platform"])
 
 
-@pytest.mark.parametrize("c", CASES, ids=case_id)
-def test_block_size_matches_vllm(vllm_results, c):
-    row = vllm_results[case_id(c)]
-    assert "error" not in row, row["error"]
-    ours = our_layout(c)
+@pytest.mark.parametrize("c", VLLM_CASES, ids=[c["id"] for c in VLLM_CASES])
+def test_block_size_matches_vllm(probed, c):
+    row = probed[c["id"]]
+    assert "refused" not in row, row["refused"]
+    ours = side_layout(our_side(c))
     assert ours.engine_block_size == row["block"]
     # vLLM pads the state page to one attention page unless they are already equal.
     assert row["paddedStatePage"] in (None, ours.main_page_bytes)
@@ -89,8 +87,26 @@ def test_block_size_matches_vllm(vllm_results, c):
     assert state.slot_bytes == ours.main_page_bytes
 
 
+@pytest.mark.parametrize("c", ASCEND_CASES, ids=[c["id"] for c in ASCEND_CASES])
+def test_glm_block_size_matches_vllm_ascends_own_rule(probed, c):
+    """The GLM preset on vllm-ascend against vllm-ascend's patch_mamba_config.py run on the same shapes."""
+    row = probed[c["id"]]
+    assert "refused" not in row, row["refused"]
+    ours = side_layout(our_side(c, GLM))
+    assert ours.engine_block_size == row["block"]
+    assert row["paddedStatePage"] == max(ours.main_page_bytes, ours.state_page_bytes)
+
+
+@pytest.mark.parametrize(("tp", "dtype", "spec", "expected"), [
+    (2, "int8", 0, 4224), (1, "int8", 0, 8320), (2, "int8", 3, 4352), (1, "int8", 3, 8576),
+    (2, "auto", 3, 2304), (1, "auto", 3, 4480)])
+def test_int8_and_mtp_blocks_are_vllm_ascends(probed, tp, dtype, spec, expected):
+    c = case(GLM_AS_KIMI, tp, kv_cache_dtype=dtype, spec=spec, platform="ascend")
+    assert probed[c["id"]]["block"] == expected == side_layout(our_side(c, GLM)).engine_block_size
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-def test_vllm_agrees_with_the_glm_preset(vllm_results, tp):
-    row = vllm_results[case_id(case(GLM_AS_KIMI, tp))]
-    assert row["block"] == side_layout(Side("prefill", presets.get("glm-5.3-flash"), tp)).engine_block_size
-    assert {1: 4352, 8: 640}.get(tp, row["block"]) == row["block"]  # the values reported upstream
+def test_vllm_agrees_with_the_glm_preset(probed, tp):
+    row = probed[case(GLM_AS_KIMI, tp)["id"]]
+    assert row["block"] == side_layout(Side("prefill", GLM, tp, platform="vllm")).engine_block_size
+    assert row["block"] == {1: 4352, 2: 2176, 4: 1152, 8: 640}[tp]  # 640 and 1152 are reported upstream

@@ -1,65 +1,193 @@
-"""Run vLLM's own hybrid page-size unification (`Platform._align_hybrid_block_size`) on config.json folders.
+"""Run vLLM's own start-up config code on model configs and report the engine block or the refusal.
 
-Runs inside `.vllm-venv` (vLLM 0.34, CPU torch), started by test_vllm_blocksize.py. Reads a JSON list of
-cases from argv[1] ({"folder", "tp", "kernel", "blockSize", "specTokens"}) and prints one JSON object per
-case: {"case": ..., "block": ..., "paddedStatePage": ...} or {"case": ..., "error": ...}.
+Runs inside `.vllm-venv` (vLLM 0.34, CPU torch), started by test_vllm_blocksize.py and
+test_vllm_differential.py. Reads a JSON list of cases on stdin and prints one JSON object per case:
+{"id": ..., "block": ..., "paddedStatePage": ...} or {"id": ..., "refused": "<exception>: <message>"}.
 
-Real vLLM objects throughout (ModelConfig reading the folder, ParallelConfig, CacheConfig, VllmConfig, the
-model class vLLM resolves for the architecture and its state-shape calculators) except two things vLLM
-only learns from a running engine:
-- the attention backend: vllm-ascend is not importable here, so a backend declaring the Ascend kernel
-  block (or the case's kernel) stands in; `get_supported_kernel_block_sizes` is all the function asks;
-- the speculative config: only `num_speculative_tokens` is read by the state-shape code, so a plain
-  object carries it (a real SpeculativeConfig needs a draft model).
-Prefix caching is off, so `mamba_cache_mode` is `none`, the mode the operator models. With no model layers
-instantiated, vLLM's final rounding to every attention layer's kernel block (an lcm over the layers) is a
-no-op, so the cases request only block sizes that are multiples of the kernel block.
+A case is {"id", "config" (a config.json object, or "folder": a directory holding one), "dtype", "tp",
+"kernel", "blockSize" (null: not given), "kvCacheDtype", "specTokens", "platform": "vllm" | "ascend"}.
+
+Real vLLM objects throughout: ModelConfig reading the config.json, ParallelConfig, CacheConfig (prefix
+caching off, as the operator renders `--no-enable-prefix-caching`), VllmConfig with all its __post_init__
+checks, the model class vLLM resolves and its state-shape calculators, and
+`Platform.update_block_size_for_backend` (phase 1 default block, hybrid alignment, the aligned-size check).
+Two things vLLM only learns from a running engine stand in:
+- the attention backend: a backend declaring the case's kernel block (128 on Ascend) is what
+  `_find_non_ssm_backends` returns; `get_supported_kernel_block_sizes` is all the code asks of it;
+- the speculative config: only `num_speculative_tokens` is read by the state-shape code, so a plain object
+  carries it (a real SpeculativeConfig needs a draft model).
+With no model layers instantiated, vLLM's final rounding to every attention layer's kernel block (an lcm over
+the layers) is a no-op.
+
+`platform: "ascend"` runs vllm-ascend 0.30.0rc2's own code from its source archive (`--ascend-src DIR`):
+`vllm_ascend/patch/platform/patch_mamba_config.py` (the pooled-indexer block rule) is executed as it is,
+with the three helpers it imports (`model_uses_kpool_indexer`, `model_uses_sfa_sparse`,
+`get_sfa_qsfa_packed_head_dim`) compiled from their real source files; only
+`NPUPlatform._align_hybrid_block_size` (vllm_ascend/platform.py, which imports torch_npu) is transcribed
+below, with its source cited.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
 import json
 import os
 import sys
+import tempfile
+import types
+from pathlib import Path
 from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def main() -> int:
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
-    from vllm.platforms.interface import Platform
+def _load_functions(path: Path, names: set[str], namespace: dict) -> None:
+    """Compile the named top-level functions of a source file into `namespace` (their own code, unchanged)."""
+    tree = ast.parse(path.read_text())
+    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    missing = names - {n.name for n in nodes}
+    if missing:
+        raise SystemExit(f"{path} has no {', '.join(sorted(missing))}")
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec"), namespace)
+
+
+def install_vllm_ascend(src: Path) -> None:
+    """vllm-ascend's pooled-indexer block rule, as `vllm_ascend.patch.platform` applies it: its module
+    replaces `HybridAttentionMambaModelConfig.verify_and_update_config`."""
+    import torch
+    from vllm.utils.torch_utils import get_dtype_size
+
+    package = types.ModuleType("vllm_ascend")
+    package.__path__ = []  # type: ignore[attr-defined]
+    utils = types.ModuleType("vllm_ascend.utils")
+    utils.__dict__["Any"] = object
+    _load_functions(src / "vllm_ascend/utils.py", {"model_uses_kpool_indexer", "model_uses_sfa_sparse"},
+                    utils.__dict__)
+    attention = types.ModuleType("vllm_ascend.attention")
+    attention.__path__ = []  # type: ignore[attr-defined]
+    attention_utils = types.ModuleType("vllm_ascend.attention.utils")
+    tree = ast.parse((src / "vllm_ascend/attention/utils.py").read_text())
+    tile = next(n for n in tree.body if isinstance(n, ast.Assign)
+                and any(getattr(t, "id", "") == "SFA_QSFA_TILE_SIZE" for t in n.targets))
+    attention_utils.__dict__.update(torch=torch, get_dtype_size=get_dtype_size,
+                                    SFA_QSFA_TILE_SIZE=ast.literal_eval(tile.value))
+    _load_functions(src / "vllm_ascend/attention/utils.py", {"get_sfa_qsfa_packed_head_dim"},
+                    attention_utils.__dict__)
+    sys.modules.update({"vllm_ascend": package, "vllm_ascend.utils": utils,
+                        "vllm_ascend.attention": attention, "vllm_ascend.attention.utils": attention_utils})
+    path = src / "vllm_ascend/patch/platform/patch_mamba_config.py"
+    module = types.ModuleType("vllm_ascend.patch.platform.patch_mamba_config")
+    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+
+
+def install_probe_platform():
+    """A platform whose only behaviour is vLLM's base `Platform` (the CPU platform's own start-up hook is
+    about CPU kernels, not about the model), with the case's attention backend. Installed as vLLM's current
+    platform before `vllm.config` binds it."""
+    import vllm.platforms
+    from vllm.platforms.interface import Platform, PlatformEnum
     from vllm.v1.attention.backend import AttentionBackend
 
-    def backend_with_kernel(kernel: int) -> type[AttentionBackend]:
-        class KernelBlockBackend(AttentionBackend):  # type: ignore[misc]
-            @staticmethod
-            def get_supported_kernel_block_sizes(kv_cache_spec=None):
-                return [kernel]
+    class ProbePlatform(Platform):
+        _enum = PlatformEnum.OOT
+        device_name = "cpu"
+        device_type = "cpu"
+        dispatch_key = "CPU"
+        kernel = 128
+        ascend = False
 
-        return KernelBlockBackend
+        @classmethod
+        def _find_non_ssm_backends(cls, vllm_config):
+            kernel = cls.kernel
 
-    for case in json.loads(sys.argv[1]):
-        try:
-            model = ModelConfig(model=case["folder"], skip_tokenizer_init=True, max_model_len=4096)
-            # Without --block-size vLLM first picks the backend's smallest kernel block (phase 1 of
-            # Platform.update_block_size_for_backend).
-            requested = case.get("blockSize") or case["kernel"]
-            config = VllmConfig(
-                model_config=model,
-                parallel_config=ParallelConfig(tensor_parallel_size=case["tp"]),
-                cache_config=CacheConfig(block_size=requested, enable_prefix_caching=False),
-                device_config=DeviceConfig(device="cpu"),
-            )
-            if case.get("specTokens"):
-                object.__setattr__(config, "speculative_config",
-                                   SimpleNamespace(num_speculative_tokens=case["specTokens"]))
-            Platform._align_hybrid_block_size(config, backend_with_kernel(case["kernel"]))
-            result = {"case": case, "block": config.cache_config.block_size,
-                      "paddedStatePage": config.cache_config.mamba_page_size_padded}
-        except Exception as err:  # reported to the test, which fails with the reason
-            result = {"case": case, "error": f"{type(err).__name__}: {err}"}
-        print(json.dumps(result), flush=True)
+            class KernelBlockBackend(AttentionBackend):  # type: ignore[misc]
+                @staticmethod
+                def get_supported_kernel_block_sizes(kv_cache_spec=None):
+                    return [kernel]
+
+                @staticmethod
+                def get_name() -> str:
+                    return f"KERNEL_{kernel}"
+
+            return [KernelBlockBackend]
+
+        @classmethod
+        def _align_hybrid_block_size(cls, vllm_config, backend_cls) -> None:
+            if cls.ascend:
+                # vllm-ascend 0.30.0rc2 vllm_ascend/platform.py, NPUPlatform._align_hybrid_block_size (that
+                # module imports torch_npu): C8 on a pooled-indexer MLA model reruns its own rule, anything
+                # else runs vLLM's.
+                from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
+                from vllm_ascend.utils import model_uses_kpool_indexer
+
+                if (vllm_config.model_config.use_mla
+                        and vllm_config.cache_config.cache_dtype in ("int8", "fp8")
+                        and model_uses_kpool_indexer(vllm_config.model_config)):
+                    HybridAttentionMambaModelConfig.verify_and_update_config(vllm_config)
+                    return
+            super()._align_hybrid_block_size(vllm_config, backend_cls)
+
+    vllm.platforms.current_platform = ProbePlatform()
+    return ProbePlatform
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ascend-src", type=Path)
+    args = parser.parse_args()
+    cases = json.loads(sys.stdin.read())
+    platform = install_probe_platform()
+    from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
+
+    hooks = {"vllm": HybridAttentionMambaModelConfig.__dict__["verify_and_update_config"]}
+    if any(c.get("platform") == "ascend" for c in cases):
+        if args.ascend_src is None:
+            raise SystemExit("ascend cases need --ascend-src (vllm-ascend's unpacked source archive)")
+        install_vllm_ascend(args.ascend_src)
+        hooks["ascend"] = HybridAttentionMambaModelConfig.__dict__["verify_and_update_config"]
+
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases:
+            platform.kernel, platform.ascend = case["kernel"], case.get("platform") == "ascend"
+            # vLLM's hook for plain-vLLM cases, vllm-ascend's replacement for Ascend ones.
+            HybridAttentionMambaModelConfig.verify_and_update_config = hooks[case.get("platform", "vllm")]
+            folder = case.get("folder")
+            if folder is None:
+                folder = Path(tmp) / case["id"]
+                folder.mkdir()
+                (folder / "config.json").write_text(json.dumps(case["config"]))
+            kv_cache_dtype = case.get("kvCacheDtype", "auto")
+            try:
+                model = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096,
+                                    dtype=case.get("dtype", "auto"))
+                config = VllmConfig(
+                    model_config=model,
+                    parallel_config=ParallelConfig(tensor_parallel_size=case["tp"]),
+                    cache_config=CacheConfig(block_size=case.get("blockSize"),
+                                             cache_dtype="auto" if platform.ascend else kv_cache_dtype,
+                                             enable_prefix_caching=False),
+                    device_config=DeviceConfig(device="cpu"),
+                )
+                if case.get("specTokens"):
+                    object.__setattr__(config, "speculative_config",
+                                       SimpleNamespace(num_speculative_tokens=case["specTokens"]))
+                if platform.ascend:
+                    # vllm-ascend 0.30 runs on vLLM 0.30, whose CacheConfig it widens to int8 and whose block
+                    # size is None when not given; its rule ran in __post_init__ above without the KV dtype
+                    # and the draft tokens, so it runs again with them, as it would have at that point.
+                    config.cache_config.cache_dtype = kv_cache_dtype
+                    config.cache_config.block_size = case.get("blockSize")
+                    HybridAttentionMambaModelConfig.verify_and_update_config(config)
+                platform.update_block_size_for_backend(config)
+                result = {"id": case["id"], "block": config.cache_config.block_size,
+                          "paddedStatePage": config.cache_config.mamba_page_size_padded}
+            except Exception as err:  # vLLM refused the configuration: report why
+                message = " ".join(str(err).split())
+                result = {"id": case["id"], "refused": f"{type(err).__name__}: {message[:400]}"}
+            print(json.dumps(result), flush=True)
     return 0
 
 

@@ -3,9 +3,9 @@
 `run_pod` does not re-derive anything: it lays out what a serving pod would see (the rendered
 ConfigMap's files at their mount path, the container's env with the downward-API values filled in,
 the NPUs the device plugin would grant for the container's resource limit, an installed
-vllm-ascend) and runs the rendered container command in its own network namespace, with a
-stand-in `vllm` on PATH that records its argv. So `pd-preflight` and the shell prelude that
-computes the DP start rank run exactly as written.
+vllm-ascend source tree, which pd-preflight introspects) and runs the rendered container command in
+its own network namespace, with a stand-in `vllm` on PATH that records its argv. So `pd-preflight`
+and the shell prelude that computes the DP start rank run exactly as written.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import yaml
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
 from pd_operator.validate import Validation, validate
+from support.vllm_ascend_tree import write_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -76,9 +77,10 @@ def pod_env(cont: dict, ordinal: int) -> dict[str, str]:
     return out
 
 
-# The vllm-ascend the pods see: a distribution record on PYTHONPATH, as the serving image has it
-# installed (pd-preflight judges the image through it).
-IMAGE_VLLM_ASCEND = "0.32.0"
+# The vllm-ascend the pods see: a stand-in source tree on PYTHONPATH (support.vllm_ascend_tree), as
+# the serving image has it installed; pd-preflight reads its source. By default it carries everything
+# an example claims (MooncakeConnectorV2, the seed change, GLM-Next model code).
+SEED_TREE: dict = {}
 VENV_BIN = Path(sys.executable).parent
 # A pod has its own network namespace; without one, ports of this shared machine would look busy.
 NETNS = ["unshare", "-rn"] if shutil.which("unshare") and subprocess.run(
@@ -105,8 +107,9 @@ def config_map_data(manifests: list[dict]) -> dict[str, str]:
 
 def run_pod(manifests: list[dict], sts: dict, ordinal: int, work: Path, *,
             cont: dict | None = None, npus: int | None = None,
-            vllm_ascend: str | None = IMAGE_VLLM_ASCEND) -> PodRun:
-    """Run pod `ordinal` of `sts` (its main container, or `cont` edited from it)."""
+            vllm_ascend: dict | None = SEED_TREE) -> PodRun:
+    """Run pod `ordinal` of `sts` (its main container, or `cont` edited from it) with a vllm-ascend
+    laid out by `write_tree(**vllm_ascend)` (None: no vllm-ascend installed)."""
     cont = cont or container(sts)
     work.mkdir(parents=True, exist_ok=True)
     mounted = work / "etc-pd"
@@ -119,10 +122,10 @@ def run_pod(manifests: list[dict], sts: dict, ordinal: int, work: Path, *,
                         "open(os.environ['PD_TEST_ARGV'], 'w').write(json.dumps(sys.argv))\n")
     recorder.chmod(recorder.stat().st_mode | stat.S_IEXEC)
     site = work / "site"
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir()
     if vllm_ascend is not None:
-        info = site / f"vllm_ascend-{vllm_ascend}.dist-info"
-        info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {vllm_ascend}\n")
+        write_tree(site, **vllm_ascend)
     granted = npu_count(cont) if npus is None else npus
     argv_file = work / "argv.json"
     argv_file.unlink(missing_ok=True)

@@ -3,8 +3,9 @@ see are laid out (render_cases.run_pod), a recorder stands in for `vllm`, and th
 exec it with exactly the rendered argv, and refuse, naming the finding, a pod whose argv, NPU
 grant or image was tampered with.
 
-The image is what `pd-preflight` finds installed (its capability check: preflight_cli.image_findings);
-here an installed vllm-ascend is laid out on PYTHONPATH, as the serving image has it.
+The image is what `pd-preflight` finds installed (pd_operator.image_check reads its source and
+preflight.check_image judges it against the rendered claim); here a stand-in vllm-ascend source tree
+is laid out on PYTHONPATH, as the serving image has it installed.
 """
 
 from __future__ import annotations
@@ -115,13 +116,16 @@ def test_too_few_npus_granted_is_refused(tmp_path):
 
 
 def test_an_image_without_cross_tp_runs_is_refused(tmp_path):
-    # Prefill blocks of 640 and decode blocks of 1152 need the seed change's cross-TP runs.
+    # The GLM example claims a seed image (seedChange: true); a stock release's source has no
+    # _compute_cross_tp_runs, an old one no MooncakeConnectorV2, and an image may have no vllm-ascend.
     manifests = _manifests(GLM)
     sts = _decode(manifests)
-    run = run_pod(manifests, sts, 0, tmp_path, vllm_ascend="0.23.0")
-    _refused(run, "ConnectorVersionTooOld", "image")
+    run = run_pod(manifests, sts, 0, tmp_path, vllm_ascend={"version": "0.30.0rc2", "seed": False})
+    _refused(run, "PreflightImageMismatch", "spec.image.seedChange")
+    run = run_pod(manifests, sts, 0, tmp_path / "old", vllm_ascend={"version": "0.23.0", "v2": False})
+    _refused(run, "PreflightImageMismatch", "spec.kvTransfer.connector")
     run = run_pod(manifests, sts, 0, tmp_path / "none", vllm_ascend=None)
-    _refused(run, "ConnectorVersionTooOld", "image")
+    _refused(run, "PreflightImageMismatch", "spec.image.name")
 
 
 def test_a_missing_config_is_refused(tmp_path):

@@ -59,7 +59,7 @@ def deployments(draw) -> dict:
             "metadata": {"name": draw(st.from_regex(r"[a-z][a-z0-9]{0,11}", fullmatch=True)),
                          "namespace": draw(st.sampled_from(["default", "serving"]))},
             "spec": {"model": {"name": "/models/m", **draw(models), "weights": weights},
-                     "image": {"name": "registry.example.com/vllm-ascend:v1",
+                     "image": {"name": "quay.io/ascend/vllm-ascend:v0.30.0rc2",
                                "pullSecrets": draw(st.sampled_from([[], ["regcred"]]))},
                      "kvTransfer": kv,
                      "prefill": draw(roles("prefill")), "decode": draw(roles("decode")),

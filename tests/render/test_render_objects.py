@@ -54,7 +54,9 @@ def test_kv_layout_hash_is_on_both_roles_and_follows_what_must_match():
     for obj in [*serving_sets(manifests), *of_kind(manifests, "Service")[:2]]:
         assert obj["metadata"]["labels"]["pd.serving.dev/kv-layout"] == base
     assert layout_hash(changed("spec.prefill.blockSize", 1280)) != base      # engine block 640 -> 1280
-    assert layout_hash(changed("spec.image.name", "registry.example.com/other:v2")) != base
+    rebuilt = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed-b"
+    assert layout_hash(changed("spec.image.name", rebuilt)) != base
+    assert layout_hash(changed("spec.image.seedChange", False)) != base   # GLM-Next back on Model Runner V1
     # The same layout written differently, or a change that does not touch the layout, keeps it.
     assert layout_hash(changed("spec.model.kvCacheDtype", "bfloat16")) == base
     assert layout_hash(changed("spec.decode.replicas", 3)) == base

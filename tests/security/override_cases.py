@@ -51,9 +51,13 @@ def spellings(flag: str) -> list[list[str]]:
 
 # Flags a user legitimately passes; none of them may be refused.
 FREE_ARGS = [["--enforce-eager"], ["--max-num-seqs=8"], ["--gpu-memory-utilization", "0.9"], ["-O3"],
-             ["--trust-remote-code"], ["--enable-prefix-caching"], ["--no-enable-prefix-caching"],
+             ["--trust-remote-code"],
              ["--compilation-config.cudagraph_mode", "NONE"], ["--max-num-batched-tokens", "8192"],
              ["--quantization", "ascend"], ["-q", "ascend"], ["--seed", "7"]]
+
+
+# Owned for hybrid models only: the operator renders prefix caching off for them (render/command.py).
+HYBRID_OWNED_ARGS = [["--enable-prefix-caching"], ["--no-enable-prefix-caching"], ["--enable-prefix"]]
 
 
 def covers_every_owned_flag() -> bool:

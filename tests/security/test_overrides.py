@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from override_cases import FREE_ARGS, VALUES, covers_every_owned_flag, spellings
+from override_cases import FREE_ARGS, HYBRID_OWNED_ARGS, VALUES, covers_every_owned_flag, spellings
 from render_cases import VALID_EXAMPLES, container, load, serving_sets
 
 from pd_operator.owned import OWNED_ENV
@@ -16,6 +16,7 @@ from pd_operator.validate import validate
 
 BASE = load(next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-1p1d-tp4"))
 A2 = load(next(p for p in VALID_EXAMPLES if p.stem == "qwen3-next-a2"))
+DENSE = load(next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek")))  # MLA + indexer, no state
 
 
 def with_role(doc: dict, role: str, **fields) -> dict:
@@ -64,6 +65,17 @@ def test_free_flags_are_not_refused(words):
     assert serving_argv(decode)[-len(words):] == words
 
 
+@pytest.mark.parametrize("words", HYBRID_OWNED_ARGS, ids=" ".join)
+def test_prefix_caching_flags_are_owned_for_hybrid_models_only(words):
+    hybrid = validate(with_role(BASE, "decode", extraArgs=words))
+    assert [(f.code, f.path) for f in hybrid.errors] == [("ArgOverride", "spec.decode.extraArgs[0]")]
+    dense = validate(with_role(DENSE, "decode", extraArgs=words))
+    assert dense.ok, [f.line() for f in dense.errors]
+    (decode,) = [s for s in serving_sets(render(dense)) if "decode" in s["metadata"]["name"]]
+    argv = serving_argv(decode)
+    assert argv[-len(words):] == words and "--no-enable-prefix-caching" not in argv[:-len(words)]
+
+
 @pytest.mark.parametrize("doc", [BASE, A2], ids=["glm", "qwen-a2"])
 def test_rendered_pods_carry_each_owned_key_once(doc):
     validation = validate(doc)
@@ -75,7 +87,7 @@ def test_rendered_pods_carry_each_owned_key_once(doc):
         names = [e["name"] for e in env]
         assert len(names) == len(set(names)), f"{sts['metadata']['name']}: duplicate env {names}"
         values = {e["name"]: e.get("value") for e in env}
-        assert values["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+        assert values["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # release images run these models on V1
         abort = spec.kv_transfer.timeouts.abort_request_seconds
         assert values["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] == str(abort)
         assert values["OMP_NUM_THREADS"] == "4" and values["MY_VAR"] == "x"

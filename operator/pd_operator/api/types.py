@@ -12,6 +12,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
+from pd_operator.images import VERSION_PATTERN as VLLM_ASCEND_VERSION
 from pd_operator.kv.model import DType, ModelKV
 from pd_operator.schema import ApiModel, cel, preserve_unknown
 
@@ -94,8 +95,10 @@ class ModelSpec(ApiModel):
     """An explicit description of the model's KV cache groups."""
     dtype: DType | None = None
     """Model dtype (`--dtype`); defaults to the KV description's dtype."""
-    kv_cache_dtype: str = Field(default="auto", pattern=r"^(auto|bfloat16|float16|fp8|fp8_e4m3|fp8_e5m2)$")
-    """KV cache dtype (`--kv-cache-dtype`); `auto` follows the model dtype."""
+    kv_cache_dtype: str = Field(default="auto",
+                                pattern=r"^(auto|bfloat16|float16|fp8|fp8_e4m3|fp8_e5m2|int8)$")
+    """KV cache dtype (`--kv-cache-dtype`); `auto` follows the model dtype. `int8` is vllm-ascend's (C8): it
+    packs the MLA latent of pooled-indexer models such as GLM-5.3-Flash at 528 bytes per token."""
     weights: WeightsSpec
     max_model_len: int | None = Field(default=None, ge=1, le=10_000_000)
     """`--max-model-len` on both roles."""
@@ -107,9 +110,18 @@ class ModelSpec(ApiModel):
 
 
 class ImageSpec(ApiModel):
-    """The serving image: vllm-ascend with the patched MooncakeConnectorV2 (images/vllm-ascend)."""
+    """The serving image: a vllm-ascend release (quay.io/ascend/vllm-ascend) or one built from
+    images/vllm-ascend. What it can serve (connectors, model runners, cross-TP runs) follows from its
+    vllm-ascend release and the seed change; `pdctl validate` refuses pairings it cannot serve."""
 
     name: str = Field(min_length=1, max_length=512)
+    vllm_ascend_version: str | None = Field(default=None, max_length=32, pattern=VLLM_ASCEND_VERSION)
+    """The vllm-ascend release the image is built on, e.g. `0.30.0rc2`. Defaults to the release a
+    `vllm-ascend:v<version>[-suffix]` tag names; required for other tags."""
+    seed_change: bool = False
+    """The image's vllm-ascend carries vllm-ascend PR #16755 (Model Runner V2 for GLM-Next, cross-TP
+    token runs between unequal kernel blocks), as images built from images/vllm-ascend do. Checked
+    against the installed vllm-ascend when the pod starts."""
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     pull_secrets: list[DNSLabel] = Field(default_factory=list, max_length=16)
 
@@ -130,7 +142,9 @@ class KVTransferSpec(ApiModel):
     with P2P handshakes and the `ascend` transport, so neither is a choice here."""
 
     connector: Literal["MooncakeConnectorV2", "MooncakeConnectorV1"] = "MooncakeConnectorV2"
-    """V2 (pull mode) moves caches across unequal block sizes; V1 pairs blocks."""
+    """V2 (pull mode, vllm-ascend 0.28.0rc1 and later) and V1 (push mode) both map unequal engine block
+    sizes at kernel-block granularity; V1 splits state only from a larger prefill TP into a smaller
+    decode TP. Both run on either model runner."""
     kv_port: Port = DEFAULT_KV_PORT
     """Base port of the connector: worker handshake ports and the scheduler side channel follow it."""
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)

@@ -1,29 +1,51 @@
-"""The engine block size of one side: vLLM's hybrid page-size unification.
+"""The engine block size of one side: vLLM's hybrid page-size unification, and vllm-ascend's variant.
 
 vLLM gives every cache group the same page size. For hybrid models the attention block grows until
-one attention page can hold one state page (vllm: `vllm/platforms/interface.py`,
-`Platform._align_hybrid_block_size`; vllm-ascend patches the same rule in
-`vllm_ascend/patch/platform/patch_mamba_config.py`). Since the state page scales with heads/TP,
-the block size depends on TP.
+one attention page can hold one state page (vllm: `vllm/platforms/interface.py` @ 0.34.0,
+`Platform.update_block_size_for_backend` and `_align_hybrid_block_size`). Since the state page scales
+with heads/TP, the block size depends on TP.
+
+vllm-ascend replaces the rule for models with a pooled (compressed) sparse indexer such as GLM-Next
+(vllm-ascend: `vllm_ascend/patch/platform/patch_mamba_config.py` @ 0.30.0rc2, the `index_kpool`
+branch of the patched `HybridAttentionMambaModelConfig.verify_and_update_config`, and
+`vllm_ascend/platform.py` `NPUPlatform._align_hybrid_block_size`): the block is aligned to
+`lcm(128, index_kpool * 16)` tokens, so the pooled indexer page is a whole number of 16-entry
+kernel rows; an int8/fp8 ("C8") KV cache packs the MLA latent at 1 byte per value plus fp32
+tile scales, and the C8 block is the smallest aligned block covering the state page, whatever
+block was requested. vLLM's generic rule then runs on the result and keeps it. The operator
+always renders `--block-size` (the engine block it planned), so pods take the path of a
+user-specified block; the rule here is that path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, lcm
 
-from pd_operator.kv.model import StateGroup
+from pd_operator.kv.model import IndexerTailGroup, StateGroup
 from pd_operator.kv.pages import (
     StateGroupLayout,
+    TailGroupLayout,
     TokenGroupLayout,
+    c8_packed,
+    pooled_indexer_ratio,
     state_bytes_per_rank,
     state_group_layout,
+    tail_group_layout,
     token_group_layout,
 )
 from pd_operator.kv.side import Side
 
-# MLA backends need at least 128-token alignment whatever the kernel says (vLLM, same function).
+# MLA backends need at least 128-token alignment whatever the kernel says (vLLM, `_align_hybrid_block_size`).
 MLA_MIN_ALIGN = 128
+# Without --block-size vLLM's phase 1 takes CacheConfig.DEFAULT_BLOCK_SIZE when the backend accepts it,
+# else the backend's smallest kernel block (vllm: `vllm/config/cache.py` and
+# `AttentionBackend.get_preferred_block_size` @ 0.34.0).
+VLLM_DEFAULT_BLOCK = 64
+# vllm-ascend's pooled-indexer rule: the scheduler block stays a multiple of the 128-token C128 kernel
+# block and block / index_kpool a multiple of the indexer kernel's 16 rows (patch_mamba_config.py).
+ASCEND_C128 = 128
+ASCEND_INDEXER_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -38,46 +60,91 @@ class SideLayout:
     """One sentence on how the block size came about."""
     token_groups: tuple[TokenGroupLayout, ...]
     state_groups: tuple[StateGroupLayout, ...]
+    tail_groups: tuple[TailGroupLayout, ...] = ()
 
     @property
     def main_page_bytes(self) -> int:
         return self.engine_block_size * self.attn_bytes_per_token
 
     @property
-    def groups(self) -> tuple[TokenGroupLayout | StateGroupLayout, ...]:
-        return (*self.token_groups, *self.state_groups)
+    def groups(self) -> tuple[TokenGroupLayout | StateGroupLayout | TailGroupLayout, ...]:
+        return (*self.token_groups, *self.tail_groups, *self.state_groups)
 
-    def group(self, name: str) -> TokenGroupLayout | StateGroupLayout:
+    def group(self, name: str) -> TokenGroupLayout | StateGroupLayout | TailGroupLayout:
         return next(g for g in self.groups if g.name == name)
 
 
-def unified_block_size(side: Side, attn_1tok: int, state_page: int) -> tuple[int, str]:
+def phase1_block(side: Side) -> int:
+    """The block vLLM starts from: the requested one, else its default where the kernel accepts it."""
+    if side.block_size:
+        return side.block_size
     kernel = side.kernel_block_size
-    requested = side.block_size
-    if state_page == 0:
-        block = requested or kernel
-        why = "the requested --block-size" if requested else f"the backend kernel block ({kernel})"
-        return block, f"No state cache: the engine block is {why}."
-    align = max(kernel, requested or 0)
+    return VLLM_DEFAULT_BLOCK if VLLM_DEFAULT_BLOCK % kernel == 0 else kernel
+
+
+def vllm_hybrid_block(side: Side, start: int, attn_1tok: int, state_page: int) -> int:
+    """vLLM's `_align_hybrid_block_size` from a starting block (phase 1's or the requested one)."""
+    kernel = side.kernel_block_size
+    align = max(kernel, start)
     if any(g.kind == "mla" for g in side.model.groups):
         align = max(align, MLA_MIN_ALIGN)
     block = align * ceil(state_page / (align * attn_1tok))
-    block = ceil(block / lcm(kernel)) * lcm(kernel)
+    block = ceil(block / kernel) * kernel
+    return max(start, block)
+
+
+def ascend_pooled_block(side: Side, kpool: int, attn_1tok: int, state_page: int) -> int:
+    """vllm-ascend's pooled-indexer rule (patch_mamba_config.py @ 0.30.0rc2)."""
+    align = lcm(ASCEND_C128, kpool * ASCEND_INDEXER_ROWS)
+    needed = ceil(state_page / attn_1tok)
+    block = align * ceil(max(side.block_size or ASCEND_C128, needed) / align)
+    if c8_packed(side):  # the C8 block covers the state page and no more, even when more was requested
+        block = min(block, align * ceil(needed / align))
+    return block
+
+
+def unified_block_size(side: Side, attn_1tok: int, state_page: int) -> tuple[int, str]:
+    start = phase1_block(side)
+    if state_page == 0:
+        why = "the requested --block-size" if side.block_size else f"vLLM's starting block ({start})"
+        return start, f"No state cache: the engine block is {why}."
+    kpool = pooled_indexer_ratio(side)
+    needed = ceil(state_page / attn_1tok)
+    if side.platform == "ascend" and kpool is not None:
+        align = lcm(ASCEND_C128, kpool * ASCEND_INDEXER_ROWS)
+        block = ascend_pooled_block(side, kpool, attn_1tok, state_page)
+        if not c8_packed(side):
+            block = vllm_hybrid_block(side, block, attn_1tok, state_page)
+        return block, (
+            f"vllm-ascend's pooled-indexer rule at TP {side.tensor_parallel}: a {state_page}-byte state page "
+            f"needs {needed} tokens of {attn_1tok} bytes, rounded up to a multiple of "
+            f"lcm({ASCEND_C128}, {kpool}x{ASCEND_INDEXER_ROWS}) = {align} tokens.")
+    block = vllm_hybrid_block(side, start, attn_1tok, state_page)
     return block, (
         f"Hybrid unification at TP {side.tensor_parallel}: a {state_page}-byte state page needs "
-        f"{ceil(state_page / attn_1tok)} tokens of {attn_1tok} bytes, rounded up to a multiple of "
-        f"{align} tokens."
-    )
+        f"{needed} tokens of {attn_1tok} bytes, rounded up to a multiple of "
+        f"{max(side.kernel_block_size, start)} tokens.")
 
 
 def side_layout(side: Side) -> SideLayout:
     """Raises pages.LayoutError when a shape cannot be sharded at this TP."""
     token_groups0 = [token_group_layout(g, side, side.kernel_block_size)
-                     for g in side.model.groups if g.kind != "state"]
+                     for g in side.model.groups if g.kind not in ("state", "indexerTail")]
     attn_1tok = max(int(g.bytes_per_token) for g in token_groups0 if g.kind in ("mla", "attention"))
     states = [g for g in side.model.groups if isinstance(g, StateGroup)]
     state_page = max((state_bytes_per_rank(g, side) for g in states), default=0)
     block, reason = unified_block_size(side, attn_1tok, state_page)
-    token_groups = tuple(token_group_layout(g, side, block) for g in side.model.groups if g.kind != "state")
+    token_groups = tuple(token_group_layout(g, side, block) for g in side.model.groups
+                         if g.kind not in ("state", "indexerTail"))
+    # vllm-ascend pads the indexer tail to its "small" page class, the pooled indexer page
+    # (vllm-ascend: `vllm_ascend/models/glm5next/cache_config.py`, `_align_glm5_next_cache_specs`).
+    small_page = max((g.page_bytes for g in token_groups if g.kind == "indexer"), default=0)
+    tails = tuple(tail_group_layout(g, side, small_page) for g in side.model.groups
+                  if isinstance(g, IndexerTailGroup))
     state_groups = tuple(state_group_layout(g, side, block * attn_1tok) for g in states)
-    return SideLayout(side, block, attn_1tok, state_page, reason, token_groups, state_groups)
+    return SideLayout(side, block, attn_1tok, state_page, reason, token_groups, state_groups, tails)
+
+
+def vllm_block_size(side: Side) -> int:
+    """The engine block plain vLLM's rule gives the same side (what vllm-ascend's differs from)."""
+    return side_layout(replace(side, platform="vllm")).engine_block_size

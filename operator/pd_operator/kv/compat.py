@@ -11,15 +11,21 @@ from dataclasses import dataclass, field
 from math import gcd
 
 from pd_operator.findings import Finding, is_compatible
-from pd_operator.kv.blocksize import SideLayout, side_layout
+from pd_operator.kv.blocksize import SideLayout, side_layout, vllm_block_size
 from pd_operator.kv.dtypes import canonical_dtype
 from pd_operator.kv.model import IndexerGroup
-from pd_operator.kv.pages import LayoutError, StateGroupLayout
+from pd_operator.kv.pages import LayoutError, StateGroupLayout, TailGroupLayout, c8_packed
 from pd_operator.kv.plan import PlanError, TransferPlan, plan_transfer
 from pd_operator.kv.side import Side
 
-# Connectors that pair blocks index by index (no cross-block-size token runs).
-BLOCK_PAIRING_CONNECTORS = frozenset({"MooncakeConnectorV1", "MooncakeConnector"})
+# vllm-ascend's push-mode connector (V1): it maps unequal logical blocks at kernel granularity, but
+# only splits state from a larger prefill TP into a smaller decode TP.
+V1_CONNECTORS = frozenset({"MooncakeConnectorV1", "MooncakeConnector"})
+# KV cache dtypes vLLM 0.34 accepts that the operator models (vllm: `vllm/config/cache.py`, CacheDType);
+# vllm-ascend widens the list with int8 (vllm-ascend: `vllm_ascend/patch/platform/patch_kv_cache_dtype.py`
+# @ 0.30.0rc2).
+VLLM_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+ASCEND_KV_CACHE_DTYPES = (*VLLM_KV_CACHE_DTYPES, "int8")
 # Mean run size below which Mooncake tcp throughput collapses: ~0.07 GB/s at 4 KB entries versus
 # ~1 GB/s from 64 KB (facts.md section 4, observed).
 SMALL_RUN_BYTES = 64 * 1024
@@ -56,12 +62,15 @@ def check_pair(prefill: Side, decode: Side, *, connector: str = "MooncakeConnect
             f"Decode pipeline parallel is {decode.pipeline_parallel}; the Mooncake connector pulls "
             "KV into one pipeline stage only, so set it to 1 and scale decode with tensor or data "
             "parallel instead."))
+    findings += list(dict.fromkeys(f for side in (prefill, decode) for f in _config_rules(side)))
     layouts = []
     for side in (prefill, decode):
         try:
             layout = side_layout(side)
         except LayoutError as err:
-            findings.append(Finding(err.code, "error", err.field, err.group, str(err)))
+            finding = Finding(err.code, "error", err.field, err.group, str(err))
+            if finding not in findings:  # a model-wide cause (the KV dtype) fails both sides alike
+                findings.append(finding)
             continue
         findings += _side_rules(layout)
         layouts.append(layout)
@@ -104,17 +113,63 @@ def _identity(prefill: Side, decode: Side) -> list[Finding]:
     return out
 
 
+def _config_rules(side: Side) -> list[Finding]:
+    """What vLLM's and vllm-ascend's config classes refuse before any layer exists."""
+    out = []
+    heads, tp = side.model.attention_heads, side.tensor_parallel
+    if heads and heads % tp:
+        # vllm: `vllm/config/model.py` @ 0.34.0, ModelConfig.verify_with_parallel_config.
+        out.append(Finding(
+            "HeadsNotDivisibleByTP", "error", side.field("tensorParallelSize"), "",
+            f"vLLM refuses TP {tp} for a model with {heads} attention heads at start-up ('Total number of "
+            f"attention heads ({heads}) must be divisible by tensor parallel size ({tp}).'); use a TP that "
+            f"divides {heads}."))
+    requested = side.kv_cache_dtype.lower()
+    model_dtype = canonical_dtype(side.model.dtype)
+    accepted = ASCEND_KV_CACHE_DTYPES if side.platform == "ascend" else VLLM_KV_CACHE_DTYPES
+    if requested not in accepted:
+        where = "vllm-ascend" if side.platform == "ascend" else "vLLM 0.34 (only vllm-ascend adds int8)"
+        out.append(Finding(
+            "KVCacheDTypeUnsupported", "error", side.model_field("kvCacheDtype"), "",
+            f"{where} does not accept --kv-cache-dtype {side.kv_cache_dtype}; use one of "
+            f"{', '.join(accepted)}."))
+    elif requested in ("float16", "bfloat16") and model_dtype != requested:
+        # vllm: `vllm/config/vllm.py` @ 0.34.0, VllmConfig._reject_mismatched_float_kv_cache.
+        allowed = f"auto or {model_dtype}" if model_dtype in ("float16", "bfloat16") else "auto"
+        out.append(Finding(
+            "KVCacheDTypeIncompatible", "error", side.model_field("kvCacheDtype"), "",
+            f"A {requested} KV cache with a {model_dtype} model is refused by vLLM at start-up "
+            f"('kv_cache_dtype=\"{requested}\" is incompatible with dtype=\"{model_dtype}\"'); "
+            f"set kvCacheDtype to {allowed}."))
+    return out
+
+
 def _side_rules(layout: SideLayout) -> list[Finding]:
     side = layout.side
     block = layout.engine_block_size
     out = []
     if block % side.kernel_block_size:
+        # vllm-ascend: `vllm_ascend/worker/block_table.py` @ 0.30.0rc2 (worker start-up).
         out.append(Finding(
             "BlockSizeNotKernelAligned", "error", side.field("blockSize"), "",
             f"The {side.role} engine block size is {block} tokens, not a multiple of the "
-            f"{side.kernel_block_size}-token kernel block; vLLM would fail at start-up with "
-            f"'block_size({block}) not divisible by kernel_size({side.kernel_block_size})'. "
-            f"Use a blockSize that is a multiple of {side.kernel_block_size}."))
+            f"{side.kernel_block_size}-token kernel block; the worker would fail at start-up with "
+            f"'None of the kernel sizes [{side.kernel_block_size}] can divide physical block size {block} "
+            f"evenly'. Use a blockSize that is a multiple of {side.kernel_block_size}."))
+    if side.platform == "ascend" and (side.block_size or c8_packed(side)):
+        generic = vllm_block_size(side)
+        if generic != block:
+            lowered = side.block_size is not None and block < side.block_size
+            cause = ("an int8/fp8 KV cache (C8 packs the MLA latent and caps the block at the one covering "
+                     "the state page)") if c8_packed(side) else f"the requested blockSize {side.block_size}"
+            out.append(Finding(
+                "RequestedBlockLowered" if lowered else "AscendBlockRuleDiffers",
+                "warning" if lowered else "info",
+                side.field("blockSize") if side.block_size else side.model_field("kvCacheDtype"), "",
+                f"On vllm-ascend the {side.role} engine block is {block} tokens"
+                + (f", below the requested {side.block_size}" if lowered else "")
+                + f"; plain vLLM's rule would give {generic}. vllm-ascend aligns pooled-indexer models "
+                f"with its own rule, and {cause} is where the two differ. The operator renders {block}."))
     for group in side.model.groups:
         if isinstance(group, IndexerGroup) and block % group.compress_ratio:
             out.append(Finding(
@@ -130,12 +185,17 @@ def _pair_rules(p: SideLayout, d: SideLayout, connector: str, connector_path: st
     p_block, d_block = p.engine_block_size, d.engine_block_size
     p_tp, d_tp = p.side.tensor_parallel, d.side.tensor_parallel
     segment = gcd(p_block, d_block)
-    if p_block != d_block and connector in BLOCK_PAIRING_CONNECTORS:
+    p_kernel, d_kernel = p.side.kernel_block_size, d.side.kernel_block_size
+    if connector in V1_CONNECTORS and (p_block % d_kernel or d_block % p_kernel):
+        # V1 expands both sides' logical blocks into kernel blocks of the local size (vllm-ascend:
+        # `kv_p2p/mooncake_connector.py` @ 0.30.0rc2, `_get_group_kernel_params`).
+        local, remote = (d_kernel, p_block) if p_block % d_kernel else (p_kernel, d_block)
         out.append(Finding(
             "CrossTPBlockSizesUnsupported", "error", connector_path, "",
-            f"Prefill pages KV in {p_block}-token blocks and decode in {d_block}-token blocks, but "
-            f"{connector} pairs blocks index by index; use MooncakeConnectorV2, which moves "
-            f"{segment}-token runs, or give both roles the same blockSize."))
+            f"{connector} maps unequal logical blocks at kernel granularity, so each side's block must be a "
+            f"multiple of the other side's kernel block; here it would fail mid-transfer with "
+            f"'remote_block_size({remote}) not divisible by kernel_size({local})'. Use the same "
+            "kernelBlockSize on both roles."))
     for group in p.side.model.groups:
         if isinstance(group, IndexerGroup) and group.compress_ratio > 1 and p_block != d_block \
                 and segment % group.compress_ratio:
@@ -154,7 +214,7 @@ def _pair_rules(p: SideLayout, d: SideLayout, connector: str, connector_path: st
             f"Group {sharded[0]} is sharded by head, so one TP must divide the other, but prefill TP "
             f"is {p_tp} and decode TP is {d_tp}; choose a decode TP that divides or is a multiple "
             f"of {p_tp}."))
-    elif p.state_groups and p_tp < d_tp and connector in BLOCK_PAIRING_CONNECTORS:
+    elif p.state_groups and p_tp < d_tp and connector in V1_CONNECTORS:
         out.append(Finding(
             "ShardedTPIncompatible", "error", d.side.field("tensorParallelSize"), p.state_groups[0].name,
             f"{connector} only splits state from a larger prefill TP into a smaller decode TP "
@@ -169,6 +229,16 @@ def _pair_rules(p: SideLayout, d: SideLayout, connector: str, connector_path: st
                 f"{p.side.num_speculative_tokens} speculative tokens, decode "
                 f"{d.side.num_speculative_tokens}); the conv state is lengthened by speculative tokens, "
                 "so use the same numSpeculativeTokens on both roles."))
+    for p_tail in p.tail_groups:
+        d_tail = d.group(p_tail.name)
+        assert isinstance(d_tail, TailGroupLayout)
+        if p_tail.used_bytes != d_tail.used_bytes:
+            out.append(Finding(
+                "StateShapeMismatch", "error", d.side.field("numSpeculativeTokens"), p_tail.name,
+                f"The {p_tail.name} page holds the open indexer pool plus one row per speculative token, "
+                f"so it differs between the roles (prefill {p.side.num_speculative_tokens} speculative "
+                f"tokens, decode {d.side.num_speculative_tokens}); use the same numSpeculativeTokens on both "
+                "roles."))
     if p_block != d_block and not out:
         out.append(Finding(
             "CrossTPSegments", "info", "", "",

@@ -22,7 +22,7 @@ LLAMA_STYLE = frozenset({
 DEEPSEEK_MLA = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 DEEPSEEK_SPARSE = frozenset({"DeepseekV32ForCausalLM"})
 QWEN3_NEXT = frozenset({"Qwen3NextForCausalLM"})
-GLM5_NEXT = frozenset({"Glm5NextForCausalLM"})
+GLM5_NEXT = frozenset({"Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"})
 KIMI_LINEAR = frozenset({"KimiLinearForCausalLM"})
 
 
@@ -152,8 +152,10 @@ def _kda_dims(sub: dict) -> tuple[int, int, int]:
 
 
 def _glm5_next(cfg: dict) -> list[dict]:
-    """GLM-5-Next (GLM-5.3-Flash): NoPE MLA with a compressed indexer on the attention layers, KDA on the
-    rest. Key names and defaults of transformers' Glm5NextTextConfig."""
+    """GLM-5-Next (GLM-5.3-Flash): NoPE MLA with a pooled indexer and its fp32 tail on the attention
+    layers, KDA on the rest, and `num_nextn_predict_layers` MTP layers of the attention kind. Key names
+    of transformers' Glm5NextTextConfig and vllm-ascend's (`vllm_ascend/models/glm5next/config.py` @
+    0.30.0rc2, which also folds the checkpoint's `linear_attn_config` dict over the flat keys)."""
     mla_layers, kda_layers = _split_layers(
         cfg, frozenset({"indexed_attention", "full_attention", "deepseek_sparse_attention"}))
     if "linear_attn_config" in cfg:
@@ -163,10 +165,18 @@ def _glm5_next(cfg: dict) -> list[dict]:
         kernel = _int(cfg, "linear_conv_kernel_dim", 4)
     groups: list[dict] = []
     if mla_layers:
-        groups += [*_mla(cfg, mla_layers),
-                   {"kind": "indexer", "name": "indexer", "numLayers": mla_layers,
-                    "headDim": _int(cfg, "index_head_dim", 128),
-                    "compressRatio": _int(cfg, "index_kpool", 16)}]
+        mtp = _int(cfg, "num_nextn_predict_layers", 0, minimum=0)
+        kpool = _int(cfg, "index_kpool", 16)
+        index_dim = _int(cfg, "index_head_dim", 128)
+        mla = _mla(cfg, mla_layers)[0]
+        # vllm-ascend keeps the pooled indexer in bf16 whatever the KV cache dtype, and a pool of one
+        # token has no tail (`Glm5NextIndexerCache`, `Glm5NextTailCache` in glm5next/kv_cache.py).
+        groups += [{**mla, "mtpLayers": mtp},
+                   {"kind": "indexer", "name": "indexer", "numLayers": mla_layers, "mtpLayers": mtp,
+                    "headDim": index_dim, "compressRatio": kpool, "dtype": "bfloat16"}]
+        if kpool > 1:
+            groups.append({"kind": "indexerTail", "name": "indexer-tail", "numLayers": mla_layers,
+                           "mtpLayers": mtp, "headDim": index_dim, "poolTokens": kpool})
     if kda_layers:
         groups.append(_kda_state(cfg, kda_layers, heads, head_dim, kernel))
     return groups
@@ -198,10 +208,26 @@ SUPPORTED_ARCHITECTURES = tuple(sorted(LLAMA_STYLE | DEEPSEEK_MLA | DEEPSEEK_SPA
                                        | KIMI_LINEAR))
 
 
+def text_config(config: dict) -> dict:
+    """The text model's keys: multimodal wrappers (GLM-5.3-Flash's Glm5NextForConditionalGeneration, the
+    Qwen-VL and Llama-4 families) nest them under `text_config`, as transformers' `get_text_config` reads
+    them. Top-level keys the nested object lacks (the checkpoint's dtype, for one) still apply."""
+    nested = config.get("text_config")
+    if nested is None:
+        return config
+    if not isinstance(nested, dict):
+        raise ConfigError("config.json 'text_config' must be an object")
+    return {**config, **nested}
+
+
 def model_from_hf_config(config: Any, name: str) -> ModelKV:
     """Raises ConfigError (a ValueError) with a one-line reason for configs it cannot describe."""
     if not isinstance(config, dict):
         raise ConfigError("config.json must be a JSON object")
+    archs = config.get("architectures")
+    config = text_config(config)
+    if archs:
+        config["architectures"] = archs
     archs = config.get("architectures") or []
     if not isinstance(archs, list) or not archs:
         raise ConfigError("config.json has no 'architectures' list")
@@ -209,8 +235,10 @@ def model_from_hf_config(config: Any, name: str) -> ModelKV:
     if build is None:
         raise ConfigError(f"architecture {archs[0]} has no KV description rule (supported: "
                           f"{', '.join(SUPPORTED_ARCHITECTURES)}); give an explicit kv description")
+    heads = _int(config, "num_attention_heads") if "num_attention_heads" in config else None
     try:
-        return ModelKV.model_validate({"name": name, "dtype": _dtype(config), "groups": build(config)})
+        return ModelKV.model_validate({"name": name, "dtype": _dtype(config), "attentionHeads": heads,
+                                       "groups": build(config)})
     except ValidationError as err:
         first = err.errors()[0]
         raise ConfigError(f"config.json gives an invalid shape: {first['msg']} at "

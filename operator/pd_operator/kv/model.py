@@ -30,6 +30,13 @@ class _Group(ApiModel):
     """Cache group name, used in findings and transfer plans (for example `mla`, `indexer`, `kda`)."""
     num_layers: PositiveInt
     """How many layers carry this cache group; sets the bytes moved per request."""
+    mtp_layers: int = Field(default=0, ge=0, le=16)
+    """Further layers of this group that exist only with MTP speculative decoding
+    (numSpeculativeTokens > 0): the draft model's next-token-prediction layers."""
+
+    def layers(self, num_speculative_tokens: int) -> int:
+        """Layers holding this cache on a side that runs `num_speculative_tokens` draft tokens."""
+        return self.num_layers + (self.mtp_layers if num_speculative_tokens else 0)
 
 
 class AttentionGroup(_Group):
@@ -65,6 +72,21 @@ class IndexerGroup(_Group):
     dtype: DType | None = None
 
 
+class IndexerTailGroup(_Group):
+    """The open pool of a compressed indexer (GLM-Next): the fp32 keys and gate scores of the tokens not yet
+    pooled, one `[2, poolTokens + numSpeculativeTokens, headDim]` page per request and layer, replicated on
+    every TP rank (vllm-ascend: `Glm5NextTailCache`, `AscendIndexerKPoolTailSpec`)."""
+
+    kind: Literal["indexerTail"] = "indexerTail"
+    head_dim: PositiveInt
+    pool_tokens: PositiveInt
+    """Tokens pooled into one indexer entry (the indexer's compressRatio, `index_kpool`)."""
+    dtype: DType = "float32"
+
+    def bytes_per_request(self, num_speculative_tokens: int) -> int:
+        return 2 * (self.pool_tokens + num_speculative_tokens) * self.head_dim * dtype_bytes(self.dtype)
+
+
 class StateTensor(ApiModel):
     """One per-request state tensor of a linear-attention/Mamba layer, laid out part-major, then head."""
 
@@ -96,7 +118,7 @@ class StateGroup(_Group):
 
 
 CacheGroup = Annotated[
-    AttentionGroup | MLAGroup | IndexerGroup | StateGroup, Field(discriminator="kind")
+    AttentionGroup | MLAGroup | IndexerGroup | IndexerTailGroup | StateGroup, Field(discriminator="kind")
 ]
 
 
@@ -107,6 +129,8 @@ class ModelKV(ApiModel):
     """Model identity (preset name or Hugging Face id); prefill and decode must agree on it."""
     dtype: DType = "bfloat16"
     """Model (activation) dtype; the KV cache dtype `auto` resolves to it."""
+    attention_heads: PositiveInt | None = None
+    """Query heads (`num_attention_heads`); vLLM refuses a tensor parallel size that does not divide them."""
     groups: list[CacheGroup] = Field(min_length=1, max_length=16)
 
     @field_validator("groups")
@@ -121,7 +145,7 @@ class ModelKV(ApiModel):
     @model_validator(mode="after")
     def _one_state_kind(self) -> ModelKV:
         attention_like = [g for g in self.groups if g.kind in ("mla", "attention")]
-        if not attention_like and any(g.kind in ("state", "indexer") for g in self.groups):
+        if not attention_like and any(g.kind in ("state", "indexer", "indexerTail") for g in self.groups):
             raise ValueError("a model with state or indexer groups needs an attention or mla group")
         return self
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pd_operator.kv.dtypes import dtype_bytes, is_fp8, resolve_cache_dtype
-from pd_operator.kv.model import AttentionGroup, IndexerGroup, MLAGroup, StateGroup
+from pd_operator.kv.dtypes import canonical_dtype, dtype_bytes, is_fp8, resolve_cache_dtype
+from pd_operator.kv.model import AttentionGroup, IndexerGroup, IndexerTailGroup, MLAGroup, StateGroup
 from pd_operator.kv.side import Side
+
+# vllm-ascend's C8 (int8/fp8) MLA page for pooled-indexer models stores the latent in 1-byte values, the
+# rope part in bf16 and one fp32 scale per 128-value tile (vllm-ascend: `vllm_ascend/attention/utils.py`
+# @ 0.30.0rc2, `get_sfa_qsfa_packed_head_dim`, SFA_QSFA_TILE_SIZE = 128): 512 + 0 + 16 = 528 B for GLM-Next.
+C8_TILE = 128
+C8_DTYPES = frozenset({"int8", "fp8"})
 
 
 class LayoutError(ValueError):
@@ -92,6 +98,26 @@ class TokenGroupLayout:
 
 
 @dataclass(frozen=True)
+class TailGroupLayout:
+    """A per-request page replicated on every rank (the indexer tail): moved whole from one prefill rank."""
+
+    name: str
+    num_layers: int
+    used_bytes: int
+    """Bytes of one layer's page for one request."""
+    slot_bytes: int
+    """The padded slot: the larger of this page and the indexer page (vllm-ascend's "small" page class)."""
+    tp: int
+
+    kind = "indexerTail"
+    replicated = True
+
+    @property
+    def page_bytes(self) -> int:
+        return self.slot_bytes
+
+
+@dataclass(frozen=True)
 class StateGroupLayout:
     name: str
     num_layers: int
@@ -114,18 +140,44 @@ def _kv_dtype(group, side: Side) -> str:
     return resolve_cache_dtype(group.dtype, side.model.dtype) if group.dtype else side.cache_dtype
 
 
+def pooled_indexer_ratio(side: Side) -> int | None:
+    """The pool size of the model's compressed indexer (GLM-Next `index_kpool`), when it has one."""
+    return next((g.compress_ratio for g in side.model.groups
+                 if isinstance(g, IndexerGroup) and g.compress_ratio > 1), None)
+
+
+def c8_packed(side: Side) -> bool:
+    """vllm-ascend packs the MLA page of a pooled-indexer model when the KV cache is int8 or fp8
+    (vllm-ascend: `vllm_ascend/patch/platform/patch_mamba_config.py` @ 0.30.0rc2, `_using_sparse_sfa_c8`)."""
+    return (side.platform == "ascend" and canonical_dtype(side.cache_dtype) in C8_DTYPES
+            and pooled_indexer_ratio(side) is not None)
+
+
+def c8_entry_bytes(group: MLAGroup) -> int:
+    return group.kv_lora_rank + group.qk_rope_head_dim * 2 + group.kv_lora_rank // C8_TILE * 4
+
+
 def token_group_layout(group, side: Side, block: int) -> TokenGroupLayout:
     tp = side.tensor_parallel
     width = dtype_bytes(_kv_dtype(group, side))
+    layers = group.layers(side.num_speculative_tokens)
     if isinstance(group, MLAGroup):
-        parts = (("nope", group.kv_lora_rank * width), ("rope", group.qk_rope_head_dim * width))
-        return TokenGroupLayout(group.name, "mla", group.num_layers, 1, 1, parts, 1, block, tp)
+        if c8_packed(side) and not group.dtype:
+            if group.kv_lora_rank % C8_TILE:
+                raise LayoutError("C8LatentNotTileAligned", group.name,
+                                  f"vllm-ascend packs an int8/fp8 MLA cache in {C8_TILE}-value tiles, "
+                                  f"but the latent of group {group.name} has {group.kv_lora_rank} values; "
+                                  "use kvCacheDtype auto for this model.", side.model_field("kvCacheDtype"))
+            parts: tuple[tuple[str, int], ...] = (("packed", c8_entry_bytes(group)),)
+        else:
+            parts = (("nope", group.kv_lora_rank * width), ("rope", group.qk_rope_head_dim * width))
+        return TokenGroupLayout(group.name, "mla", layers, 1, 1, parts, 1, block, tp)
     if isinstance(group, IndexerGroup):
         if is_fp8(_kv_dtype(group, side)):
             entry = group.head_dim + group.head_dim // group.quant_block_size * 4
         else:
             entry = group.head_dim * width
-        return TokenGroupLayout(group.name, "indexer", group.num_layers, 1, 1, (("keys", entry),),
+        return TokenGroupLayout(group.name, "indexer", layers, 1, 1, (("keys", entry),),
                                 group.compress_ratio, block // group.compress_ratio, tp)
     assert isinstance(group, AttentionGroup)
     heads = group.num_kv_heads
@@ -140,7 +192,13 @@ def token_group_layout(group, side: Side, block: int) -> TokenGroupLayout:
                           f"multiple of {heads}.", side.field("tensorParallelSize"))
     local = max(1, heads // tp)
     parts = (("k", group.head_size * width), ("v", group.head_size * width))
-    return TokenGroupLayout(group.name, "attention", group.num_layers, heads, local, parts, 1, block, tp)
+    return TokenGroupLayout(group.name, "attention", layers, heads, local, parts, 1, block, tp)
+
+
+def tail_group_layout(group: IndexerTailGroup, side: Side, small_page: int) -> TailGroupLayout:
+    used = group.bytes_per_request(side.num_speculative_tokens)
+    return TailGroupLayout(group.name, group.layers(side.num_speculative_tokens), used,
+                           max(used, small_page), side.tensor_parallel)
 
 
 def state_bytes_per_rank(group: StateGroup, side: Side) -> int:
@@ -169,5 +227,6 @@ def _state_parts(group: StateGroup, side: Side) -> list[tuple[str, tuple[HeadPar
 def state_group_layout(group: StateGroup, side: Side, slot_bytes: int) -> StateGroupLayout:
     tensors = tuple(_state_parts(group, side))
     used = sum(p.chunk_bytes * p.heads_local for _, parts in tensors for p in parts)
-    return StateGroupLayout(group.name, group.num_layers, tensors, used, max(slot_bytes, used),
+    return StateGroupLayout(group.name, group.layers(side.num_speculative_tokens), tensors, used,
+                            max(slot_bytes, used),
                             side.tensor_parallel)

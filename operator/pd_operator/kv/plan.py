@@ -23,7 +23,7 @@ from math import ceil, gcd
 import numpy as np
 
 from pd_operator.kv.blocksize import SideLayout
-from pd_operator.kv.pages import StateGroupLayout, TokenGroupLayout
+from pd_operator.kv.pages import StateGroupLayout, TailGroupLayout, TokenGroupLayout
 
 # The state slot of the request on both sides, unless the caller says otherwise.
 DEFAULT_STATE_SLOT = 1
@@ -77,6 +77,15 @@ class TransferPlan:
     @property
     def bytes(self) -> int:
         return sum(r.bytes for r in self.runsets)
+
+    def per_prefill_rank(self) -> list[dict]:
+        """Bytes each prefill rank (`pp_stage * tp + tp_rank`) sends for one request, per cache group."""
+        ranks: dict[int, dict] = {}
+        for r in self.runsets:
+            row = ranks.setdefault(r.prefill_rank, {"rank": r.prefill_rank, "bytes": 0, "groups": {}})
+            row["bytes"] += r.bytes
+            row["groups"][r.group] = row["groups"].get(r.group, 0) + r.bytes
+        return [ranks[rank] for rank in sorted(ranks)]
 
     def per_decode_rank(self) -> list[dict]:
         ranks: dict[int, dict] = {}
@@ -138,6 +147,10 @@ def plan_transfer(prefill: SideLayout, decode: SideLayout, prompt_tokens: int, *
         assert isinstance(d_group, TokenGroupLayout)
         runsets += _token_runs(index, p_group, d_group, prefill, prompt_tokens, p_blocks, d_blocks,
                                segment, merge)
+    for index, p_tail in enumerate(prefill.tail_groups, start=len(prefill.token_groups)):
+        d_tail = decode.group(p_tail.name)
+        assert isinstance(d_tail, TailGroupLayout)
+        runsets += _tail_runs(index, p_tail, d_tail, prefill, prefill_slot, decode_slot)
     for p_state in prefill.state_groups:
         d_state = decode.group(p_state.name)
         assert isinstance(d_state, StateGroupLayout)
@@ -203,6 +216,22 @@ def _offsets(starts: np.ndarray, blocks: np.ndarray, per_block: int, stride: int
              width: int) -> np.ndarray:
     return (blocks[starts // per_block] * stride + local_head * per_block * width
             + (starts % per_block) * width)
+
+
+def _tail_runs(index: int, p: TailGroupLayout, d: TailGroupLayout, prefill: SideLayout, p_slot: int,
+               d_slot: int) -> list[RunSet]:
+    """A replicated per-request page: each decode rank copies it whole from one prefill rank, spread over
+    the prefill ranks as replicated token groups are."""
+    if p.used_bytes != d.used_bytes:
+        raise PlanError(f"the {p.name} page differs between the two sides")
+    p_tp = prefill.side.tensor_parallel
+    stages = _stage_layers(p.num_layers, prefill.side.pipeline_parallel)
+    src = np.array([p_slot * p.slot_bytes], dtype=np.int64)
+    dst = np.array([d_slot * d.slot_bytes], dtype=np.int64)
+    length = np.array([p.used_bytes], dtype=np.int64)
+    return [RunSet(p.name, p.kind, "tail", d_rank, stage * p_tp + (d_rank + index * d.tp) % p_tp, layers,
+                   src, dst, length)
+            for d_rank in range(d.tp) for stage, layers in stages.items()]
 
 
 def _state_runs(p: StateGroupLayout, d: StateGroupLayout, prefill: SideLayout, p_slot: int,

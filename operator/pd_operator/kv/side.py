@@ -9,8 +9,12 @@ from pd_operator.kv.dtypes import resolve_cache_dtype
 from pd_operator.kv.model import ModelKV
 
 Role = Literal["prefill", "decode"]
+Platform = Literal["ascend", "vllm"]
+"""Whose block rule a side runs: vllm-ascend's (a serving image) or plain vLLM's (vLLM's own code)."""
+PLATFORMS: tuple[Platform, ...] = ("ascend", "vllm")
 
-# Ascend attention kernels page KV in 128-token kernel blocks (facts.md section 1).
+# Ascend attention kernels page KV in 128-token kernel blocks (vllm-ascend: `vllm_ascend/attention/mla_v1.py`
+# and `sfa_v1.py` @ 0.30.0rc2, `get_supported_kernel_block_sizes` -> [128]).
 ASCEND_KERNEL_BLOCK = 128
 
 
@@ -28,6 +32,9 @@ class Side:
     num_speculative_tokens: int = 0
     path: str = ""
     """Manifest path of this role, e.g. `spec.prefill`, used in findings."""
+    platform: Platform = "ascend"
+    model_path: str = ""
+    """Manifest path of the model settings (`spec.model`), for findings on dtypes; else `path`."""
 
     @property
     def cache_dtype(self) -> str:
@@ -35,3 +42,6 @@ class Side:
 
     def field(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
+
+    def model_field(self, name: str) -> str:
+        return f"{self.model_path}.{name}" if self.model_path else self.field(name)

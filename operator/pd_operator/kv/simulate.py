@@ -19,11 +19,11 @@ from math import ceil
 import numpy as np
 
 from pd_operator.kv.blocksize import SideLayout
-from pd_operator.kv.pages import StateGroupLayout, TokenGroupLayout
+from pd_operator.kv.pages import StateGroupLayout, TailGroupLayout, TokenGroupLayout
 from pd_operator.kv.plan import TransferPlan, pp_stage
 
 RegionKey = tuple[str, str, int]
-"""(group, component, group-local layer); state groups use the component `state`."""
+"""(group, component, group-local layer); state groups use the component `state`, tails `tail`."""
 
 # What unwritten decode memory holds, and what prefill holds where no prompt content lives.
 UNWRITTEN = 0xEE
@@ -51,6 +51,9 @@ def regions(layout: SideLayout, rank: int, num_blocks: int, num_slots: int) -> I
                 continue
             for layer in rank_layers(layout, g.num_layers, rank):
                 yield Region((g.name, component, layer), num_blocks * g.stride(component))
+    for t in layout.tail_groups:
+        for layer in rank_layers(layout, t.num_layers, rank):
+            yield Region((t.name, "tail", layer), num_slots * t.slot_bytes)
     for s in layout.state_groups:
         for layer in rank_layers(layout, s.num_layers, rank):
             yield Region((s.name, "state", layer), num_slots * s.slot_bytes)
@@ -85,6 +88,8 @@ def write_prompt(layout: SideLayout, rank: int, buffers: dict[RegionKey, np.ndar
     tp_rank = rank % layout.side.tensor_parallel
     for g in layout.token_groups:
         _write_tokens(g, tp_rank, buffers, blocks, prompt_tokens)
+    for t in layout.tail_groups:
+        _write_tail(t, buffers, slot)
     for s in layout.state_groups:
         _write_state(s, tp_rank, buffers, slot)
 
@@ -104,6 +109,14 @@ def _write_tokens(g: TokenGroupLayout, tp_rank: int, buffers: dict[RegionKey, np
                 positions = (e[:, None] * width + np.arange(width)[None, :]).ravel()
                 values = content(seed, positions).reshape(entries, width)
                 view[blocks[e // g.entries_per_block], local, e % g.entries_per_block, :] = values
+
+
+def _write_tail(t: TailGroupLayout, buffers: dict[RegionKey, np.ndarray], slot: int) -> None:
+    """The same bytes on every rank: the tail is replicated."""
+    for (group, _, layer), buf in buffers.items():
+        if group == t.name:
+            buf.reshape(-1, t.slot_bytes)[slot, :t.used_bytes] = content((_name_id(t.name), layer),
+                                                                          np.arange(t.used_bytes))
 
 
 def _write_state(s: StateGroupLayout, tp_rank: int, buffers: dict[RegionKey, np.ndarray], slot: int) -> None:

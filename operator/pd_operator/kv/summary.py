@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pd_operator.kv.blocksize import SideLayout
 from pd_operator.kv.compat import PairReport
-from pd_operator.kv.pages import StateGroupLayout, TokenGroupLayout
+from pd_operator.kv.pages import StateGroupLayout, TailGroupLayout, TokenGroupLayout
 from pd_operator.kv.side import Side
 
 
@@ -17,10 +17,12 @@ def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
 
-def _group_row(g: TokenGroupLayout | StateGroupLayout) -> dict:
+def _group_row(g: TokenGroupLayout | StateGroupLayout | TailGroupLayout) -> dict:
     row: dict = {"name": g.name, "kind": g.kind, "replicated": g.replicated}
     if isinstance(g, StateGroupLayout):
         row["bytesPerRequest"] = g.state_bytes
+    elif isinstance(g, TailGroupLayout):
+        row["bytesPerRequest"] = g.used_bytes
     else:
         row["bytesPerToken"] = _number(g.bytes_per_token)
     row["pageBytes"] = g.page_bytes
@@ -44,6 +46,7 @@ def report_json(report: PairReport) -> dict:
         "entries": plan.entries,
         "bytes": plan.bytes,
         "perDecodeRank": plan.per_decode_rank(),
+        "perPrefillRank": plan.per_prefill_rank(),
     }
     return {
         "compatible": report.compatible,
@@ -78,14 +81,14 @@ def _sides_table(report: PairReport) -> list[str]:
         ("engine block (tokens)", p_layout and p_layout.engine_block_size,
          d_layout and d_layout.engine_block_size),
     ]
-    lines = [f"{'':22}{'prefill':>18}{'decode':>18}"]
-    lines += [f"{label:22}{_cell(a):>18}{_cell(b):>18}" for label, a, b in rows]
+    lines = [f"{'':32}{'prefill':>16}{'decode':>16}"]
+    lines += [f"{label:32}{_cell(a):>16}{_cell(b):>16}" for label, a, b in rows]
     if p_layout and d_layout:
         p_groups = {g.name: g for g in p_layout.groups}
         for g in d_layout.groups:
             pg = p_groups.get(g.name)
-            lines.append(f"{(g.name + ' page (' + g.kind + ')'):22}"
-                         f"{_size(pg.page_bytes) if pg else '-':>18}{_size(g.page_bytes):>18}")
+            lines.append(f"{(g.name + ' page (' + g.kind + ')'):32}"
+                         f"{_size(pg.page_bytes) if pg else '-':>16}{_size(g.page_bytes):>16}")
     return lines
 
 
@@ -110,4 +113,8 @@ def report_table(report: PairReport, *, naive_entries: int | None = None) -> str
                                 for name, grp in row["groups"].items())
             lines.append(f"  decode rank {row['rank']}: {_size(row['bytes'])}, {row['entries']} runs "
                          f"({sources})")
+        lines.append("sent per prefill rank (bytes):")
+        for row in plan.per_prefill_rank():
+            groups = ", ".join(f"{name} {count:,}" for name, count in row["groups"].items())
+            lines.append(f"  prefill rank {row['rank']}: {row['bytes']:,} ({groups})")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from pd_operator.owned import PREFIX_CACHING_OFF
 from pd_operator.ports import DP_RPC_PORT
 from pd_operator.preflight import POD_INDEX_ENV, ROLE_OF
 from pd_operator.render.context import Context
@@ -17,6 +18,11 @@ from pd_operator.render.context import Context
 PREFLIGHT_COMMAND = "pd-preflight"  # console script of this package, installed in the serving image
 CONFIG_DIR = "/etc/pd"
 """Where serving pods mount the serving ConfigMap (render/serving_config.py)."""
+# vLLM 0.34 turns prefix caching on by default for hybrid models, which switches their state cache to the
+# "align" mode: the block must then also be a multiple of the prefill checkpoint alignment (vllm:
+# `Platform._align_hybrid_block_size`) and vllm-ascend sets mamba_block_size = block_size
+# (`NPUPlatform.update_block_size_for_backend`). The operator plans the "none" mode's block, so it renders
+# prefix caching off for hybrid models and refuses extraArgs that turn it back on.
 
 
 def kv_transfer_config(ctx: Context, role: str, index: int) -> dict:
@@ -57,6 +63,8 @@ def serve_argv(ctx: Context, role: str, index: int) -> list[str]:
     argv += ["--block-size", str(ctx.engine_block_size(role)),
              "--dtype", ctx.model.dtype,
              "--kv-cache-dtype", spec.model.kv_cache_dtype]
+    if ctx.model.is_hybrid:
+        argv.append(PREFIX_CACHING_OFF)
     if spec.model.max_model_len is not None:
         argv += ["--max-model-len", str(spec.model.max_model_len)]
     argv += ["--kv-transfer-config",

@@ -6,6 +6,7 @@ collide; a user value for a default replaces the default.
 
 from __future__ import annotations
 
+from pd_operator import images
 from pd_operator.owned import DEFAULT_ENV
 from pd_operator.ports import HANDSHAKE_RPC
 from pd_operator.render.command import POD_INDEX_ENV
@@ -24,11 +25,13 @@ def _field(name: str, path: str) -> dict:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def owned_env(ctx: Context, role: str, index: int) -> list[dict]:
+def owned_env(ctx: Context) -> list[dict]:
     kv = ctx.dep.spec.kv_transfer
     timeouts = kv.timeouts
+    caps = images.of_image(ctx.dep.spec.image)
+    assert caps is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     out = [
-        _value("VLLM_USE_V2_MODEL_RUNNER", 1),
+        _value("VLLM_USE_V2_MODEL_RUNNER", images.model_runner_env(caps, ctx.model)),
         # vLLM would guess the default-route IP; HCCL needs the same address.
         _field("VLLM_HOST_IP", "status.podIP"),
         _field("HCCL_IF_IP", "status.podIP"),
@@ -42,7 +45,6 @@ def owned_env(ctx: Context, role: str, index: int) -> list[dict]:
         # mooncake-transfer-engine/src/transport/ascend_transport/ascend_direct_transport).
         _value("ASCEND_TRANSFER_TIMEOUT", timeouts.transfer_ms),
         _value("ASCEND_CONNECT_TIMEOUT", timeouts.connect_ms),
-        _value("PD_ROLE", role), _value("PD_INSTANCE", index),
         _field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX_LABEL}']"),
     ]
     return out
@@ -57,8 +59,8 @@ def _user(env) -> dict:
     return out
 
 
-def container_env(ctx: Context, role: str, index: int) -> list[dict]:
+def container_env(ctx: Context, role: str) -> list[dict]:
     user = ctx.role(role).env
     given = {e.name for e in user}
     defaults = [_value(k, v) for k, v in DEFAULT_ENV.items() if k not in given]
-    return [*owned_env(ctx, role, index), *defaults, *(_user(e) for e in user)]
+    return [*owned_env(ctx), *defaults, *(_user(e) for e in user)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from pd_operator import images
 from pd_operator.render.context import Context
 
 NAME = "pd-serving"
@@ -26,12 +27,17 @@ HASH_CHARS = 12
 
 def kv_layout_hash(ctx: Context) -> str:
     spec = ctx.dep.spec
+    caps = images.of_image(spec.image)
+    assert caps is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     identity = {
         "model": ctx.model.name, "path": spec.model.name, "dtype": ctx.model.dtype,
         "kvCacheDtype": ctx.layouts["prefill"].side.cache_dtype,  # resolved: `auto` is the model dtype
         "blockSize": {role: ctx.engine_block_size(role) for role in ("prefill", "decode")},
         "connector": spec.kv_transfer.connector,
         "image": spec.image.name,
+        # The runner changes how blocks are handed to the connector (PR #16755), and spec.image can
+        # change it (seedChange) without a new image name.
+        "modelRunnerV2": images.model_runner_env(caps, ctx.model),
     }
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]

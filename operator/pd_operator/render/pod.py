@@ -103,7 +103,7 @@ def serving_container(ctx: Context, role: str, index: int, mounts: list[dict]) -
         "image": spec.image.name,
         "imagePullPolicy": spec.image.pull_policy,
         "command": pod_command(ctx, role, index),
-        "env": container_env(ctx, role, index),
+        "env": container_env(ctx, role),
         "ports": container_ports(ctx, role),
         "resources": resources(side.resources, side.npu_resource_name, ctx.plans[role].npus_per_pod),
         "volumeMounts": mounts,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from pd_operator import images
 from pd_operator.api.types import ROLES
 from pd_operator.ports import PROBE_RANGE, pod_ports
 from pd_operator.preflight import PreflightConfig
@@ -30,7 +31,8 @@ def preflight_key(role: str) -> str:
 
 def preflight_config(ctx: Context, role: str) -> PreflightConfig:
     side, plan, spec = ctx.role(role), ctx.plans[role], ctx.dep.spec
-    peer = "decode" if role == "prefill" else "prefill"
+    image = images.of_image(spec.image)
+    assert image is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     ports = [sorted(p for r in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal)
                     if r.name != PROBE_RANGE for p in range(r.start, r.end))
              for ordinal in range(plan.pods)]
@@ -38,8 +40,8 @@ def preflight_config(ctx: Context, role: str) -> PreflightConfig:
         role=role, tensor_parallel_size=side.tensor_parallel_size,  # type: ignore[arg-type]
         pipeline_parallel_size=side.pipeline_parallel_size, data_parallel_size=side.data_parallel_size,
         data_parallel_size_local=plan.dp_local, pods=plan.pods,
-        engine_block_size=ctx.engine_block_size(role), peer_engine_block_size=ctx.engine_block_size(peer),
-        kv_connector=spec.kv_transfer.connector, npus_per_pod=plan.npus_per_pod, ports=ports)
+        engine_block_size=ctx.engine_block_size(role), kv_connector=spec.kv_transfer.connector,
+        npus_per_pod=plan.npus_per_pod, ports=ports, image=image)
 
 
 PAIRING_SHAPE = {"tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "npus_per_node",

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from pd_operator import images
 from pd_operator.api.crd import openapi_schema
 from pd_operator.findings import CATALOG
 
@@ -88,7 +89,58 @@ def conditions_table() -> str:
     return "\n".join(rows)
 
 
-GENERATED = {"findings": findings_table, "conditions": conditions_table}
+def images_table() -> str:
+    """What each serving image serves, from pd_operator.images (the contract tier checks that table
+    against each release's source)."""
+    def since(key: str, value: str) -> str:
+        return next(r.version for r in images.RELEASES.values() if value in getattr(r, key))
+
+    rows = ["| serving image | MooncakeConnectorV2 | GLM-Next (GLM-5.3-Flash) | unequal engine blocks "
+            "(P=TP8 -> D=DP2xTP4) | unequal kernel blocks | int8 KV cache | hybrid block rule planned "
+            "| why |",
+            "|---|---|---|---|---|---|---|---|"]
+    cases = [(f"`quay.io/ascend/vllm-ascend:v{v}` (and `-a3`, ...)", images.capabilities("", v, False))
+             for v in images.RELEASES]
+    newest = list(images.RELEASES)[-1]
+    cases.append((f"images/vllm-ascend build (`{newest}` + PR #{images.SEED_PULL_REQUEST}; "
+                  f"`vllmAscendVersion: {newest}`, `seedChange: true`)",
+                  images.capabilities("", newest, True)))
+    for name, caps in cases:
+        assert caps is not None
+        v2 = images.CONNECTOR_V2 in caps.connectors
+        glm = images.GLM_NEXT in caps.families
+        on_v2 = caps.runs_on_model_runner_v2(images.GLM_NEXT)
+        why = []
+        if not v2:
+            first = since("connectors", images.CONNECTOR_V2)
+            why.append(f"{images.CONNECTOR_V2} is registered from {first}; "
+                       f"{images.CONNECTOR_V1} pairs equal blocks only")
+        else:
+            why.append(f"{images.CONNECTOR_V2} pairs unequal engine blocks kernel block by kernel block")
+        if not glm:
+            why.append(f"GLM-Next model code arrives in {since('families', images.GLM_NEXT)}")
+        elif on_v2:
+            why.append("the seed change runs GLM-Next PD on Model Runner V2")
+        else:
+            why.append("vllm-ascend runs GLM-Next on Model Runner V1 (its default; its GLM-5.3-Flash guide)")
+        why.append(f"{images.SEED_FUNCTION} (token runs between unequal kernel blocks) "
+                   + ("comes with the seed change" if caps.seed_change else "is in no release"))
+        release = images.RELEASES[caps.vllm_ascend_version]
+        if not release.int8_kv_cache:
+            first_int8 = next(r.version for r in images.RELEASES.values() if r.int8_kv_cache)
+            why.append(f"--kv-cache-dtype int8 is accepted from {first_int8}")
+        if not release.block_rule_modelled:
+            why.append("hybrid models other than GLM-Next, and an int8/fp8 GLM-Next cache, get another "
+                       f"engine block than {images.MODELLED_BLOCK_RULE}'s rule "
+                       "(refused: ImageBlockRuleUnmodelled)")
+        glm_cell = f"yes, on Model Runner {'V2' if on_v2 else 'V1'}" if glm else "no"
+        rows.append(f"| {name} | {'yes' if v2 else 'no'} | {glm_cell} | {'yes' if v2 else 'no'} | "
+                    f"{'yes' if caps.seed_change else 'no'} | {'yes' if release.int8_kv_cache else 'no'} | "
+                    f"{'yes' if release.block_rule_modelled else 'no'} | {_cell('; '.join(why))} |")
+    return "\n".join(rows)
+
+
+GENERATED = {"findings": findings_table, "conditions": conditions_table, "images": images_table}
 
 
 def fill(readme: str) -> str:
