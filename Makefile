@@ -123,7 +123,7 @@ demo: install tools testcluster
 plan: install
 	$(VENV)/bin/pdctl plan examples/glm-5.3-flash-tp8-dp2tp4.yaml
 
-bench: install
+bench: install tools testcluster
 	$(PY) bench/plan.py
 	$(PY) bench/transfer.py
 	$(PY) bench/reconcile.py

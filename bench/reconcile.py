@@ -1,150 +1,194 @@
-"""Reconcile cost at scale: 100 GLM-5.3-Flash PDDeployments in the emulated API server, with the
-real operator (`python -m pd_operator run`, in its own process as in a cluster, so the emulator and
-the operator do not share one interpreter lock). Prints one `name: value` line per figure.
+"""Reconcile cost on the real control plane: N GLM-5.3-Flash 1P1D PDDeployments to all Ready with
+the operator as the chart installs it, against the same rendered children applied without it.
+Prints one `name: value` line per figure.
 
-The baseline is one PDDeployment reaching Ready in a fresh cluster in the same run; the ratio
-compares 100 objects with 100 times that. `writes_per_noop_reconcile` counts the API writes of
-drift reconciles once everything is Ready (target 0: an unchanged object costs reads only).
+One control plane (tests/support: kube-apiserver v1.36.3, etcd, controller-manager, scheduler,
+kwok nodes with 8 NPUs each, enough for every pod) serves both runs, one after the other:
 
-`--objects N` (default 100) sets the scale. Measured on a 2-core machine: 10 objects ~3 s,
-20 objects ~3.5 s, 100 objects ~13-20 s to all Ready (~30-40 s for the whole run). Until the
-emulator stopped scanning kmock's request history per request and deep-copying every listed
-object, it bounded the time (20 objects ~115 s); `operator_cpu_share` shows who uses the CPU.
+1. The floor: the children the operator would render for the N deployments, applied with
+   `kubectl apply --server-side` (one call), until every StatefulSet and Deployment has all its
+   replicas Ready (the StatefulSet controller, the scheduler and kwok do the work). Then deleted.
+2. The operator (`helm install`, the chart's command as its ServiceAccount): the N PDDeployments
+   created, until every one reports Ready=True. `operator_vs_bare_ratio` is its time over the
+   floor's: what the operator adds on top of what Kubernetes itself needs.
+
+From the API server's audit log: the operator's requests and writes per object; its writes during
+a drift pass over every object once all is Ready (`writes_per_noop_reconcile`, target 0). The
+operator's resident memory at the end. Admission: 20 concurrent `kubectl apply --dry-run=server` of
+valid manifests (ROUNDS rounds), the API server's own latency for each from the audit log
+(received to answered, the webhook call included) as p50/p99, against the same for a ConfigMap
+(no webhook) in the same run.
+
+`--objects N` (default 100) sets the scale.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
-import logging
-import os
+import concurrent.futures
+import datetime
+import math
 import pathlib
-import subprocess
+import statistics
 import sys
-import threading
+import tempfile
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
 
 import yaml
 
-from pd_operator.devcluster import DevCluster
-from pd_operator.localnet import free_port
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-CRD = ROOT / "crds" / "pd.serving.dev_pddeployments.yaml"
-EXAMPLE = ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml"
-API = "pd.serving.dev/v1alpha1"
+from pd_operator.render import render  # noqa: E402
+from pd_operator.validate import validate  # noqa: E402
+from support.audit import Event  # noqa: E402
+from support.cluster import ControlPlane, wait_for  # noqa: E402
+from support.fleet import RECONCILES, conditions, fleet_doc, fleet_nodes, metric, pdd_path, rss_mb  # noqa: E402
+from support.kube import kubectl  # noqa: E402
+from support.operator import OperatorProcess, helm_install, helm_uninstall, weights_claim  # noqa: E402
+
 OBJECTS = 100
-DRIFT_S = 2.0
-TIMEOUT_S = 300.0
+CONCURRENT = 20
+ROUNDS = 5
+DRIFT_S = 10.0
+TIMEOUT_S = 1800.0
 
 
-def _is_true(obj: dict | None, kind: str) -> bool:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return any(c["type"] == kind and c["status"] == "True" for c in conditions)
+def _workloads_ready(cp: ControlPlane, namespace: str, want: int) -> bool:
+    ready = 0
+    for plural in ("statefulsets", "deployments"):
+        for obj in cp.api("GET", f"/apis/apps/v1/namespaces/{namespace}/{plural}")["items"]:
+            replicas = obj["spec"].get("replicas", 1)
+            ready += (obj.get("status") or {}).get("readyReplicas", 0) == replicas
+    return ready == want
 
 
-def _kubelets(cluster: DevCluster, stop: threading.Event) -> None:
-    """Mark new pods Ready shortly after they appear, as kubelets would once engines load."""
-    while not stop.wait(0.2):
-        for pod in cluster.list("v1", "Pod", "default"):
-            if not _is_true(pod, "Ready"):
-                cluster.set_pod_ready("default", pod["metadata"]["name"], True)
+def _docs(count: int, namespace: str) -> list[dict]:
+    return [fleet_doc(i, namespace, prefix="glm") for i in range(count)]
 
 
-@contextlib.contextmanager
-def _operator(cluster: DevCluster, metrics_port: int) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen([sys.executable, "-m", "pd_operator", "run", "--no-webhook", "--log-format=json",
-                             f"--kubeconfig={cluster.kubeconfig_path}", f"--health-port={free_port()}",
-                             f"--metrics-port={metrics_port}", f"--drift-interval={DRIFT_S}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait(lambda: _reconciles(metrics_port) is not None, "the operator's metrics endpoint")
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def bare(cp: ControlPlane, count: int, workdir: pathlib.Path) -> float:
+    """Seconds from `kubectl apply --server-side` of every rendered child to all workloads Ready."""
+    namespace = "bench-bare"
+    cp.create_namespace(namespace)
+    cp.create_weights_volume(namespace, str(weights_claim(fleet_doc(0, namespace))))
+    manifests = [m for doc in _docs(count, namespace) for m in render(validate(doc))]
+    workloads = sum(m["kind"] in ("StatefulSet", "Deployment") for m in manifests)
+    path = workdir / "bare.yaml"
+    path.write_text(yaml.safe_dump_all(manifests))
+    started = time.monotonic()
+    kubectl(cp.kubeconfig, "apply", "--server-side", "--field-manager=bench", "-f", str(path),
+            timeout=TIMEOUT_S)
+    wait_for("bare workloads Ready", lambda: _workloads_ready(cp, namespace, workloads), TIMEOUT_S,
+             interval=0.5)
+    seconds = time.monotonic() - started
+    cp.delete_namespace(namespace)
+    # Its pods hold the NPUs the operator's run needs.
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    wait_for("the bare run's pods gone", lambda: not cp.api("GET", pods)["items"], TIMEOUT_S, interval=1.0)
+    return seconds
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def operator_run(cp: ControlPlane, op: OperatorProcess, user: str, count: int) -> dict[str, float]:
+    namespace = "bench-operator"
+    cp.create_namespace(namespace)
+    cp.create_weights_volume(namespace, str(weights_claim(fleet_doc(0, namespace))))
+    docs = _docs(count, namespace)
+    mark = cp.audit.mark()
+    started = time.monotonic()
+    for doc in docs:
+        cp.api("POST", pdd_path(namespace), doc)
+
+    def all_ready() -> bool:
+        items = cp.api("GET", pdd_path(namespace))["items"]
+        return len(items) == count and all(conditions(o).get("Ready", ("",))[0] == "True" for o in items)
+
+    wait_for("every PDDeployment Ready", all_ready, TIMEOUT_S, interval=0.5)
+    seconds = time.monotonic() - started
+    mine = cp.audit.events(mark, user=user)
+    # A drift pass over every object once all is Ready: each reconcile finds nothing to change.
+    noop_mark, runs = cp.audit.mark(), metric(op, RECONCILES)
+    wait_for("a drift pass over all", lambda: metric(op, RECONCILES) >= runs + count, TIMEOUT_S, interval=0.5)
+    noop_runs = metric(op, RECONCILES) - runs
+    noop_writes = [e for e in cp.audit.events(noop_mark, user=user) if e.write]
+    return {"seconds": seconds, "requests": len(mine), "writes": sum(e.write for e in mine),
+            "noop_writes": len(noop_writes), "noop_runs": noop_runs, "rss_mb": rss_mb(op.process.pid)}
 
 
-def _reconciles(metrics_port: int) -> float | None:
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
-    except OSError:
-        return None
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("pd_operator_reconcile_total{"))
+def _server_latency_ms(event: Event) -> float:
+    def at(key: str) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(str(event.raw[key]).replace("Z", "+00:00"))
+    return (at("stageTimestamp") - at("requestReceivedTimestamp")).total_seconds() * 1000
 
 
-def _wait(predicate: Callable[[], object], what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > TIMEOUT_S:
-            raise TimeoutError(what)
-        time.sleep(0.1)
-    return time.monotonic() - start
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-def run(count: int) -> dict[str, float]:
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    with DevCluster(crd_paths=[str(CRD)]) as cluster:
-        cluster.run_workload_controllers(pod_ready=False)
-        metrics_port = free_port()
-        stop = threading.Event()
-        kubelets = threading.Thread(target=_kubelets, args=(cluster, stop), daemon=True)
-        with _operator(cluster, metrics_port) as proc:
-            kubelets.start()
-            before = len(cluster.requests)
-            emulator_cpu0 = _cpu_seconds(os.getpid())
-            start = time.monotonic()
-            for i in range(count):
-                obj = copy.deepcopy(doc)
-                obj["metadata"]["name"] = f"glm-{i}"
-                cluster.create(obj)
-            _wait(lambda: all(_is_true(o, "Ready") for o in cluster.list(API, "PDDeployment", "default"))
-                  and len(cluster.list(API, "PDDeployment", "default")) == count, "all Ready")
-            seconds = time.monotonic() - start
-            operator_cpu = _cpu_seconds(proc.pid)
-            emulator_cpu = _cpu_seconds(os.getpid()) - emulator_cpu0
-            requests = len(cluster.requests) - before
-            writes = cluster.requests.count_writes()
-            time.sleep(DRIFT_S)  # let the last child events settle
-            writes0, runs0 = cluster.requests.count_writes(), _reconciles(metrics_port) or 0.0
-            _wait(lambda: (_reconciles(metrics_port) or 0.0) >= runs0 + count, "a drift pass over all")
-            noop_writes = cluster.requests.count_writes() - writes0
-            noop_runs = (_reconciles(metrics_port) or 0.0) - runs0
-            stop.set()
-            kubelets.join()
-    return {"seconds": seconds, "requests_per_object": requests / count, "writes_per_object": writes / count,
-            "writes_per_noop_reconcile": noop_writes / noop_runs,
-            "operator_cpu_share": operator_cpu / (operator_cpu + emulator_cpu)}
+def _timed_dry_run(cp: ControlPlane, path: pathlib.Path) -> float:
+    started = time.monotonic()
+    kubectl(cp.kubeconfig, "apply", "--dry-run=server", "-f", str(path))
+    return (time.monotonic() - started) * 1000
+
+
+def admission(cp: ControlPlane, workdir: pathlib.Path) -> dict[str, float]:
+    """CONCURRENT parallel `kubectl apply --dry-run=server`, ROUNDS times, of a valid PDDeployment
+    and of a ConfigMap; the API server's latency of each create from the audit log."""
+    namespace = "bench-admission"
+    cp.create_namespace(namespace)
+    pdd = workdir / "pdd.yaml"
+    pdd.write_text(yaml.safe_dump(fleet_doc(0, namespace, prefix="dry")))
+    configmap = workdir / "configmap.yaml"
+    configmap.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap",
+                                         "metadata": {"name": "dry", "namespace": namespace}, "data": {}}))
+    out: dict[str, float] = {}
+    for label, path, resource in (("pdd", pdd, "pddeployments"), ("configmap", configmap, "configmaps")):
+        mark = cp.audit.mark()
+        client: list[float] = []
+        with concurrent.futures.ThreadPoolExecutor(CONCURRENT) as pool:
+            for _ in range(ROUNDS):
+                client += list(pool.map(lambda _, path=path: _timed_dry_run(cp, path), range(CONCURRENT)))
+        server = [_server_latency_ms(e) for e in cp.audit.events(mark, resource=resource, namespace=namespace)
+                  if e.verb in ("create", "patch")]
+        assert len(server) >= CONCURRENT * ROUNDS, f"{len(server)} audit events for {label}"
+        out[f"{label}_server_p50"] = statistics.median(server)
+        out[f"{label}_server_p99"] = _percentile(server, 0.99)
+        out[f"{label}_kubectl_p50"] = statistics.median(client)
+        out[f"{label}_kubectl_p99"] = _percentile(client, 0.99)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=OBJECTS, help=f"PDDeployments (default {OBJECTS})")
     count = parser.parse_args(argv).objects
-    logging.basicConfig(level=logging.ERROR)
-    one = run(1)
-    many = run(count)
+    with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp, ControlPlane(nodes=fleet_nodes(count)) as cp:
+        workdir = pathlib.Path(tmp)
+        floor_s = bare(cp, count, workdir)
+        release = helm_install(cp, workdir)
+        try:
+            with release.operator(cp, workdir, extra_args=[f"--drift-interval={DRIFT_S}"]) as op:
+                op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "the webhook configured")
+                run = operator_run(cp, op, release.user, count)
+                latency = admission(cp, workdir)
+        finally:
+            helm_uninstall(cp, release)
+        print(f"kubernetes: {cp.api('GET', '/version')['gitVersion']}")
     print(f"objects: {count}")
-    print(f"seconds_to_one_ready: {one['seconds']:.2f}")
-    print(f"seconds_to_all_ready: {many['seconds']:.2f}")
-    print(f"all_ready_vs_{count}x_one_ratio: {many['seconds'] / (count * one['seconds']):.3f}")
-    print(f"requests_per_object: {many['requests_per_object']:.1f}")
-    print(f"requests_per_object_vs_one_ratio: {many['requests_per_object'] / one['requests_per_object']:.2f}")
-    print(f"writes_per_object: {many['writes_per_object']:.1f}")
-    print(f"writes_per_noop_reconcile: {many['writes_per_noop_reconcile']:.3f}")
-    # The CPU the operator process used until all Ready, as a share of operator + emulator CPU.
-    print(f"operator_cpu_share: {many['operator_cpu_share']:.3f}")
-    return 0 if many["writes_per_noop_reconcile"] == 0 else 1
+    print(f"bare_seconds_to_all_ready: {floor_s:.2f}")
+    print(f"operator_seconds_to_all_ready: {run['seconds']:.2f}")
+    print(f"operator_vs_bare_ratio: {run['seconds'] / floor_s:.3f}")
+    print(f"requests_per_object: {run['requests'] / count:.1f}")
+    print(f"writes_per_object: {run['writes'] / count:.1f}")
+    print(f"noop_reconciles: {run['noop_runs']:.0f}")
+    print(f"writes_per_noop_reconcile: {run['noop_writes'] / run['noop_runs']:.3f}")
+    print(f"operator_rss_mb: {run['rss_mb']:.1f}")
+    print(f"admission_concurrency: {CONCURRENT}")
+    for key, value in latency.items():
+        print(f"admission_{key}_ms: {value:.1f}")
+    ratio = latency["pdd_server_p50"] / latency["configmap_server_p50"]
+    print(f"admission_pdd_vs_configmap_p50_ratio: {ratio:.2f}")
+    return 0 if run["noop_writes"] == 0 else 1
 
 
 if __name__ == "__main__":

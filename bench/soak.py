@@ -1,84 +1,60 @@
-"""Soak: the real operator (`python -m pd_operator run`, its own process) reconciling many
-PDDeployments in the emulated API server for a long time while a share of API calls fail, with
-spec changes and pods turning Ready throughout. Prints one `name: value` line per figure.
+"""Soak on the real control plane: the operator as the chart installs it (its command, its
+ServiceAccount) reconciling many PDDeployments for a long time while a share of its API calls fail
+(500s and dropped connections from a FaultProxy in front of kube-apiserver, seeded), with spec
+changes throughout and kwok running the pods. Prints one `name: value` line per figure.
 
-The baseline is the same operator's own memory right after the fleet first converged, measured in
-this run: `rss_growth_ratio` is its resident memory at the end over that. `errors` are the
+The baseline is the same operator's own memory right after the fleet first became Ready, measured
+in this run: `rss_growth_ratio` is its resident memory at the end over that. `errors` are the
 reconciles that failed (pd_operator_reconcile_errors_total: mostly the injected faults, retried),
-`unhandled_exceptions` the operator's log records that carry a traceback plus a crash of the process; both
-should stay at 0 for the second and grow only with faults for the first.
+`unhandled_exceptions` the operator's log records that carry a traceback plus a crash of the
+process; the second should stay at 0, the first grow only with faults.
 
-Defaults are the issue's: 200 PDDeployments, 10 minutes, 5% faults. The emulated API server bounds
-how fast the fleet first converges (see bench/reconcile.py), so large fleets take a while to start.
+Defaults are the issue's: 200 PDDeployments, 10 minutes, 5% faults.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import pathlib
 import random
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
-import yaml
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from pd_operator.devcluster import DevCluster
-from pd_operator.devcluster.patching import MERGE_PATCH
-from pd_operator.localnet import free_port
+from support.cluster import ControlPlane, wait_for  # noqa: E402
+from support.faultproxy import FaultProxy  # noqa: E402
+from support.fleet import conditions, fleet_doc, fleet_nodes, merge_patch, metric, pdd_path, rss_mb  # noqa: E402
+from support.operator import helm_install, helm_uninstall, weights_claim  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-CRD = ROOT / "crds" / "pd.serving.dev_pddeployments.yaml"
-EXAMPLE = ROOT / "examples" / "glm-5.3-flash-1p1d-tp4.yaml"
-API = "pd.serving.dev/v1alpha1"
-NS = "default"
+NAMESPACE = "soak"
 ERRORS = "pd_operator_reconcile_errors_total"
+NPUS_PER_OBJECT = 12  # the 1P1D TP4 example with decode scaled up to 2 instances
 
 
-def rss_mb(pid: int) -> float:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+def ready_count(cp: ControlPlane) -> int:
+    return sum(conditions(o).get("Ready", ("",))[0] == "True"
+               for o in cp.api("GET", pdd_path(NAMESPACE))["items"])
 
 
-def metric(port: int, prefix: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
-
-
-def ready(obj: dict | None) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True"
-               for c in ((obj or {}).get("status") or {}).get("conditions", []))
-
-
-def kubelets(cluster: DevCluster, stop: threading.Event) -> None:
-    """Pods turn Ready a moment after they appear, as engines would once loaded."""
-    while not stop.wait(0.5):
-        for pod in cluster.list("v1", "Pod", NS):
-            if not ready(pod):
-                cluster.set_pod_ready(NS, pod["metadata"]["name"], True)
-
-
-def churn(cluster: DevCluster, names: list[str], every_s: float, stop: threading.Event) -> None:
-    """Every `every_s`, scale one random deployment's decode between 1 and 2 instances (a hand
-    edit through the store, so the faults hit only the operator)."""
+def churn(cp: ControlPlane, names: list[str], every_s: float, stop: threading.Event) -> None:
+    """Every `every_s`, scale one random deployment's decode between 1 and 2 instances (as admin,
+    so the faults hit only the operator)."""
     rng = random.Random(1)
-    rt = cluster.store.find_type(API, "PDDeployment")
     while not stop.wait(every_s):
         name = rng.choice(names)
-        current = cluster.get(API, "PDDeployment", NS, name)["spec"]["decode"]["replicas"]
-        cluster.store.patch(rt, NS, name, MERGE_PATCH, {"spec": {"decode": {"replicas": 3 - current}}})
+        current = cp.api("GET", pdd_path(NAMESPACE, name))["spec"]["decode"]["replicas"]
+        merge_patch(cp, pdd_path(NAMESPACE, name), {"spec": {"decode": {"replicas": 3 - current}}})
 
 
-def unhandled(log_path: pathlib.Path) -> list[str]:
+def unhandled(log: str) -> list[str]:
     out = []
-    for line in log_path.read_text().splitlines():
+    for line in log.splitlines():
+        if line.startswith("--- start "):  # the launcher's header (support.cluster.Component)
+            continue
         try:
             record = json.loads(line)
         except ValueError:
@@ -87,15 +63,6 @@ def unhandled(log_path: pathlib.Path) -> list[str]:
         if "exception" in record or record.get("logger") == "asyncio":
             out.append(record["message"])
     return out
-
-
-def wait(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,53 +76,54 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long the fleet may take to first become Ready (s)")
     args = parser.parse_args(argv)
 
-    doc = yaml.safe_load(EXAMPLE.read_text())
     names = [f"soak-{i:03d}" for i in range(args.objects)]
-    with DevCluster(crd_paths=[str(CRD)]) as cluster, tempfile.TemporaryDirectory() as work:
-        cluster.run_workload_controllers(pod_ready=False)
-        log_path = pathlib.Path(work) / "operator.log"
-        metrics_port = free_port()
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pd_operator", "run", "--no-webhook", "--log-format=json",
-                 f"--kubeconfig={cluster.kubeconfig_path}", f"--health-port={free_port()}",
-                 f"--metrics-port={metrics_port}", f"--drift-interval={args.drift_interval}"],
-                stdout=log, stderr=subprocess.STDOUT)
+    nodes = fleet_nodes(args.objects, NPUS_PER_OBJECT)
+    with tempfile.TemporaryDirectory(prefix="pd-soak-") as tmp, ControlPlane(nodes=nodes) as cp, \
+            FaultProxy(cp) as proxy:
+        workdir = pathlib.Path(tmp)
+        cp.create_namespace(NAMESPACE)
+        cp.create_weights_volume(NAMESPACE, str(weights_claim(fleet_doc(0, NAMESPACE))))
+        release = helm_install(cp, workdir, values=["webhook.enabled=false"])
         stop = threading.Event()
-        threads = [threading.Thread(target=kubelets, args=(cluster, stop), daemon=True)]
+        churner = threading.Thread(target=churn, args=(cp, names, args.churn_interval, stop), daemon=True)
         try:
-            threads[0].start()
-            cluster.faults.configure(rate=args.fault_rate, kinds=["500", "drop"], seed=5)
-            started = time.monotonic()
-            for name in names:
-                obj = copy.deepcopy(doc)
-                obj["metadata"]["name"] = name
-                cluster.create(obj)
-            settled = wait(lambda: sum(ready(o) for o in cluster.list(API, "PDDeployment", NS)) == len(names),
-                           args.settle_timeout)
-            settle_s = time.monotonic() - started
-            rss_start = rss_mb(proc.pid)
-            requests0, errors0 = len(cluster.requests), metric(metrics_port, ERRORS)
-            threads.append(threading.Thread(target=churn, args=(cluster, names, args.churn_interval, stop),
-                                            daemon=True))
-            threads[1].start()
-            soak_start = time.monotonic()
-            while time.monotonic() - soak_start < args.minutes * 60 and proc.poll() is None:
-                time.sleep(1.0)
-            minutes = (time.monotonic() - soak_start) / 60
-            crashed = proc.poll() is not None
-            rss_end = rss_mb(proc.pid) if not crashed else float("nan")
-            requests = len(cluster.requests) - requests0
-            errors = metric(metrics_port, ERRORS) - errors0 if not crashed else -1
-            ready_end = sum(ready(o) for o in cluster.list(API, "PDDeployment", NS))
-            injected = sum(cluster.faults.injected.values())
+            # Half of the faults answered 500, half a connection dropped before anything is forwarded.
+            half = args.fault_rate / 2
+            errors_rule = proxy.inject(status=500, probability=half, times=None, seed=5)
+            drops_rule = proxy.inject(drop=True, probability=half / (1 - half), times=None, seed=6)
+            with release.operator(cp, workdir, server=proxy.url,
+                                  extra_args=[f"--drift-interval={args.drift_interval}"]) as op:
+                assert op.process is not None
+                started = time.monotonic()
+                for i in range(len(names)):
+                    cp.api("POST", pdd_path(NAMESPACE), fleet_doc(i, NAMESPACE, prefix="soak"))
+                try:
+                    wait_for("the fleet Ready", lambda: ready_count(cp) == len(names), args.settle_timeout,
+                             interval=1.0)
+                    settled = True
+                except TimeoutError:
+                    settled = False
+                settle_s = time.monotonic() - started
+                rss_start = rss_mb(op.process.pid)
+                requests0, errors0 = len(proxy.requests), metric(op, ERRORS)
+                churner.start()
+                soak_start = time.monotonic()
+                while time.monotonic() - soak_start < args.minutes * 60 and op.running():
+                    time.sleep(1.0)
+                minutes = (time.monotonic() - soak_start) / 60
+                crashed = not op.running()
+                rss_end = rss_mb(op.process.pid) if not crashed else float("nan")
+                requests = len(proxy.requests) - requests0
+                errors = metric(op, ERRORS) - errors0 if not crashed else -1
+                stop.set()
+                churner.join(timeout=30)
+                ready_end = ready_count(cp)
+                injected = errors_rule.hits + drops_rule.hits
+                log = op.output()
         finally:
             stop.set()
-            for thread in threads:
-                thread.join(timeout=10)
-            proc.terminate()
-            proc.wait(timeout=30)
-        problems = unhandled(log_path) + (["the operator process exited"] if crashed else [])
+            helm_uninstall(cp, release)
+    problems = unhandled(log) + (["the operator process exited"] if crashed else [])
 
     print(f"objects: {args.objects}")
     print(f"fault_rate: {args.fault_rate}")

@@ -15,18 +15,21 @@ Usage: bench/transfer.py [--prompt-tokens N] [--lanes N] [--queue-limit N] [--re
 from __future__ import annotations
 
 import argparse
+import pathlib
 import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 
-from pd_operator.kv import presets
-from pd_operator.kv.blocksize import SideLayout, side_layout
-from pd_operator.kv.plan import TransferPlan, plan_transfer
-from pd_operator.kv.side import Side
-from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions
-from pd_operator.transfer.loopback import Pairing, arena_bytes, requests, span
-from pd_operator.transfer.ranks import RankWorker, start_workers
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from pd_operator.kv import presets  # noqa: E402
+from pd_operator.kv.blocksize import SideLayout, side_layout  # noqa: E402
+from pd_operator.kv.plan import TransferPlan, plan_transfer  # noqa: E402
+from pd_operator.kv.side import Side  # noqa: E402
+from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions  # noqa: E402
+from pd_operator.transfer.loopback import arena_bytes, requests  # noqa: E402
+from support.ranks import Pairing, RankWorker, span, start_workers  # noqa: E402
 
 STREAMS = (1, 2, 4)
 

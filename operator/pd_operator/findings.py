@@ -168,6 +168,9 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "DuplicateEngineId": (
         "error", "Two instances would publish the same KV engine id.",
         "Shorten the PDDeployment name so instance names stay distinct."),
+    "InvalidName": (
+        "error", "metadata.name cannot start the names of the Services the operator creates.",
+        "Rename the PDDeployment: lowercase letters, digits and '-', starting with a letter."),
     "NameTooLong": (
         "error", "A generated child name would exceed the Kubernetes limit.",
         "Shorten metadata.name."),

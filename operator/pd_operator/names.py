@@ -7,10 +7,16 @@ labels (63). The validator checks every name before anything is rendered.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 DNS_LABEL_MAX = 63
 STATEFULSET_MAX = 52
+# Every child name starts with the PDDeployment's, and Service names must be RFC 1035 labels
+# (k8s.io/kubernetes: pkg/apis/core/validation ValidateServiceName = NameIsDNS1035Label @ v1.36.3):
+# lowercase letters, digits and '-', starting with a letter. Stricter than the RFC 1123 subdomain
+# the API server asks of the PDDeployment itself, which admits dots and a leading digit.
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
 @dataclass(frozen=True)

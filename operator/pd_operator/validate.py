@@ -24,7 +24,7 @@ from pd_operator.kv.compat import PairReport, check_pair
 from pd_operator.kv.hf_config import ConfigError, model_from_hf_config
 from pd_operator.kv.model import ModelKV
 from pd_operator.kv.side import Side
-from pd_operator.names import Names
+from pd_operator.names import DNS1035_LABEL, Names
 from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, PREFIX_CACHING_FLAGS, flag_name, owned_flag
 from pd_operator.ports import port_findings
 from pd_operator.topology import PodPlan, TopologyError, pod_plan
@@ -209,6 +209,10 @@ def _role_findings(dep: PDDeployment, role: str) -> tuple[PodPlan | None, list[F
 
 
 def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Finding]:
+    if not DNS1035_LABEL.fullmatch(dep.name):
+        return [Finding("InvalidName", "error", "metadata.name", "",
+                        f"{dep.name!r} cannot prefix the names of Services: use lowercase letters, digits "
+                        "and '-', starting with a letter and ending with a letter or digit.")]
     names = Names(dep.name, dep.namespace)
     replicas: dict[str, int] = {role: dep.role(role).replicas for role in ROLES}
     pods: dict[str, int] = {role: plans[role].pods if role in plans else 1 for role in ROLES}

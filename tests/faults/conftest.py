@@ -1,4 +1,10 @@
-"""Fixtures of the fault tests: a fresh emulated cluster per test and the real operator against it.
+"""Fixtures of the fault tests: the chart installed on the session's real control plane, and the
+real operator (the chart's command and ServiceAccount) started as each scenario needs.
+
+The chart is installed with its webhook off: these scenarios are about the reconcile (a killed
+operator must not make the self-signed webhook, which fails closed, refuse the next PDDeployment;
+the invalid-update storm is what a cluster with the webhook down or set to Ignore sees). The
+bad-input test installs its own release with the webhook on.
 
 The bad-input strategies reuse the renderer tests' spec generator (tests/render); pytest only puts
 a test directory on sys.path when it collects it, so that one is added here for runs of
@@ -7,31 +13,33 @@ tests/faults alone.
 
 from __future__ import annotations
 
+import pathlib
 import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
-from operator_env import CRD, NAMESPACES
+from env import Operators, operators
 
-from pd_operator.controller.background import BackgroundOperator, operators
-from pd_operator.devcluster import DevCluster
+from support.cluster import ControlPlane
+from support.operator import Release, helm_install, helm_uninstall
 
-RENDER_TESTS = str(Path(__file__).resolve().parents[1] / "render")
+RENDER_TESTS = str(pathlib.Path(__file__).resolve().parents[1] / "render")
 if RENDER_TESTS not in sys.path:
     sys.path.append(RENDER_TESTS)
 
 
 @pytest.fixture
-def cluster() -> Iterator[DevCluster]:
-    with DevCluster(crd_paths=[str(CRD)], namespaces=NAMESPACES) as running:
-        running.run_workload_controllers(pod_ready=False)
-        yield running
+def release(control_plane: ControlPlane, namespace: str, tmp_path: pathlib.Path) -> Iterator[Release]:
+    """The chart watching the test's namespace only (its namespaced RBAC): the operator never sees
+    what earlier tests left in namespaces still being deleted."""
+    installed = helm_install(control_plane, tmp_path, values=["webhook.enabled=false",
+                                                              f"watchNamespaces={{{namespace}}}"])
+    yield installed
+    helm_uninstall(control_plane, installed)
 
 
 @pytest.fixture
-def operator(cluster: DevCluster) -> Iterator[Callable[..., BackgroundOperator]]:
-    """Start the real operator (`main.run`, as `pd-operator run`) against the cluster; stopped at the
-    end of the test, which fails if it died with an error."""
-    with operators(cluster.kubeconfig_path) as start:
-        yield start
+def operator(control_plane: ControlPlane, release: Release, tmp_path: pathlib.Path) -> Iterator[Operators]:
+    """`operator.start(server=proxy.url, drift_interval_s=...)`; every one is stopped at the end and
+    the test fails if one exited by itself."""
+    yield from operators(control_plane, release, tmp_path)

@@ -1,23 +1,37 @@
-"""Hand edits of the children: a StatefulSet's replicas, image or env changed by hand (kubectl
-edit) is put back by the operator; an object with the operator's labels but no owner reference
-is left alone and reported in the Degraded condition."""
+"""Hand edits of the children on the real control plane: a StatefulSet's replicas, image or env
+changed by hand (`kubectl edit`, as admin) is put back by the operator; an object with the
+operator's labels but no owner reference is left alone (the audit log shows no write of the
+operator's to it) and reported in the Degraded condition."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from fleet import NS, fleet_doc, problems
-from operator_env import conditions, hand_edit, wait_until
+
+from support.cluster import wait_for
+from support.fleet import (
+    RECONCILES,
+    child_path,
+    conditions,
+    create,
+    fleet_doc,
+    hand_edit,
+    metric,
+    pdd_path,
+    problems,
+    wait_converged,
+)
 
 pytestmark = pytest.mark.faults
 
 NAME = "pdd-000"
-DECODE = f"{NAME}-decode-0"
+DECODE = f"StatefulSet/{NAME}-decode-0"
+DRIFT_S = 2.0
 
 
 def serving(sts: dict) -> dict:
-    return sts["spec"]["template"]["spec"]["containers"][0]
+    """The serving container itself (edits change the object)."""
+    container: dict = sts["spec"]["template"]["spec"]["containers"][0]
+    return container
 
 
 def env_value(sts: dict, name: str) -> str | None:
@@ -25,13 +39,12 @@ def env_value(sts: dict, name: str) -> str | None:
 
 
 @pytest.fixture
-def converged(cluster, operator):
-    operator(drift_interval_s=2.0)
-    spec = fleet_doc(0)
-    cluster.create(spec)
-    wait_until(lambda: not problems(cluster, {NAME: spec}), 30, "convergence",
-               detail=lambda: problems(cluster, {NAME: spec}))
-    return cluster.get("apps/v1", "StatefulSet", NS, DECODE)
+def converged(control_plane, namespace, operator):
+    op = operator.start(drift_interval_s=DRIFT_S)
+    spec = fleet_doc(0, namespace)
+    create(control_plane, spec)
+    wait_converged(control_plane, namespace, {NAME: spec}, "convergence")
+    return op
 
 
 EDITS = {
@@ -44,30 +57,41 @@ EDITS = {
 
 
 @pytest.mark.parametrize("field", sorted(EDITS))
-def test_hand_edited_child_is_restored(cluster, converged, field):
+def test_hand_edited_child_is_restored(control_plane, namespace, converged, field):
+    cp, path = control_plane, child_path(DECODE, namespace)
     change, read = EDITS[field]
-    want = read(converged)
-    hand_edit(cluster, "apps/v1", "StatefulSet", NS, DECODE, change)
-    assert read(cluster.get("apps/v1", "StatefulSet", NS, DECODE)) != want
-    restored_s = wait_until(lambda: read(cluster.get("apps/v1", "StatefulSet", NS, DECODE)) == want, 10,
-                            f"{field} restored")
-    print(f"hand-edited {field} restored in {restored_s:.1f} s")
+    want = read(cp.api("GET", path))
+    edited = hand_edit(cp, path, change)
+    assert read(edited) != want
+    wait_for(f"{field} restored", lambda: read(cp.api("GET", path)) == want, 120)
+    print(f"hand-edited {field}: {read(edited)!r} restored to {want!r}")
 
 
-def test_labelled_object_without_owner_is_left_alone_and_reported(cluster, converged):
-    stray = cluster.create({
+def test_labelled_object_without_owner_is_left_alone_and_reported(control_plane, namespace, operator,
+                                                                   converged):
+    cp, ns = control_plane, namespace
+    mark = cp.audit.mark()
+    stray = create(cp, {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": f"{NAME}-debug", "namespace": NS,
+        "metadata": {"name": f"{NAME}-debug", "namespace": ns,
                      "labels": {"pd.serving.dev/deployment": NAME, "pd.serving.dev/role": "decode"}},
         "spec": {"ports": [{"port": 9999}]}})
+
     def pdd() -> dict:
-        return cluster.get("pd.serving.dev/v1alpha1", "PDDeployment", NS, NAME)
-    reported_s = wait_until(lambda: conditions(pdd()).get("Degraded") == ("True", "ForeignChild"), 20,
-                            "ForeignChild")
-    time.sleep(3)  # a drift reconcile or two more
-    now = cluster.get("v1", "Service", NS, f"{NAME}-debug")
-    assert now is not None and now["metadata"]["resourceVersion"] == stray["metadata"]["resourceVersion"]
+        return dict(cp.api("GET", pdd_path(ns, NAME)))
+
+    wait_for("ForeignChild", lambda: conditions(pdd()).get("Degraded") == ("True", "ForeignChild"), 120)
+    # Two more reconciles (drift passes) after the report, each free to touch the stray.
+    runs = metric(converged, RECONCILES)
+    wait_for("two more reconciles", lambda: metric(converged, RECONCILES) >= runs + 2, 120)
+    now = cp.api("GET", child_path(f"Service/{NAME}-debug", ns))
+    assert now["metadata"]["resourceVersion"] == stray["metadata"]["resourceVersion"]
     assert not now["metadata"].get("ownerReferences")
+    touched = [str(e) for e in cp.audit.events(mark, user=operator.release.user)
+               if e.write and e.name == f"{NAME}-debug"]
+    assert not touched, touched
     message = next(c["message"] for c in pdd()["status"]["conditions"] if c["type"] == "Degraded")
     assert f"{NAME}-debug" in message
-    print(f"foreign child reported in {reported_s:.1f} s and left alone")
+    assert problems(cp, ns, {NAME: fleet_doc(0, ns)}, foreign=[f"Service/{NAME}-debug"]) == []
+    print(f"foreign child reported ({message!r}) and left alone through "
+          f"{metric(converged, RECONCILES) - runs:.0f} reconciles")

@@ -1,91 +1,73 @@
-"""The operator process (`python -m pd_operator run`, as the image starts it) SIGKILLed at random
-points of its reconciles, again and again: each run finds a new PDDeployment to create plus the
-unfinished work of the killed runs; a fresh operator always converges, and no child or pod is ever
-created twice (its uid never changes once seen).
-
-Each kill is triggered by an event, not a timer: the run is killed as soon as the API server has
-seen its k-th write (k drawn per run), while that write is still being served, so every kill lands
-inside a reconcile whatever the speed of the machine."""
+"""The operator process (the chart's command, as its ServiceAccount) SIGKILLed in the middle of its
+reconciles, again and again: the FaultProxy in front of kube-apiserver kills it right after the
+API server applied its Nth write (N seeded, fewer than the children the newest deployment needs,
+so every kill lands while work is left) and before the operator saw the answer. Each run
+finds a new PDDeployment plus the unfinished work of the killed runs; a fresh operator converges,
+and no child or pod is ever created twice (its uid never changes once seen)."""
 
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 
 import pytest
-from fleet import NS, fleet_doc, problems
-from operator_env import children, wait_until
 
-from pd_operator.localnet import free_port
+from support.cluster import wait_for
+from support.faultproxy import FaultProxy
+from support.fleet import children, create, expected_children, fleet_doc, pods, problems, wait_converged
 
 pytestmark = pytest.mark.faults
 
 KILLS = 20
 SEED = 20
-# A new PDDeployment alone takes more writes than this (its children), so the k-th write of a run
-# always exists and always leaves work for the next run.
-MAX_WRITES_BEFORE_KILL = 6
+KILL_TIMEOUT_S = 300  # generous bound on one run reaching its Nth write
 
 
-def spawn(cluster, log) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "pd_operator", "run", "--kubeconfig", cluster.kubeconfig_path,
-            "--no-webhook",
-            f"--health-port={free_port()}", f"--metrics-port={free_port()}"]
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-
-
-def test_operator_killed_at_random_points_converges_without_duplicates(cluster, operator, tmp_path):
+def test_operator_killed_mid_reconcile_converges_without_duplicates(control_plane, namespace, operator,
+                                                                     fault_proxy: FaultProxy):
+    cp, ns = control_plane, namespace
     rng = random.Random(SEED)
-    # Slow writes stretch each reconcile over seconds, so kills land between its steps.
-    cluster.faults.configure(rate=1.0, kinds=["slow"], verbs=["patch", "create", "delete"], delay_s=0.15)
     specs: dict[str, dict] = {}
     seen: dict[str, str] = {}
     recreated: list[str] = []
 
     def observe() -> None:
-        objects = {**children(cluster, NS), **{f"Pod/{p['metadata']['name']}": p
-                                               for p in cluster.list("v1", "Pod", NS)}}
-        for ref, obj in objects.items():
+        for ref, obj in {**children(cp, ns), **pods(cp, ns)}.items():
             uid = obj["metadata"]["uid"]
             if seen.setdefault(ref, uid) != uid:
                 recreated.append(ref)
                 seen[ref] = uid
 
-    mid_reconcile = 0
-    with (tmp_path / "operator.log").open("w") as log:
-        for i in range(KILLS):
-            specs[f"pdd-{i:03d}"] = fleet_doc(i, decode_replicas=1 + i % 2)
-            cluster.create(specs[f"pdd-{i:03d}"])
-            kill_at = cluster.requests.count_writes() + rng.randint(1, MAX_WRITES_BEFORE_KILL)
-            proc = spawn(cluster, log)
-            wait_until(lambda kill_at=kill_at, proc=proc:
-                       cluster.requests.count_writes() >= kill_at or proc.poll() is not None,
-                       120, f"write {kill_at} of operator run {i}", poll=0.005)
-            assert proc.poll() is None, f"operator run {i} exited by itself ({proc.returncode})"
-            proc.kill()
-            proc.wait(timeout=10)
-            observe()
-            mid_reconcile += bool(problems(cluster, specs))
-    cluster.faults.off()
+    mark = cp.audit.mark()
+    work_left, writes_at = 0, []
+    for i in range(KILLS):
+        doc = fleet_doc(i, ns, decode_replicas=1 + i % 2)
+        specs[doc["metadata"]["name"]] = doc
+        create(cp, doc)
+        nth = rng.randint(1, len(expected_children(doc)) - 1)
+        op = operator.prepare(server=fault_proxy.url)
+        killed = fault_proxy.on_write(nth, lambda _write, op=op: operator.kill(op), namespace=ns)
+        operator.launch(op)
+        assert killed.wait(KILL_TIMEOUT_S), f"run {i + 1} never made {nth} writes:\n{op.output()[-3000:]}"
+        assert not op.running()
+        writes_at.append(nth)
+        observe()
+        work_left += bool(problems(cp, ns, specs))
+    fault_proxy.clear()
 
-    operator()
-    converge_s = wait_until(lambda: not problems(cluster, specs), 60, "convergence after the kills",
-                            detail=lambda: problems(cluster, specs)[:5])
-    # One prefill pod and the decode pods of each; no proxy pod: the pods here never become ready, so
-    # no decode instance has a proven KV link and every proxy stays scaled to zero.
-    want_pods = sum(1 + spec["spec"]["decode"]["replicas"] for spec in specs.values())
-    wait_until(lambda: len(cluster.list("v1", "Pod", NS)) == want_pods, 60, "every pod created",
-               detail=lambda: len(cluster.list("v1", "Pod", NS)))
+    operator.start(server=fault_proxy.url)
+    wait_converged(cp, ns, specs, "convergence after the kills")
+    # Every pod the StatefulSet and Deployment controllers were asked for (the proxy's replicas follow
+    # the decode instances' proven KV links, so they are read, not rendered).
+    def pods_made() -> bool:
+        wanted = sum(o["spec"]["replicas"] for ref, o in children(cp, ns).items()
+                     if ref.split("/")[0] in ("StatefulSet", "Deployment"))
+        return len(pods(cp, ns)) == wanted
+    wait_for("every pod", pods_made, 300, interval=1.0)
     observe()
-    print(f"operator kills: {KILLS}, {mid_reconcile} with work left; converged "
-          f"{converge_s:.1f} s after the last; {len(seen)} objects seen, recreated {len(recreated)}")
+    operator_deletes = [str(e) for e in cp.audit.events(mark, user=operator.release.user, verb="delete")]
+    print(f"operator kills: {KILLS} (at writes {writes_at}), {work_left} left work for the next run; "
+          f"{len(seen)} objects seen, recreated {len(recreated)}, operator deletes {len(operator_deletes)}")
     assert not recreated, recreated
-    assert mid_reconcile == KILLS, f"only {mid_reconcile} of {KILLS} kills interrupted a reconcile"
-    pods = cluster.list("v1", "Pod", NS)
-    proxies = [d for d in cluster.list("apps/v1", "Deployment", NS)
-               if d["metadata"]["name"].endswith("-proxy")]
-    assert len(proxies) == KILLS and all(d["spec"]["replicas"] == 0 for d in proxies)
-    assert len(pods) == want_pods, sorted(p["metadata"]["name"] for p in pods)
-    for obj in children(cluster, NS).values():
-        assert len(obj["metadata"]["ownerReferences"]) == 1
+    assert work_left == KILLS, f"only {work_left} of {KILLS} kills interrupted a reconcile"
+    for ref, obj in children(cp, ns).items():
+        assert len(obj["metadata"]["ownerReferences"]) == 1, ref

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transfer_cases import POOL_SIZE, capacity
 
-from pd_operator.transfer.ranks import RankWorker, start_workers
+from support.ranks import RankWorker, start_workers
 
 # The KV-link gate test runs rendered pods' commands and the controller's pure gate on them: it
 # reuses the renderer's cases and the controller tests' pod builders rather than copying them.

@@ -9,7 +9,8 @@ from transfer_cases import PAIRINGS, PROMPTS
 
 from pd_operator.kv.compat import check_pair
 from pd_operator.transfer.executor import PullOptions
-from pd_operator.transfer.loopback import Pairing, requests
+from pd_operator.transfer.loopback import requests
+from support.ranks import Pairing
 
 pytestmark = pytest.mark.transfer
 

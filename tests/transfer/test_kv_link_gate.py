@@ -29,11 +29,10 @@ from render_cases import config_map_data, role_of, serving_sets
 
 from pd_operator.controller import links, rollout
 from pd_operator.controller.status import Observed, conditions, layout_hash, status
-from pd_operator.localnet import free_port
 from pd_operator.names import Names
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
-from support.cluster import wait_for
+from support.cluster import pick_port, wait_for
 
 pytestmark = pytest.mark.transfer
 
@@ -105,7 +104,7 @@ def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
                              for r in ("prefill", "decode"))
     assert (probe_cont["name"], gate_cont["name"]) == ("kv-probe", "kv-link")
 
-    probe_port, gate_port = free_port(), free_port()
+    probe_port, gate_port = pick_port(), pick_port()
 
     def as_in_cluster(round_: dict) -> dict:
         """The round as a gate in the cluster prints it: the peer by the prefill pod's DNS name (the

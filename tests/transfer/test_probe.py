@@ -13,9 +13,9 @@ import pytest
 
 from pd_operator.kv import presets
 from pd_operator.kv.side import Side
-from pd_operator.localnet import free_port
 from pd_operator.manifest import PairInput
 from pd_operator.transfer.probe_geometry import probe_geometry
+from support.cluster import pick_port
 
 pytestmark = pytest.mark.transfer
 
@@ -32,7 +32,7 @@ def env() -> dict[str, str]:
 
 
 def serve(pairing: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port = pick_port()
     proc = subprocess.Popen([*PROBE, "serve", *pairing, *LOOPBACK,
                              "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env())

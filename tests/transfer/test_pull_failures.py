@@ -11,8 +11,8 @@ from transfer_cases import few_layers, pair
 
 from pd_operator.kv.plan import RunSet, TransferPlan
 from pd_operator.transfer.executor import Peer
-from pd_operator.transfer.loopback import Pairing, arena_bytes, requests
-from pd_operator.transfer.ranks import RankWorker, start_workers
+from pd_operator.transfer.loopback import arena_bytes, requests
+from support.ranks import Pairing, RankWorker, start_workers
 
 pytestmark = pytest.mark.transfer
 
