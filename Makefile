@@ -94,7 +94,7 @@ testcluster:
 	@bash tools/testcluster/build.sh
 
 $(UPSTREAM_STAMP): tests/support/upstream.py
-	$(PY) tests/support/upstream.py
+	PYTHONPATH=tests $(PY) -m support.upstream
 	touch $@
 
 upstream: install $(UPSTREAM_STAMP)

@@ -43,8 +43,8 @@ from pd_operator.validate import validate  # noqa: E402
 from support.audit import Event  # noqa: E402
 from support.cluster import ControlPlane, wait_for  # noqa: E402
 from support.fleet import RECONCILES, conditions, fleet_doc, fleet_nodes, metric, pdd_path, rss_mb  # noqa: E402
+from support.installed import OperatorProcess, helm_install, helm_uninstall, weights_claim  # noqa: E402
 from support.kube import kubectl  # noqa: E402
-from support.operator import OperatorProcess, helm_install, helm_uninstall, weights_claim  # noqa: E402
 
 OBJECTS = 100
 CONCURRENT = 20

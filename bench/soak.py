@@ -28,7 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from support.cluster import ControlPlane, wait_for  # noqa: E402
 from support.faultproxy import FaultProxy  # noqa: E402
 from support.fleet import conditions, fleet_doc, fleet_nodes, merge_patch, metric, pdd_path, rss_mb  # noqa: E402
-from support.operator import helm_install, helm_uninstall, weights_claim  # noqa: E402
+from support.installed import helm_install, helm_uninstall, weights_claim  # noqa: E402
 
 NAMESPACE = "soak"
 ERRORS = "pd_operator_reconcile_errors_total"

@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 from support.cluster import ControlPlane, namespace_name, wait_for
-from support.operator import Release, helm_install, helm_uninstall
+from support.installed import Release, helm_install, helm_uninstall
 
 pytestmark = pytest.mark.integration
 

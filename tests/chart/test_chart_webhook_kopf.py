@@ -13,7 +13,7 @@ import pytest
 from pd_operator.api.types import GROUP, PLURAL
 from pd_operator.controller.webhook import WEBHOOK_ID, WEBHOOK_NAME
 from support.cluster import ControlPlane
-from support.operator import helm_install, helm_uninstall
+from support.installed import helm_install, helm_uninstall
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,7 @@ from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller.webhook import WEBHOOK_NAME
 from pd_operator.validate import validate
 from support.cluster import ControlPlane, wait_for
-from support.kube import kubectl
-from support.operator import (
+from support.installed import (
     Release,
     condition,
     example,
@@ -30,6 +29,7 @@ from support.operator import (
     is_ready,
     weights_claim,
 )
+from support.kube import kubectl
 
 pytestmark = pytest.mark.integration
 

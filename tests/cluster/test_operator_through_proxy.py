@@ -12,8 +12,8 @@ import yaml
 
 from support.cluster import ControlPlane, wait_for
 from support.faultproxy import FaultProxy
+from support.installed import Release, example, helm_install, helm_uninstall, is_ready, weights_claim
 from support.kube import kubectl
-from support.operator import Release, example, helm_install, helm_uninstall, is_ready, weights_claim
 
 pytestmark = pytest.mark.integration
 

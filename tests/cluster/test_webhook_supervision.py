@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from support.cluster import ControlPlane, wait_for
+from support.installed import Release, example, helm_install, helm_uninstall, is_ready
 from support.kube import kubectl
-from support.operator import Release, example, helm_install, helm_uninstall, is_ready
 
 pytestmark = pytest.mark.integration
 

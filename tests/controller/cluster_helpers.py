@@ -14,8 +14,8 @@ from pd_operator.api.types import PLURAL
 from pd_operator.controller.client import CHILD_KINDS
 from pd_operator.render.labels import DEPLOYMENT
 from support.cluster import ControlPlane, wait_for
+from support.installed import condition, get_pdd, weights_claim
 from support.kube import kubectl
-from support.operator import condition, get_pdd, weights_claim
 
 GLM = "glm-flash"
 GLM_CHILDREN = {"ConfigMap/glm-flash-serving",

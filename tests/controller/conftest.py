@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from support.cluster import ControlPlane
-from support.operator import OperatorProcess, Release, helm_install, helm_uninstall, wait_webhook_called
+from support.installed import OperatorProcess, Release, helm_install, helm_uninstall, wait_webhook_called
 
 
 @pytest.fixture(scope="module")

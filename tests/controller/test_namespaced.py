@@ -8,8 +8,8 @@ import yaml
 from controller_support import example
 
 from support.cluster import namespace_name, wait_for
+from support.installed import condition, get_pdd, helm_install, helm_uninstall, is_ready
 from support.kube import kubectl
-from support.operator import condition, get_pdd, helm_install, helm_uninstall, is_ready
 
 pytestmark = pytest.mark.integration
 

@@ -35,8 +35,8 @@ from pd_operator.controller.restarts import HISTORY
 from pd_operator.render.labels import DEPLOYMENT, KV_LAYOUT, ROLE
 from support.cluster import ControlPlane, wait_for
 from support.faultproxy import FaultProxy
+from support.installed import condition, get_pdd
 from support.kube import kubectl
-from support.operator import condition, get_pdd
 
 pytestmark = pytest.mark.integration
 

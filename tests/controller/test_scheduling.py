@@ -13,7 +13,7 @@ from controller_support import example
 
 from pd_operator.render.labels import INSTANCE, ROLE
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
-from support.operator import get_pdd
+from support.installed import get_pdd
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import yaml
 from e2e_support import GROUP, KUBECONFIG, MODE, PLURAL, ROOT, example, wait_for
 
 from support.cluster import ControlPlane, pick_port
-from support.operator import (
+from support.installed import (
     OperatorProcess,
     Release,
     helm_install,

@@ -21,7 +21,7 @@ import pytest
 from env import Operators, operators
 
 from support.cluster import ControlPlane
-from support.operator import Release, helm_install, helm_uninstall
+from support.installed import Release, helm_install, helm_uninstall
 
 RENDER_TESTS = str(pathlib.Path(__file__).resolve().parents[1] / "render")
 if RENDER_TESTS not in sys.path:

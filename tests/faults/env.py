@@ -7,7 +7,7 @@ import pathlib
 from collections.abc import Iterator, Sequence
 
 from support.cluster import ControlPlane, wait_for
-from support.operator import OperatorProcess, Release
+from support.installed import OperatorProcess, Release
 
 
 def _answers(op: OperatorProcess) -> bool:

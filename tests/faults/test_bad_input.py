@@ -34,7 +34,7 @@ from pd_operator.render import render
 from pd_operator.validate import validate
 from support.cluster import ApiError, ControlPlane, namespace_name
 from support.fleet import FLEET_EXAMPLE
-from support.operator import OperatorProcess, example, helm_install, helm_uninstall
+from support.installed import OperatorProcess, example, helm_install, helm_uninstall
 
 pytestmark = pytest.mark.faults
 

@@ -24,7 +24,7 @@ from support.fleet import (
     pods,
     wait_converged,
 )
-from support.operator import example, weights_claim
+from support.installed import example, weights_claim
 
 pytestmark = pytest.mark.faults
 

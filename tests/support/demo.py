@@ -25,8 +25,8 @@ from pd_operator.kv.summary import report_table
 from pd_operator.render.labels import DEPLOYMENT
 from pd_operator.validate import validate
 from support.cluster import ControlPlane, kubernetes_version, wait_for
+from support.installed import helm_install, is_ready, weights_claim
 from support.kube import kubectl
-from support.operator import helm_install, is_ready, weights_claim
 
 READY_TIMEOUT_S = 300.0
 

@@ -23,7 +23,7 @@ from pd_operator.render import render
 from pd_operator.render.labels import DEPLOYMENT as DEPLOYMENT_LABEL
 from pd_operator.validate import validate
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
-from support.operator import OperatorProcess
+from support.installed import OperatorProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FLEET_EXAMPLE = ROOT / "examples" / "glm-5.3-flash-1p1d-tp4.yaml"
