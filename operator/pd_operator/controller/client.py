@@ -46,7 +46,14 @@ def _group(api_version: str) -> str:
     return api_version.rpartition("/")[0]
 
 
-CHILDREN: list[tuple[str, str]] = [(_group(av), plural) for (av, _), plural in CHILD_KINDS.items()]
+def _version(api_version: str) -> str:
+    return api_version.rpartition("/")[2]
+
+
+CHILD_RESOURCES: list[tuple[str, str, str]] = [(_group(av), _version(av), plural)
+                                               for (av, _), plural in CHILD_KINDS.items()]
+"""(group, version, plural) of every child kind: what kopf watches and indexes."""
+CHILDREN: list[tuple[str, str]] = [(group, plural) for group, _, plural in CHILD_RESOURCES]
 
 # What kopf does on the operator's behalf with its own API client: list and watch the PDDeployments,
 # their children and pods (the handlers react to them, and the reconcile reads children and pods

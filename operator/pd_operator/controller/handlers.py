@@ -15,7 +15,7 @@ import kopf
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller import admission
-from pd_operator.controller.client import CHILDREN, ApiError
+from pd_operator.controller.client import CHILD_RESOURCES, ApiError
 from pd_operator.controller.reconcile import InvalidSpec
 from pd_operator.controller.runner import Runner, index_id
 from pd_operator.controller.webhook import WEBHOOK_ID, WebhookHealth
@@ -63,8 +63,8 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
         memo["drift"].cancel()
         await runner.close()
 
-    owned = [*CHILDREN, ("", "pods")]
-    plurals = [plural for _, plural in owned]
+    owned = [*CHILD_RESOURCES, ("", "v1", "pods")]
+    plurals = [plural for _, _, plural in owned]
 
     def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
         return {(namespace, labels[DEPLOYMENT]): copy.deepcopy(dict(body))}
@@ -95,10 +95,10 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
                                        "metadata": {"name": body.metadata.name}})
         runner.poke(*owner)
 
-    for group, plural in owned:
+    for group, version, plural in owned:
         only_ours = {DEPLOYMENT: kopf.PRESENT}
-        kopf.index(group, "v1", plural, labels=only_ours, registry=registry, id=index_id(plural))(by_owner)
-        kopf.on.event(group, "v1", plural, labels=only_ours, registry=registry,
+        kopf.index(group, version, plural, labels=only_ours, registry=registry, id=index_id(plural))(by_owner)
+        kopf.on.event(group, version, plural, labels=only_ours, registry=registry,
                       id=f"child-{plural}")(poke_owner)
 
     if webhook is not None:
