@@ -1,0 +1,152 @@
+"""The routing proxy's membership file and its state answer: one home for both formats. Pure.
+
+Why a file: the operator writes `document(...)` into the ConfigMap `<name>-proxy` under `KEY`; the
+kubelet projects it into every proxy pod at `MOUNT_DIR` and `pd-proxy` re-reads it, so a scale
+event or a gate changes one ConfigMap and restarts nothing that carries requests. `version` names
+the content, so the operator can tell from `STATE_PATH` (what each proxy pod answers there: the
+version it routes by, and per upstream what it still carries) when a pod follows a new document
+and when a departed instance no longer serves anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from pd_operator.api.types import ROLES
+
+KEY = "upstreams.json"
+"""The ConfigMap key (and so the file name under MOUNT_DIR)."""
+MOUNT_DIR = "/etc/pd-proxy"
+STATE_PATH = "/pd/state"
+VERSION_CHARS = 12
+
+
+@dataclass(frozen=True)
+class Upstream:
+    name: str
+    """The instance name, e.g. `glm-flash-decode-1` (its StatefulSet)."""
+    url: str
+    """`http://<leader pod DNS>:<serving port>`."""
+
+
+def _entries(upstreams: list[Upstream]) -> list[dict[str, str]]:
+    return [{"name": u.name, "url": u.url} for u in sorted(upstreams, key=lambda u: u.name)]
+
+
+def _version(lists: dict[str, list[dict[str, str]]]) -> str:
+    text = json.dumps(lists, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:VERSION_CHARS]
+
+
+def document(prefill: list[Upstream], decode: list[Upstream]) -> dict:
+    """The membership document: deterministic (entries sorted by name), versioned by content."""
+    lists = {"prefill": _entries(prefill), "decode": _entries(decode)}
+    return {"version": _version(lists), **lists}
+
+
+@dataclass(frozen=True)
+class Membership:
+    """A parsed membership document."""
+
+    version: str
+    prefill: tuple[Upstream, ...]
+    decode: tuple[Upstream, ...]
+
+    def role(self, role: str) -> tuple[Upstream, ...]:
+        return self.prefill if role == "prefill" else self.decode
+
+    def names(self) -> dict[str, str]:
+        """Member name -> its role."""
+        return {u.name: role for role in ROLES for u in self.role(role)}
+
+
+def _upstream(obj: Any, path: str) -> Upstream:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: an object with name and url, not {type(obj).__name__}")
+    name, url = obj.get("name"), obj.get("url")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{path}.name: a non-empty string, not {name!r}")
+    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        raise ValueError(f"{path}.url: an http(s)://host:port URL, not {url!r}")
+    return Upstream(name, url.rstrip("/"))
+
+
+def parse_document(obj: Any) -> Membership:
+    """The membership a document describes; ValueError naming the field when it is malformed
+    (unknown keys are ignored, so an older proxy reads a newer document)."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"the document is an object, not {type(obj).__name__}")
+    roles: dict[str, tuple[Upstream, ...]] = {}
+    for role in ROLES:
+        items = obj.get(role)
+        if not isinstance(items, list):
+            raise ValueError(f"{role}: a list of upstreams, not {items!r}")
+        roles[role] = tuple(_upstream(item, f"{role}[{i}]") for i, item in enumerate(items))
+    names = [u.name for role in ROLES for u in roles[role]]
+    if duplicated := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"upstream names appear more than once: {', '.join(duplicated)}")
+    version = obj.get("version")
+    want = document(list(roles["prefill"]), list(roles["decode"]))["version"]
+    if version != want:
+        raise ValueError(f"version: {version!r} is not the content's ({want}): a partial or hand-edited file")
+    return Membership(want, roles["prefill"], roles["decode"])
+
+
+@dataclass(frozen=True)
+class UpstreamLoad:
+    role: str
+    inflight: int
+    """Requests that upstream is serving now (prefill: the prefill call runs; decode: the decode
+    call runs or streams)."""
+    awaiting_decode: int
+    """Prefill only: requests whose prefill finished there and whose decode has not yet sent its
+    first byte (decode pulls the KV before its first token; until then the blocks are needed)."""
+
+
+@dataclass(frozen=True)
+class ProxyState:
+    version: str | None
+    """The membership version the proxy routes by (None: it has loaded none)."""
+    upstreams: dict[str, UpstreamLoad]
+    """Every member, and every former member that still carries requests, by instance name."""
+
+
+def state_document(state: ProxyState) -> dict:
+    """The proxy's answer at STATE_PATH."""
+    return {"version": state.version,
+            "upstreams": {name: {"role": load.role, "inflight": load.inflight,
+                                 "awaitingDecode": load.awaiting_decode}
+                          for name, load in sorted(state.upstreams.items())}}
+
+
+def _count(obj: dict, key: str, path: str) -> int:
+    value = obj.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{path}.{key}: a count (int >= 0), not {value!r}")
+    return value
+
+
+def parse_state(obj: Any) -> ProxyState:
+    """A proxy's STATE_PATH answer; ValueError naming the field when it is malformed."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"the state is an object, not {type(obj).__name__}")
+    version = obj.get("version")
+    if version is not None and not isinstance(version, str):
+        raise ValueError(f"version: a string or null, not {version!r}")
+    upstreams = obj.get("upstreams")
+    if not isinstance(upstreams, dict):
+        raise ValueError(f"upstreams: an object by instance name, not {upstreams!r}")
+    out: dict[str, UpstreamLoad] = {}
+    for name, load in upstreams.items():
+        path = f"upstreams.{name}"
+        if not isinstance(load, dict):
+            raise ValueError(f"{path}: an object, not {load!r}")
+        role = load.get("role")
+        if role not in ROLES:
+            raise ValueError(f"{path}.role: one of {', '.join(ROLES)}, not {role!r}")
+        out[name] = UpstreamLoad(role, _count(load, "inflight", path), _count(load, "awaitingDecode", path))
+    return ProxyState(version, out)

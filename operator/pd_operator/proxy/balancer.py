@@ -1,0 +1,100 @@
+"""Who gets the next request, and what each upstream still carries. No I/O; one event loop owns it.
+
+Members come only from the current membership document; counts are kept by instance name and
+outlive membership, so an instance that left the document still shows what it carries until that
+is done (the operator drains it by these counts), after which its name is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from pd_operator.api.types import ROLES
+from pd_operator.membership import Membership, ProxyState, Upstream, UpstreamLoad
+
+
+@dataclass
+class _Load:
+    role: str
+    inflight: int = 0
+    awaiting_decode: int = 0
+
+    def idle(self) -> bool:
+        return self.inflight == 0 and self.awaiting_decode == 0
+
+
+class Balancer:
+    def __init__(self) -> None:
+        self.membership: Membership | None = None
+        self._loads: dict[str, _Load] = {}
+        self._turn = dict.fromkeys(ROLES, 0)
+
+    @property
+    def version(self) -> str | None:
+        return self.membership.version if self.membership else None
+
+    def members(self, role: str) -> tuple[Upstream, ...]:
+        return self.membership.role(role) if self.membership else ()
+
+    def update(self, membership: Membership) -> None:
+        self.membership = membership
+        for name, role in membership.names().items():
+            self._loads.setdefault(name, _Load(role))
+        self._drop_idle()
+
+    def pick(self, role: str, tried: set[str]) -> Upstream | None:
+        """The member of `role` with the fewest requests in flight, preferring members not yet
+        `tried` for this request; ties go round robin. None: the role has no member."""
+        members = self.members(role)
+        fresh = [u for u in members if u.name not in tried] or list(members)
+        if not fresh:
+            return None
+        least = min(self._load(u.name, role).inflight for u in fresh)
+        tied = [u for u in fresh if self._loads[u.name].inflight == least]
+        self._turn[role] += 1
+        return tied[self._turn[role] % len(tied)]
+
+    @contextmanager
+    def serving(self, upstream: Upstream, role: str) -> Iterator[None]:
+        """Count a call to `upstream` as in flight for the duration of the block."""
+        load = self._load(upstream.name, role)
+        load.inflight += 1
+        try:
+            yield
+        finally:
+            load.inflight -= 1
+            self._drop_idle()
+
+    def awaiting_decode(self, prefill: Upstream) -> Awaiting:
+        """Count a finished prefill as holding blocks until `Awaiting.done()`."""
+        load = self._load(prefill.name, "prefill")
+        load.awaiting_decode += 1
+        return Awaiting(self, load)
+
+    def state(self) -> ProxyState:
+        return ProxyState(self.version, {
+            name: UpstreamLoad(load.role, load.inflight, load.awaiting_decode)
+            for name, load in self._loads.items()})
+
+    def _load(self, name: str, role: str) -> _Load:
+        return self._loads.setdefault(name, _Load(role))
+
+    def _drop_idle(self) -> None:
+        names = self.membership.names() if self.membership else {}
+        for name in [n for n, load in self._loads.items() if n not in names and load.idle()]:
+            del self._loads[name]
+
+
+class Awaiting:
+    """A prefill's blocks waiting for decode's first byte; `done()` is idempotent."""
+
+    def __init__(self, balancer: Balancer, load: _Load) -> None:
+        self._balancer, self._load, self._open = balancer, load, True
+
+    def done(self) -> None:
+        if self._open:
+            self._open = False
+            self._load.awaiting_decode -= 1
+            self._balancer._drop_idle()

@@ -1,0 +1,421 @@
+"""Fake vLLM engines in PD mode for proxy tests, and a client load to drive them through a proxy.
+
+`FakeEngine` is a small aiohttp server on loopback answering /v1/completions and
+/v1/chat/completions as a vLLM OpenAI server with vllm-ascend's Mooncake connector does:
+- prefill checks it was asked for a remote decode (kv_transfer_params do_remote_decode, one token,
+  no stream) and answers with where its blocks are (vllm-project/vllm-ascend:
+  vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py @ v0.30.0rc2, `request_finished`:
+  do_remote_prefill, remote_engine_id, remote_block_ids, remote_host, remote_port, remote_request_id);
+- decode checks it got those parameters for this request and answers with `chunks` tokens, as
+  server-sent events when streaming.
+Each engine records what it received (by X-Request-Id) and any protocol violation, and can hold
+requests at a point until the test releases them (`Hold`: asyncio events, no sleeps).
+
+`Load` runs a few concurrent clients (streaming and not, completions and chat) and checks every
+answer; `started_after(mark)` names the requests a client began after a point of the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pd_operator.membership import STATE_PATH, ProxyState, Upstream, parse_state
+from support.cluster import pick_port
+
+HOST = "127.0.0.1"
+MODEL = "fake-model"
+CACHED_TOKENS = 7
+"""Prompt tokens every fake prefill reports from its prefix cache (decode reports 0): the client
+must see prefill's figure."""
+PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
+"""What vllm-ascend's example proxy asks prefill for (vllm-project/vllm-ascend:
+examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py @ v0.30.0rc2)."""
+WAIT_S = 60.0
+
+
+async def until(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+    """Poll `check` until it is truthy (a deadline for waiting, never an assertion on time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Hold:
+    """Requests that reach a point of an engine wait here until `release()`: at most `limit` of
+    them, and only those `match` accepts; the others pass."""
+
+    def __init__(self, limit: int, match: Callable[[dict], bool] | None = None) -> None:
+        self.limit, self.match = limit, match
+        self.caught = 0
+        self.waiting = 0
+        self._released = asyncio.Event()
+
+    async def __call__(self, body: dict) -> None:
+        if self._released.is_set() or self.caught >= self.limit or (self.match and not self.match(body)):
+            return
+        self.caught += 1
+        self.waiting += 1
+        try:
+            await self._released.wait()
+        finally:
+            self.waiting -= 1
+
+    async def caught_at_least(self, n: int) -> None:
+        await until(f"{n} request(s) held", lambda: self.caught >= n)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+@dataclass
+class Received:
+    request_id: str
+    path: str
+    body: dict
+
+
+@dataclass
+class FakeEngine:
+    name: str
+    role: str
+    chunks: int = 4
+    received: list[Received] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    holds: dict[str, Hold] = field(default_factory=dict)
+    """Points: "answer" (prefill: before it answers; decode: after the response headers, before
+    the first token) and "stream" (decode, streaming: after the first token)."""
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def upstream(self) -> Upstream:
+        return Upstream(self.name, self.url)
+
+    @property
+    def ids(self) -> set[str]:
+        return {r.request_id for r in self.received}
+
+    def hold(self, point: str, limit: int = 1, match: Callable[[dict], bool] | None = None) -> Hold:
+        self.holds[point] = hold = Hold(limit, match)
+        return hold
+
+    async def _at(self, point: str, body: dict) -> None:
+        if point in self.holds:
+            await self.holds[point](body)
+
+    async def start(self) -> FakeEngine:
+        app = web.Application()
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            app.router.add_post(path, self._prefill if self.role == "prefill" else self._decode)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, HOST, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            for hold in self.holds.values():
+                hold.release()
+            await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    def _refuse(self, request_id: str, problem: str) -> web.Response:
+        self.errors.append(f"{self.name} {request_id}: {problem}")
+        return web.json_response({"error": {"message": problem, "type": "BadRequestError", "code": 400}},
+                                 status=400)
+
+    async def _receive(self, request: web.Request) -> tuple[str, dict]:
+        body = await request.json()
+        request_id = request.headers.get("X-Request-Id", "")
+        self.received.append(Received(request_id, request.path, body))
+        return request_id, body
+
+    async def _prefill(self, request: web.Request) -> web.Response:
+        request_id, body = await self._receive(request)
+        problems = [f"{key}={body.get(key)!r}" for key, want in (("stream", False), ("max_tokens", 1),
+                                                                 ("min_tokens", 1)) if body.get(key) != want]
+        if body.get("kv_transfer_params") != PREFILL_PARAMS:
+            problems.append(f"kv_transfer_params={body.get('kv_transfer_params')!r}")
+        if "stream_options" in body or body.get("max_completion_tokens", 1) != 1:
+            problems.append("stream_options or max_completion_tokens kept")
+        if not request_id:
+            problems.append("no X-Request-Id")
+        if problems:
+            return self._refuse(request_id, f"not a prefill request: {', '.join(problems)}")
+        await self._at("answer", body)
+        chat = request.path.endswith("chat/completions")
+        choice = ({"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
+                  if chat else {"index": 0, "text": "x", "finish_reason": "length"})
+        return web.json_response({
+            "id": f"cmpl-{request_id}", "object": "chat.completion" if chat else "text_completion",
+            "model": MODEL, "choices": [choice],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6,
+                      "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}},
+            "kv_transfer_params": {
+                "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2, 3]],
+                "remote_engine_id": self.name, "remote_request_id": request_id, "remote_host": HOST,
+                "remote_port": self.port, "last_token_id": 0}})
+
+    async def _decode(self, request: web.Request) -> web.StreamResponse:
+        request_id, body = await self._receive(request)
+        params = body.get("kv_transfer_params") or {}
+        problems = [f"{key}={params.get(key)!r}" for key, ok in (
+            ("do_remote_prefill", lambda v: v is True), ("do_remote_decode", lambda v: v is False),
+            ("remote_engine_id", lambda v: isinstance(v, str) and v),
+            ("remote_block_ids", lambda v: isinstance(v, list) and v),
+            ("remote_host", lambda v: v == HOST), ("remote_port", lambda v: isinstance(v, int)),
+            ("remote_request_id", lambda v: v == request_id)) if not ok(params.get(key))]
+        if body.get("max_tokens") == 1 or body.get("min_tokens") == 1:
+            problems.append("the client's token limits were not restored")
+        if problems:
+            return self._refuse(request_id, f"not a decode request: {', '.join(problems)}")
+        chat = request.path.endswith("chat/completions")
+        tokens = [f"t{i} " for i in range(self.chunks)]
+        usage = {"prompt_tokens": 5, "completion_tokens": len(tokens), "total_tokens": 5 + len(tokens),
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        if not body.get("stream"):
+            await self._at("answer", body)
+            text = "".join(tokens)
+            message = {"role": "assistant", "content": text}
+            choice = ({"index": 0, "message": message, "finish_reason": "length"}
+                      if chat else {"index": 0, "text": text, "finish_reason": "length"})
+            return web.json_response({"id": f"cmpl-{request_id}", "model": MODEL, "choices": [choice],
+                                      "object": "chat.completion" if chat else "text_completion",
+                                      "usage": usage})
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await out.prepare(request)  # headers leave before the first token, as vLLM's do
+
+        def event(obj: Any) -> bytes:
+            return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+        await self._at("answer", body)
+        for i, token in enumerate(tokens):
+            last = i == len(tokens) - 1
+            choice = ({"index": 0, "delta": {"content": token}, "finish_reason": "length" if last else None}
+                      if chat else {"index": 0, "text": token, "finish_reason": "length" if last else None})
+            await out.write(event({"id": f"cmpl-{request_id}", "model": MODEL, "choices": [choice],
+                                   "object": "chat.completion.chunk" if chat else "text_completion"}))
+            if i == 0:
+                await self._at("stream", body)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await out.write(event({"id": f"cmpl-{request_id}", "model": MODEL, "choices": [],
+                                   "usage": usage}))
+        await out.write(event(b"[DONE]"))
+        await out.write_eof()
+        return out
+
+
+def check_answer(status: int, raw: bytes, *, chat: bool, stream: bool, usage: bool,
+                 chunks: int) -> str | None:
+    """What is wrong with an answer the proxy gave a client (None: it is complete and right)."""
+    if status != 200:
+        return f"HTTP {status}: {raw[:300]!r}"
+    want = "".join(f"t{i} " for i in range(chunks))
+    if not stream:
+        answer = json.loads(raw)
+        choice = answer["choices"][0]
+        text = choice["message"]["content"] if chat else choice["text"]
+        cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        if text != want or cached != CACHED_TOKENS:
+            return f"answer text {text!r}, cached tokens {cached}"
+        return None
+    events = [e for e in raw.decode().split("\n\n") if e]
+    if not events or events[-1] != "data: [DONE]":
+        return f"the stream does not end with [DONE]: {raw[-200:]!r}"
+    chunks_json = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    text = "".join((c["choices"][0]["delta"]["content"] if chat else c["choices"][0]["text"])
+                   for c in chunks_json if c["choices"])
+    if text != want:
+        return f"streamed text {text!r}"
+    if usage:
+        tail = [c for c in chunks_json if not c["choices"]]
+        if len(tail) != 1 or tail[0]["usage"]["prompt_tokens_details"]["cached_tokens"] != CACHED_TOKENS:
+            return f"usage event {tail!r}"
+    return None
+
+
+@dataclass
+class Load:
+    """`clients` concurrent clients sending requests through `url` until `stop()`; every answer is
+    checked (`failures`)."""
+
+    url: str
+    clients: int = 4
+    chunks: int = 4
+    started: list[str] = field(default_factory=list)
+    completed: set[str] = field(default_factory=set)
+    failures: list[str] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    KINDS = [(chat, stream, usage) for chat in (False, True) for stream in (False, True)
+             for usage in ((False, True) if stream else (False,))]
+
+    async def __aenter__(self) -> Load:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_S * 4))
+        self._tasks = [asyncio.create_task(self._client(k)) for k in range(self.clients)]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._tasks:
+            await asyncio.gather(*self._tasks)
+            self._tasks = []
+            await self._session.close()
+
+    async def _client(self, k: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            chat, stream, usage = self.KINDS[(i + k) % len(self.KINDS)]
+            i += 1
+            request_id = f"client{k}-{i}"
+            body: dict[str, Any] = {"model": MODEL, "max_tokens": 16, "stream": stream}
+            if chat:
+                body |= {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 16}
+            else:
+                body["prompt"] = "hello"
+            if usage:
+                body["stream_options"] = {"include_usage": True}
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            self.started.append(request_id)
+            try:
+                async with self._session.post(self.url + path, json=body,
+                                              headers={"X-Request-Id": request_id}) as resp:
+                    raw = await resp.read()
+                    problem = check_answer(resp.status, raw, chat=chat, stream=stream, usage=usage,
+                                           chunks=self.chunks)
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as err:
+                problem = f"{type(err).__name__}: {err}"
+            if problem:
+                self.failures.append(f"{request_id} {path} stream={stream}: {problem}")
+            self.completed.add(request_id)
+
+    def mark(self) -> int:
+        return len(self.started)
+
+    def started_after(self, mark: int) -> set[str]:
+        return set(self.started[mark:])
+
+    async def completed_after(self, mark: int, n: int) -> None:
+        await until(f"{n} requests started after mark {mark} completed",
+                    lambda: len(self.started_after(mark) & self.completed) >= n)
+
+
+async def started(*engines: FakeEngine) -> list[FakeEngine]:
+    return list(await asyncio.gather(*(e.start() for e in engines)))
+
+
+def swap(path: Path, doc: dict) -> str:
+    """Replace the membership file atomically (a temporary file, then a rename), as the kubelet
+    swaps a projected ConfigMap; the document's version."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+    return doc["version"]
+
+
+class ProxyProcess:
+    """The installed `pd-proxy` console script as a subprocess on loopback, its log in `log`."""
+
+    def __init__(self, membership: Path, log: Path, *extra: str) -> None:
+        script = Path(sys.executable).with_name("pd-proxy")
+        assert script.is_file(), f"{script} is not installed (make install)"
+        self.port = pick_port(HOST)
+        self.url = f"http://{HOST}:{self.port}"
+        self.log = log
+        self.argv = [str(script), "--membership", str(membership), "--host", HOST, "--port",
+                     str(self.port), "--poll-interval", "0.2", *extra]
+        self.proc: subprocess.Popen | None = None
+
+    async def __aenter__(self) -> ProxyProcess:
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        await until("pd-proxy to listen", self._listening)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._session.close()
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if exc[0] is not None:
+            print(f"--- pd-proxy log ({self.log}) ---\n{self.log.read_text()[-20000:]}")
+
+    def _listening(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"pd-proxy exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+        try:
+            with socket.create_connection((HOST, self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self._session.get(self.url + path) as resp:
+            return resp.status, await resp.json()
+
+    async def post(self, path: str, body: dict) -> tuple[int, Any]:
+        async with self._session.post(self.url + path, json=body) as resp:
+            return resp.status, await resp.json()
+
+    async def state(self) -> ProxyState:
+        status, body = await self.get(STATE_PATH)
+        assert status == 200, body
+        return parse_state(body)
+
+    async def wait_state(self, what: str, check: Callable[[ProxyState], bool]) -> ProxyState:
+        """Poll /pd/state until `check` holds; that state."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            state = await self.state()
+            if check(state):
+                return state
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; last /pd/state: {state}")
+            await asyncio.sleep(0.02)
+
+    async def wait_version(self, version: str) -> ProxyState:
+        return await self.wait_state(f"membership version {version}", lambda s: s.version == version)
+
+
+def load_of(state: ProxyState, name: str) -> tuple[int, int]:
+    """(inflight, awaitingDecode) of an upstream; a name the proxy dropped carries nothing."""
+    load = state.upstreams.get(name)
+    return (load.inflight, load.awaiting_decode) if load else (0, 0)
