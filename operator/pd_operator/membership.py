@@ -70,9 +70,14 @@ def _upstream(obj: Any, path: str) -> Upstream:
     name, url = obj.get("name"), obj.get("url")
     if not isinstance(name, str) or not name:
         raise ValueError(f"{path}.name: a non-empty string, not {name!r}")
-    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+    if not isinstance(url, str) or not _http(url):
         raise ValueError(f"{path}.url: an http(s)://host:port URL, not {url!r}")
     return Upstream(name, url.rstrip("/"))
+
+
+def _http(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def parse_document(obj: Any) -> Membership:
