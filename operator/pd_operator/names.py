@@ -44,6 +44,11 @@ class Names:
         return f"{self.deployment}-proxy"
 
     @property
+    def proxy_membership(self) -> str:
+        """The ConfigMap the proxy pods mount: the upstreams they route to (pd_operator.membership)."""
+        return f"{self.deployment}-proxy"
+
+    @property
     def serving_config(self) -> str:
         """The ConfigMap serving pods mount: preflight configs and the KV-link probe's pairing."""
         return f"{self.deployment}-serving"

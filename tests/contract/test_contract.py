@@ -3,9 +3,10 @@ the Mooncake libraries its images install, at every release pd_operator.images k
 
 Covered: every kv_connector we render is registered by that release's connector registry (and its
 module defines the class); every environment variable the operator sets is read by something in
-the image (readers.py); the units of the timeout variables; the proxy script path and every proxy
-flag we render; the image capability table (connectors, GLM-Next model code, the default model
-runner, no released seed change) and the place the preflight looks for the seed's function.
+the image (readers.py); the units of the timeout variables; pd-proxy's prefill request against the
+example proxy's own builder, and its routes; the image capability table (connectors, GLM-Next model
+code, the default model runner, no released seed change) and the place the preflight looks for the
+seed's function.
 Not covered: anything that needs an NPU or torch_npu (vllm-ascend cannot be imported here), the
 seed change's own source (no snapshot of PR #16755 exists here; images/vllm-ascend checks it at
 build time), HCCL/torch_npu reading their variables (only that vllm-ascend's guides set them).
@@ -14,6 +15,7 @@ build time), HCCL/torch_npu reading their variables (only that vllm-ascend's gui
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import json
 import re
@@ -26,18 +28,18 @@ import readers
 from readers import Readers, pod_reads, unread
 from render_cases import EXAMPLES, ROOT, VALID_EXAMPLES, container, load, pod_argvs, rendered, serving_sets
 
-from pd_operator.api.types import KVTransferSpec, ProxySpec, TimeoutSpec
+from pd_operator.api.types import KVTransferSpec, TimeoutSpec
 from pd_operator.image_check import introspect, module_path, registered_connectors
 from pd_operator.images import GLM_NEXT, PD_CONNECTORS, RELEASES, capabilities
 from pd_operator.owned import DEFAULT_ENV, OWNED_ENV
-from pd_operator.render import proxy, render
-from pd_operator.render.context import Context
+from pd_operator.proxy import protocol
+from pd_operator.proxy.server import Proxy
+from pd_operator.render import render
 from pd_operator.validate import validate
 from support import upstream
 
 pytestmark = pytest.mark.contract
 
-PROXY_ROOT = "/vllm-workspace/vllm-ascend/"  # where release images keep vllm-ascend's source
 VLLM_ENVS = next((ROOT / ".vllm-venv").glob("lib/python3*/site-packages/vllm/envs.py"), None)
 # Upstream unit of each timeout variable the operator renders. Mooncake's Ascend transport reads
 # ASCEND_CONNECT_TIMEOUT and ASCEND_TRANSFER_TIMEOUT in milliseconds (Mooncake:
@@ -299,23 +301,38 @@ def test_timeouts_are_rendered_in_the_unit_upstream_reads():
 
 # --- the proxy ---------------------------------------------------------------------------------------
 
-def proxy_flags(script: Path) -> set[str]:
+EXAMPLE_PROXY = "examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
+# The membership endpoints pd-proxy replaces with its mounted file (pd_operator/proxy/__init__.py).
+MEMBERSHIP_ROUTES = {"/instances/add", "/instances/remove"}
+CLIENT_BODIES = [
+    {"model": "m", "prompt": "hi", "max_tokens": 64, "stream": True,
+     "stream_options": {"include_usage": True}},
+    {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 64,
+     "min_tokens": 8, "temperature": 0.5, "kv_transfer_params": {"from": "the client"}},
+    {"model": "m", "prompt": [1, 2, 3]},
+]
+
+
+def test_pd_proxy_speaks_the_example_proxys_protocol(version, source):
+    """pd-proxy asks prefill exactly what vllm-ascend's example proxy asks (its own
+    `build_prefill_request`, run from the release's source), and serves every route the example
+    serves but the membership ones."""
+    script = source / EXAMPLE_PROXY
+    assert script.is_file(), f"vllm-ascend {version} has no {EXAMPLE_PROXY}"
     tree = ast.parse(script.read_text())
-    return {a.value for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "add_argument" for a in n.args
-            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")}
-
-
-def test_proxy_script_and_rendered_flags_exist(version, source):
-    default = ProxySpec.model_fields["script"].default
-    assert default.startswith(PROXY_ROOT)
-    script = source / default.removeprefix(PROXY_ROOT)
-    assert script.is_file(), f"vllm-ascend {version} has no {default.removeprefix(PROXY_ROOT)}"
-    accepted = proxy_flags(script)
-    for path in VALID_EXAMPLES:
-        argv = proxy.proxy_argv(Context.of(validate(load(path))))
-        used = {word for word in argv if word.startswith("--")}
-        assert used and used <= accepted, f"{path.name}: the proxy of {version} has no {used - accepted}"
+    (builder,) = [n for n in tree.body
+                  if isinstance(n, ast.FunctionDef) and n.name == "build_prefill_request"]
+    namespace: dict = {}
+    exec(compile(ast.Module(body=[builder], type_ignores=[]), str(script), "exec"), namespace)
+    for body in CLIENT_BODIES:
+        assert protocol.prefill_request(copy.deepcopy(body)) == namespace["build_prefill_request"](
+            copy.deepcopy(body)), body
+    routes = {d.args[0].value for n in tree.body if isinstance(n, ast.AsyncFunctionDef)
+              for d in n.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
+              and d.func.attr in ("get", "post") and d.args and isinstance(d.args[0], ast.Constant)}
+    assert {"/v1/completions", "/v1/chat/completions", "/healthcheck"} <= routes
+    ours = {r.resource.canonical for r in Proxy(Path("unused")).app().router.routes() if r.resource}
+    assert routes - MEMBERSHIP_ROUTES <= ours, f"pd-proxy lacks {routes - MEMBERSHIP_ROUTES - ours}"
 
 
 def test_the_cached_archives_are_the_pinned_bytes():

@@ -13,17 +13,19 @@ from controller_support import ROOT, example
 from pd_operator.api.types import PLURAL
 from pd_operator.controller.client import CHILD_KINDS
 from pd_operator.render.labels import DEPLOYMENT
+from pd_operator.render.proxy import members
 from support.cluster import ControlPlane, wait_for
 from support.installed import condition, get_pdd, weights_claim
 from support.kube import kubectl
 
 GLM = "glm-flash"
-GLM_CHILDREN = {"ConfigMap/glm-flash-serving",
+GLM_CHILDREN = {"ConfigMap/glm-flash-serving", "ConfigMap/glm-flash-proxy",
                 "Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
                 "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
                 "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv",
                 "PodDisruptionBudget/glm-flash-prefill", "PodDisruptionBudget/glm-flash-decode"}
 READY_TIMEOUT_S = 180
+PROXY_PATH = "/apis/apps/v1/namespaces/{}/deployments/glm-flash-proxy"
 GLM_CONFIG = ROOT / "tests" / "kv" / "hf_configs" / "glm-5.3-flash" / "config.json"
 
 
@@ -45,6 +47,13 @@ def children(cp: ControlPlane, namespace: str, name: str = GLM) -> dict[str, dic
 
 def pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[dict]:
     return listed(cp, "v1", "pods", namespace, selector)
+
+
+def routes(cp: ControlPlane, namespace: str, name: str = GLM) -> tuple[list[str], list[str]]:
+    """(prefill, decode) instance names in the proxy's membership ConfigMap."""
+    listed = members(cp.api("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}-proxy"))
+    assert listed is not None
+    return [u.name for u in listed.prefill], [u.name for u in listed.decode]
 
 
 def cond(cp: ControlPlane, namespace: str, kind: str, name: str = GLM) -> tuple[str, str] | None:

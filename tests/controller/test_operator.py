@@ -12,6 +12,7 @@ import pytest
 from cluster_helpers import (
     GLM,
     GLM_CHILDREN,
+    PROXY_PATH,
     READY_TIMEOUT_S,
     apply,
     children,
@@ -23,6 +24,7 @@ from cluster_helpers import (
     operator_writes,
     patch_spec,
     pods,
+    routes,
     serve,
     wait_cond,
 )
@@ -275,7 +277,6 @@ def test_kv_layout_rollout_never_routes_across_layouts(control_plane, namespace,
     apply(cp, glm(namespace))
     serve(cp, namespace)
     old_layout = get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["hash"]
-    proxy_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/glm-flash-proxy"
     # With the StatefulSet controller stopped, every pod keeps the old layout: no instance of the
     # new one exists, so the proxy must not route at all until pods of the new layout are Ready.
     manager = cp.components["kube-controller-manager"]
@@ -288,12 +289,14 @@ def test_kv_layout_rollout_never_routes_across_layouts(control_plane, namespace,
             status = get_pdd(cp, namespace, GLM).get("status") or {}
             return (condition({"status": status}, "Progressing").get("reason") == "RollingOut"
                     and status["kvLayout"]["hash"] != old_layout
-                    and cp.api("GET", proxy_path)["spec"]["replicas"] == 0)
-        wait_for("RollingOut with the proxy scaled to zero", proxy_gated, READY_TIMEOUT_S)
+                    and routes(cp, namespace) == ([], []))
+        wait_for("RollingOut with no upstream in the proxy's membership", proxy_gated, READY_TIMEOUT_S)
+        assert cond(cp, namespace, "ProxyReady") == ("False", "NoUpstreams")
+        assert cp.api("GET", PROXY_PATH.format(namespace))["spec"]["replicas"] == 1, "the proxy stays up"
     finally:
         manager.start()
     serve(cp, namespace)
-    assert cp.api("GET", proxy_path)["spec"]["replicas"] == 1
+    assert routes(cp, namespace) == (["glm-flash-prefill-0"], ["glm-flash-decode-0"])
     new_layout = get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["hash"]
     assert {p["metadata"]["labels"][KV_LAYOUT]
             for p in pods(cp, namespace, f"{ROLE} in (prefill,decode)")} == {new_layout}
@@ -322,15 +325,20 @@ def test_a_broken_kv_link_takes_the_decode_instance_out_of_the_proxy(control_pla
     serve(cp, namespace)
     assert get_pdd(cp, namespace, GLM)["status"]["kvLinks"] == [
         {"decode": "glm-flash-decode-0", "prefill": "glm-flash-prefill-0", "linked": True}]
-    proxy_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/glm-flash-proxy"
+    proxy = cp.api("GET", PROXY_PATH.format(namespace))
     _kv_link(cp, namespace, "glm-flash-decode-0-0", False)
 
     def routed_around() -> bool:
         return (cond(cp, namespace, "DecodeReady") == ("False", "KVLinkNotReady")
-                and cp.api("GET", proxy_path)["spec"]["replicas"] == 0)
-    wait_for("DecodeReady KVLinkNotReady with the proxy scaled to zero", routed_around, READY_TIMEOUT_S)
+                and routes(cp, namespace) == (["glm-flash-prefill-0"], []))
+    wait_for("DecodeReady KVLinkNotReady with decode out of the proxy's membership", routed_around,
+             READY_TIMEOUT_S)
     assert cond(cp, namespace, "Ready") == ("False", "KVLinkNotReady")
+    assert cond(cp, namespace, "ProxyReady") == ("False", "NoUpstreams")
     assert [e["linked"] for e in get_pdd(cp, namespace, GLM)["status"]["kvLinks"]] == [False]
     _kv_link(cp, namespace, "glm-flash-decode-0-0", True)
-    serve(cp, namespace)  # the proxy is scaled up again; its new pod is run by kwok
-    assert cp.api("GET", proxy_path)["spec"]["replicas"] == 1
+    serve(cp, namespace)
+    assert routes(cp, namespace) == (["glm-flash-prefill-0"], ["glm-flash-decode-0"])
+    # Gating edited the membership only: the proxy Deployment was never written.
+    after = cp.api("GET", PROXY_PATH.format(namespace))
+    assert after["metadata"]["generation"] == proxy["metadata"]["generation"]

@@ -29,9 +29,12 @@ def test_hash_follows_the_spec_and_ignores_itself():
         [x["metadata"]["annotations"][APPLIED_HASH] for x in desired(validated())]
     sts = {key(m): m for m in a if m["kind"] == "StatefulSet"}
     changed = [m for m in b if key(m) in sts and manifest_hash(m) != manifest_hash(sts[key(m)])]
-    proxy = [m for m in b if m["metadata"]["name"] == "glm-flash-proxy" and m["kind"] == "Deployment"]
     assert not changed, "adding a decode instance must not touch the existing StatefulSets"
-    assert manifest_hash(proxy[0]) != manifest_hash(next(m for m in a if key(m) == key(proxy[0])))
+    before = {key(m): manifest_hash(m) for m in a}
+    (routes,) = [m for m in b if m["metadata"]["name"] == "glm-flash-proxy" and m["kind"] == "ConfigMap"]
+    (proxy,) = [m for m in b if m["metadata"]["name"] == "glm-flash-proxy" and m["kind"] == "Deployment"]
+    assert manifest_hash(routes) != before[key(routes)], "the proxy's membership lists the new instance"
+    assert manifest_hash(proxy) == before[key(proxy)], "and the proxy Deployment does not roll"
 
 
 def test_nothing_observed_applies_everything_in_render_order():
@@ -56,7 +59,7 @@ def test_changed_missing_and_unwanted_children():
     observed = [o for o in old if o["metadata"]["name"] != "glm-flash-kv"]
     result = plan(new, observed, OWNER_UID)
     assert _names(result.prune) == ["Service/glm-flash-decode-1", "StatefulSet/glm-flash-decode-1"]
-    assert _names(result.apply) == ["Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv"]
+    assert _names(result.apply) == ["ConfigMap/glm-flash-proxy", "NetworkPolicy/glm-flash-kv"]
 
 
 def test_foreign_objects_are_never_applied_over_nor_pruned():

@@ -1,4 +1,5 @@
-"""The proxy's rollout gate: prefill and decode of different KV layouts are never paired."""
+"""The proxy's rollout gate: prefill and decode of different KV layouts are never paired. A gate edits
+the proxy's membership ConfigMap only: the proxy Deployment stays as rendered (and up)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from controller_helpers import desired, pods_of, validated
 
 from pd_operator.controller.rollout import gate
 from pd_operator.controller.status import layout_hash
+from pd_operator.membership import Membership
 from pd_operator.names import Names
 from pd_operator.render import render
+from pd_operator.render.proxy import members
 
 
 def _gate(v, pods):
@@ -22,11 +25,25 @@ def _proxy(manifests):
                 if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-proxy"))
 
 
-def _hosts(proxy, flag):
-    argv = proxy["spec"]["template"]["spec"]["containers"][0]["command"]
-    start = argv.index(flag) + 1
-    end = next((i for i in range(start, len(argv)) if argv[i].startswith("--")), len(argv))
-    return argv[start:end]
+def _routes(manifests) -> Membership:
+    """What the gated proxy routes to (its membership ConfigMap)."""
+    routes = members(next(m for m in manifests
+                          if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy")))
+    assert routes is not None
+    return routes
+
+
+def _names(manifests, role: str) -> list[str]:
+    return [u.name for u in _routes(manifests).role(role)]
+
+
+def _gated_only_the_membership(v, out) -> None:
+    """Everything but the membership ConfigMap is as rendered, the proxy Deployment included."""
+    def others(manifests):
+        return [m for m in manifests
+                if not (m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy"))]
+    assert others(out) == others(render(v))
+    assert _proxy(out)["spec"]["replicas"] == 1
 
 
 def test_steady_state_leaves_the_proxy_as_rendered():
@@ -43,23 +60,22 @@ def test_mid_roll_only_new_layout_instances_are_routed():
         if p["metadata"]["name"].startswith("glm-flash-prefill-1"):
             p["metadata"]["labels"]["pd.serving.dev/kv-layout"] = "old"
     out, rolling = _gate(v, pods)
-    proxy = _proxy(out)
     assert rolling
-    assert _hosts(proxy, "--prefiller-hosts") == ["glm-flash-prefill-0-0.glm-flash-prefill-0.default.svc"]
-    assert _hosts(proxy, "--prefiller-ports") == ["8000"]
-    assert _hosts(proxy, "--decoder-hosts") == ["glm-flash-decode-0-0.glm-flash-decode-0.default.svc"]
-    assert [m for m in out if m is not proxy] == [m for m in render(v) if m["kind"] != "Deployment"
-                                                 or not m["metadata"]["name"].endswith("-proxy")]
+    assert _names(out, "prefill") == ["glm-flash-prefill-0"]
+    assert _routes(out).prefill[0].url == "http://glm-flash-prefill-0-0.glm-flash-prefill-0.default.svc:8000"
+    assert _names(out, "decode") == ["glm-flash-decode-0"]
+    _gated_only_the_membership(v, out)
 
 
-def test_a_role_with_no_new_layout_instance_scales_the_proxy_to_zero():
+def test_a_role_with_no_new_layout_instance_empties_that_role_and_keeps_the_proxy_up():
     v = validated()
     pods = pods_of(desired(v))
     for p in pods:
         if p["metadata"]["name"].startswith("glm-flash-decode"):
             p["metadata"]["labels"]["pd.serving.dev/kv-layout"] = "old"
     out, rolling = _gate(v, pods)
-    assert rolling and _proxy(out)["spec"]["replicas"] == 0
+    assert rolling and _names(out, "decode") == [] and _names(out, "prefill") == ["glm-flash-prefill-0"]
+    _gated_only_the_membership(v, out)
 
 
 def test_new_layout_pods_that_are_not_ready_are_not_routed():
@@ -72,4 +88,5 @@ def test_new_layout_pods_that_are_not_ready_are_not_routed():
         if name.startswith("glm-flash-decode-0"):
             p["status"]["conditions"][0]["status"] = "False"
     out, _ = _gate(v, pods)
-    assert _proxy(out)["spec"]["replicas"] == 0
+    assert _names(out, "decode") == []
+    _gated_only_the_membership(v, out)

@@ -7,7 +7,9 @@ from controller_helpers import desired, link_down, pods_of, validated, with_stat
 from controller_support import example
 
 from pd_operator.controller.restarts import Decision
-from pd_operator.controller.status import TYPES, Observed, conditions, shape, status, transitions
+from pd_operator.controller.rollout import gate
+from pd_operator.controller.status import TYPES, Observed, conditions, layout_hash, shape, status, transitions
+from pd_operator.names import Names
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -48,6 +50,24 @@ def _link_down(validation) -> Observed:
     children = with_status(desired(validation))
     pods = [link_down(p) if "decode" in p["metadata"]["name"] else p for p in pods_of(children)]
     return Observed(children=children, pods=pods)
+
+
+def test_a_proxy_without_a_decode_instance_to_route_to_reports_no_upstreams():
+    """The gate empties decode in the proxy's membership ConfigMap; the proxy Deployment stays up
+    (its pods not Ready: /healthcheck fails without members) and ProxyReady says why."""
+    v = validated()
+    dep, observed = v.deployment, _link_down(v)
+    gated, _ = gate(desired(v), observed.pods, Names(dep.name, dep.namespace),
+                    {r: v.pod_plans[r].pods for r in ("prefill", "decode")},
+                    {r: dep.role(r).replicas for r in ("prefill", "decode")}, layout_hash(v))
+    children = with_status(gated, ready_replicas=0)
+    got = {c["type"]: c for c in conditions(v, Observed(children=children, pods=observed.pods), [], 1, T0)}
+    assert (got["ProxyReady"]["status"], got["ProxyReady"]["reason"]) == ("False", "NoUpstreams")
+    assert "no decode instance" in got["ProxyReady"]["message"]
+    # Ungated (every instance listed), the same unready proxy is just not ready yet.
+    got = {c["type"]: c for c in conditions(v, Observed(children=with_status(desired(v), ready_replicas=0),
+                                                        pods=observed.pods), [], 1, T0)}
+    assert (got["ProxyReady"]["status"], got["ProxyReady"]["reason"]) == ("False", "ProxyNotReady")
 
 
 def test_a_decode_instance_without_a_kv_link_is_not_ready_and_says_why():

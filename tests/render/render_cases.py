@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from pd_operator.membership import KEY, Membership, parse_document
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
 from pd_operator.validate import Validation, validate
@@ -101,8 +102,17 @@ def npu_count(cont: dict) -> int:
 
 
 def config_map_data(manifests: list[dict]) -> dict[str, str]:
-    (config_map,) = of_kind(manifests, "ConfigMap")
+    """The serving pods' ConfigMap (mounted at /etc/pd)."""
+    (config_map,) = [m for m in of_kind(manifests, "ConfigMap") if "pd.serving.dev/role" not in
+                     m["metadata"]["labels"]]
     return config_map["data"]
+
+
+def proxy_membership(manifests: list[dict]) -> Membership:
+    """What the proxy routes to: the membership its ConfigMap holds."""
+    (config_map,) = [m for m in of_kind(manifests, "ConfigMap")
+                     if m["metadata"]["labels"].get("pd.serving.dev/role") == "proxy"]
+    return parse_document(json.loads(config_map["data"][KEY]))
 
 
 def run_pod(manifests: list[dict], sts: dict, ordinal: int, work: Path, *,

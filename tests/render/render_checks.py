@@ -13,8 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 import kubernetes_validate
-from render_cases import container, flag, of_kind, pod_argvs, role_of, serving_sets
+from render_cases import container, flag, of_kind, pod_argvs, proxy_membership, role_of, serving_sets
 
+from pd_operator.membership import KEY, MOUNT_DIR, Upstream
 from pd_operator.names import Names
 from pd_operator.owned import OWNED_ENV
 from pd_operator.ports import PROBE_PORT, pod_ports
@@ -115,22 +116,26 @@ def check_containers(validation: Validation, manifests: list[dict]) -> None:
 def check_proxy(validation: Validation, manifests: list[dict]) -> None:
     dep = validation.deployment
     deployments = [d for d in of_kind(manifests, "Deployment") if role_of(d) == "proxy"]
+    names = Names(dep.name, dep.namespace)
     if not dep.spec.proxy.enabled:
         assert not deployments
+        assert not [m for m in of_kind(manifests, "ConfigMap")
+                    if m["metadata"]["name"] == names.proxy_membership]
         return
     (proxy,) = deployments
-    argv = container(proxy)["command"]
-    names = Names(dep.name, dep.namespace)
-
-    def values(name: str) -> list[str]:
-        start = argv.index(name) + 1
-        end = next((i for i in range(start, len(argv)) if argv[i].startswith("--")), len(argv))
-        return argv[start:end]
-
-    for role, short in (("prefill", "prefiller"), ("decode", "decoder")):
-        hosts = [names.pod_host(role, i, 0) for i in range(dep.role(role).replicas)]
-        assert values(f"--{short}-hosts") == hosts
-        assert values(f"--{short}-ports") == [str(dep.spec.serving_port)] * len(hosts)
+    cont = container(proxy)
+    assert cont["command"][0] == "pd-proxy"
+    assert flag(cont["command"], "--membership") == f"{MOUNT_DIR}/{KEY}"
+    assert flag(cont["command"], "--port") == str(dep.spec.proxy.port)
+    (mount,) = cont["volumeMounts"]
+    assert mount["mountPath"] == MOUNT_DIR and "subPath" not in mount  # a subPath is never updated
+    (volume,) = [v for v in proxy["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == names.proxy_membership
+    routed = proxy_membership(manifests)
+    for role in ("prefill", "decode"):
+        assert routed.role(role) == tuple(
+            Upstream(names.instance(role, i), f"http://{names.pod_host(role, i, 0)}:{dep.spec.serving_port}")
+            for i in range(dep.role(role).replicas))
 
 
 def check_all(validation: Validation, manifests: list[dict], work: Path) -> None:

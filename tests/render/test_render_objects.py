@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+from urllib.parse import urlsplit
 
 import pytest
 from render_cases import (
@@ -20,6 +21,7 @@ from render_cases import (
     load,
     of_kind,
     pod_env,
+    proxy_membership,
     role_of,
     serving_sets,
 )
@@ -206,7 +208,5 @@ def test_decode_gates_check_every_prefill_instance_the_proxy_routes_to():
     for example in VALID_EXAMPLES:
         manifests = render(validate(load(example)))
         pairing = json.loads(config_map_data(manifests)["pairing.json"])
-        proxy = next(m for m in manifests if m["kind"] == "Deployment")
-        argv = container(proxy)["command"]
-        hosts = argv[argv.index("--prefiller-hosts") + 1:argv.index("--prefiller-ports")]
+        hosts = [urlsplit(u.url).hostname for u in proxy_membership(manifests).prefill]
         assert prefill_peers(pairing) == [f"{h}:{PROBE_PORT}" for h in hosts]

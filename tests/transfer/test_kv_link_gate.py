@@ -21,6 +21,7 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from controller_helpers import desired, link_down, pods_of, validated
@@ -32,6 +33,7 @@ from pd_operator.controller.status import Observed, conditions, layout_hash, sta
 from pd_operator.names import Names
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
+from pd_operator.render.proxy import members
 from support.cluster import pick_port, wait_for
 
 pytestmark = pytest.mark.transfer
@@ -78,18 +80,17 @@ def kubelet_ready(cont: dict, port: int) -> bool:
         return False
 
 
-def decoder_hosts(validation, pods: list[dict]) -> list[str] | None:
-    """The proxy's decode upstreams as the operator computes them (None: scaled to zero)."""
+def decoder_hosts(validation, pods: list[dict]) -> list[str]:
+    """The proxy's decode upstreams as the operator computes them (its membership ConfigMap)."""
     dep = validation.deployment
-    gated, _ = rollout.gate(render(validation), pods, Names(dep.name, dep.namespace),
+    names = Names(dep.name, dep.namespace)
+    gated, _ = rollout.gate(render(validation), pods, names,
                             {r: validation.pod_plans[r].pods for r in ("prefill", "decode")},
                             {r: dep.role(r).replicas for r in ("prefill", "decode")}, layout_hash(validation))
-    proxy = next(m for m in gated if m["kind"] == "Deployment")
-    if proxy["spec"]["replicas"] == 0:
-        return None
-    argv = proxy["spec"]["template"]["spec"]["containers"][0]["command"]
-    start = argv.index("--decoder-hosts") + 1
-    return argv[start:argv.index("--decoder-ports")]
+    routes = members(next(m for m in gated if m["kind"] == "ConfigMap"
+                          and m["metadata"]["name"] == names.proxy_membership))
+    assert routes is not None
+    return [str(urlsplit(u.url).hostname) for u in routes.decode]
 
 
 def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
@@ -132,7 +133,7 @@ def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
         prefill.stop()
         wait_for("the gate to go not ready", lambda: not kubelet_ready(gate_cont, gate_port), GATE_TIMEOUT)
         down = [link_down(p) if "decode" in p["metadata"]["name"] else p for p in pods]
-        assert decoder_hosts(validation, down) is None  # the only decode instance left the upstreams
+        assert decoder_hosts(validation, down) == []  # the only decode instance left the upstreams
         body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{gate_port}/link", timeout=10).read())
         assert not body["ok"] and "cannot fetch the descriptor" in body["peers"][0]["errors"][0]
         unlinked = links.link_status(validation.deployment, down, linked, lambda pod: as_in_cluster(body), 1)

@@ -242,11 +242,7 @@ class ProxySpec(ApiModel):
     replicas: int = Field(default=1, ge=0, le=64)
     port: Port = 8000
     image: str | None = Field(default=None, max_length=512)
-    """Defaults to the serving image, which carries vllm-ascend's proxy script."""
-    script: str = Field(
-        default="/vllm-workspace/vllm-ascend/examples/disaggregated_prefill_v1/"
-                "load_balance_proxy_server_example.py", max_length=1024)
-    """Path of the proxy script inside the proxy image."""
+    """Defaults to the serving image, which has this package installed and so runs `pd-proxy`."""
     resources: Resources = Field(default_factory=Resources)
 
 

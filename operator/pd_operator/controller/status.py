@@ -17,6 +17,7 @@ from pd_operator.findings import Finding
 from pd_operator.names import Names
 from pd_operator.render import kv_layout_hash
 from pd_operator.render.context import Context
+from pd_operator.render.proxy import members as proxy_members
 from pd_operator.validate import Validation
 
 TYPES = ("KVCompatible", "PrefillReady", "DecodeReady", "ProxyReady", "Ready",
@@ -44,9 +45,9 @@ REASONS: list[tuple[str, str, str, str]] = [
      "status.kvLinks names the pairs and the probe's error."),
     ("ProxyReady", "True", "ProxyAvailable", "The routing proxy's pods are ready."),
     ("ProxyReady", "True", "Disabled", "spec.proxy.enabled is false."),
-    ("ProxyReady", "False", "NoUpstreams", "Scaled to zero: a role has no instance it may route to "
-     "(none yet, no decode instance with a working KV link, or none on the new KV layout during a "
-     "rollout)."),
+    ("ProxyReady", "False", "NoUpstreams", "The proxy's membership lacks a role: no instance it may route "
+     "to (none yet, no decode instance with a working KV link, or none on the new KV layout during a "
+     "rollout). Its pods stay up, not Ready, and answer 503."),
     ("ProxyReady", "False", "ProxyNotReady", "The proxy's pods are not ready yet."),
     ("Ready", "True", "Serving", "Prefill, decode (and the proxy when used) are ready."),
     ("Ready", "False", "<reason of the first failing condition>", "Copied from the first condition above "
@@ -190,11 +191,13 @@ def _deployment_ready(obj: dict | None) -> tuple[int, int]:
 def _proxy_condition(dep: PDDeployment, observed: Observed) -> _Cond:
     if not dep.spec.proxy.enabled:
         return _Cond("ProxyReady", True, "Disabled", "spec.proxy.enabled is false.")
-    ready, want = _deployment_ready(_child(observed, "Deployment", f"{dep.name}-proxy"))
-    if want == 0:
+    routes = _child(observed, "ConfigMap", Names(dep.name, dep.namespace).proxy_membership)
+    listed = proxy_members(routes) if routes is not None else None
+    if listed is not None and (missing := [role for role in ROLES if not listed.role(role)]):
         return _Cond("ProxyReady", False, "NoUpstreams",
-                     "The proxy is scaled to zero: a role has no instance it may route to yet (a decode "
-                     "instance needs a working KV link first).")
+                     f"The proxy has no {' and no '.join(missing)} instance it may route to yet (a decode "
+                     "instance needs a working KV link first); it answers 503 until it has.")
+    ready, want = _deployment_ready(_child(observed, "Deployment", f"{dep.name}-proxy"))
     if ready >= want:
         return _Cond("ProxyReady", True, "ProxyAvailable", f"{ready} proxy pods are ready.")
     return _Cond("ProxyReady", False, "ProxyNotReady", f"{ready} of {want} proxy pods are ready.")

@@ -1,7 +1,7 @@
 """Render a validated PDDeployment into the Kubernetes objects that run it: pure, no I/O, no clock.
 
-`render(validation)` returns the manifests in apply order: the serving ConfigMap, Services, the
-serving StatefulSets, the proxy, the NetworkPolicy and the PodDisruptionBudgets.
+`render(validation)` returns the manifests in apply order: the serving and proxy ConfigMaps,
+Services, the serving StatefulSets, the proxy, the NetworkPolicy and the PodDisruptionBudgets.
 Owner references are left to the controller, which adopts what it applies.
 """
 
@@ -25,6 +25,8 @@ def render(validation: Validation) -> list[dict]:
     proxy_on = ctx.dep.spec.proxy.enabled
     instances = ctx.instances()
     out: list[dict] = [serving_config.config_map(ctx)]
+    if proxy_on:
+        out.append(proxy.membership_config_map(ctx))
     out += [headless_service(ctx, role, i) for role, i in instances]
     if proxy_on:
         out.append(proxy.service(ctx))

@@ -1,29 +1,62 @@
-"""The routing proxy (vllm-ascend's load-balance proxy example): each request goes to a prefill
-instance, then to a decode instance with the returned kv_transfer_params (facts.md section 2)."""
+"""The routing proxy: `pd-proxy` (pd_operator.proxy) sends each request to a prefill instance,
+then to a decode instance with the returned kv_transfer_params (facts.md section 2).
+
+Which instances it routes to lives in the ConfigMap `<name>-proxy` (pd_operator.membership), not
+in the pod template: the proxy re-reads the mounted file, so a scale event or a gate (KV link,
+layout roll; controller/rollout.py) changes the ConfigMap only and the Deployment never rolls.
+"""
 
 from __future__ import annotations
 
+import json
+
+from pd_operator import membership
 from pd_operator.api.types import ROLES
+from pd_operator.membership import KEY, MOUNT_DIR, Membership, Upstream, parse_document
 from pd_operator.render.context import Context
 from pd_operator.render.labels import labels, metadata, selector
 from pd_operator.render.pod import resources
 
 COMPONENT = "proxy"
 HEALTH_PATH = "/healthcheck"
+"""Readiness: 200 only with a prefill and a decode member."""
+LIVE_PATH = membership.STATE_PATH
+"""Liveness: answers whenever the process serves, members or not (no members is not a crash)."""
+VOLUME = "membership"
 
 
-def upstreams(ctx: Context, role: str) -> list[str]:
-    """The leader pod's stable DNS name of every instance of a role."""
-    return [ctx.names.pod_host(role, i, 0) for i in range(ctx.role(role).replicas)]
+def upstream(ctx: Context, role: str, index: int) -> Upstream:
+    """An instance as the proxy reaches it: its leader pod's stable DNS name and serving port."""
+    return Upstream(ctx.names.instance(role, index),
+                    f"http://{ctx.names.pod_host(role, index, 0)}:{ctx.dep.spec.serving_port}")
+
+
+def membership_config_map(ctx: Context, allowed: dict[str, set[int]] | None = None) -> dict:
+    """The ConfigMap listing the instances the proxy may route to (None: every instance of both
+    roles)."""
+    wanted = allowed if allowed is not None else {role: set(range(ctx.role(role).replicas)) for role in ROLES}
+    doc = membership.document(*([upstream(ctx, role, i) for i in sorted(wanted[role])] for role in ROLES))
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(ctx, ctx.names.proxy_membership, COMPONENT),
+            "data": membership_data(doc)}
+
+
+def membership_data(doc: dict) -> dict[str, str]:
+    """The ConfigMap's data for a membership document."""
+    return {KEY: json.dumps(doc, indent=2, sort_keys=True) + "\n"}
+
+
+def members(config_map: dict) -> Membership | None:
+    """The membership a proxy ConfigMap holds (None: it holds none that parses)."""
+    try:
+        return parse_document(json.loads((config_map.get("data") or {})[KEY]))
+    except (KeyError, ValueError):
+        return None
 
 
 def proxy_argv(ctx: Context) -> list[str]:
-    spec = ctx.dep.spec
-    port = str(spec.serving_port)
-    prefill, decode = upstreams(ctx, "prefill"), upstreams(ctx, "decode")
-    return ["python3", spec.proxy.script, "--host", "0.0.0.0", "--port", str(spec.proxy.port),
-            "--prefiller-hosts", *prefill, "--prefiller-ports", *([port] * len(prefill)),
-            "--decoder-hosts", *decode, "--decoder-ports", *([port] * len(decode))]
+    return ["pd-proxy", "--membership", f"{MOUNT_DIR}/{KEY}", "--host", "0.0.0.0",
+            "--port", str(ctx.dep.spec.proxy.port)]
 
 
 def service(ctx: Context) -> dict:
@@ -35,24 +68,27 @@ def service(ctx: Context) -> dict:
 
 
 def deployment(ctx: Context) -> dict:
+    """The same for every instance count and gate: what to route to is in the ConfigMap."""
     spec = ctx.dep.spec
-    probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "periodSeconds": 10}
     container = {
         "name": "proxy",
         "image": spec.proxy.image or spec.image.name,
         "imagePullPolicy": spec.image.pull_policy,
         "command": proxy_argv(ctx),
         "ports": [{"name": "http", "containerPort": spec.proxy.port, "protocol": "TCP"}],
-        "readinessProbe": probe,
-        "livenessProbe": {**probe, "periodSeconds": 30, "failureThreshold": 5},
+        "readinessProbe": {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": LIVE_PATH, "port": "http"}, "periodSeconds": 30,
+                          "failureThreshold": 5},
+        # A whole-directory mount: the kubelet updates it in place (a subPath mount never would).
+        "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_DIR, "readOnly": True}],
         "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
         **({"resources": r} if (r := resources(spec.proxy.resources)) else {}),
     }
+    volume = {"name": VOLUME, "configMap": {"name": ctx.names.proxy_membership}}
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": metadata(ctx, ctx.names.proxy, COMPONENT),
-            # With no instance of a role there is nothing to route to (and the script needs at
-            # least one host per list), so the proxy is scaled to zero until both roles exist.
-            "spec": {"replicas": spec.proxy.replicas if all(upstreams(ctx, r) for r in ROLES) else 0,
+            "spec": {"replicas": spec.proxy.replicas,
                      "selector": {"matchLabels": selector(ctx, COMPONENT)},
                      "template": {"metadata": {"labels": labels(ctx, COMPONENT)},
-                                  "spec": {"containers": [container], **ctx.pull_secrets()}}}}
+                                  "spec": {"containers": [container], "volumes": [volume],
+                                           **ctx.pull_secrets()}}}}

@@ -1,0 +1,59 @@
+"""The proxy as rendered: `pd-proxy` reading its upstreams from the ConfigMap `<name>-proxy`, so
+an instance count (or a gate) changes the ConfigMap and never the Deployment's pod template."""
+
+from __future__ import annotations
+
+import json
+
+from render_cases import VALID_EXAMPLES, load, of_kind, proxy_membership, role_of
+
+from pd_operator.membership import KEY, document, parse_document
+from pd_operator.render import proxy, render
+from pd_operator.render.context import Context
+from pd_operator.validate import validate
+
+GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
+
+
+def _scaled(prefill: int, decode: int) -> list[dict]:
+    doc = load(GLM)
+    doc["spec"]["prefill"]["replicas"], doc["spec"]["decode"]["replicas"] = prefill, decode
+    return render(validate(doc))
+
+
+def _proxy_deployment(manifests: list[dict]) -> dict:
+    (deployment,) = [m for m in of_kind(manifests, "Deployment") if role_of(m) == "proxy"]
+    return deployment
+
+
+def test_an_instance_count_changes_the_membership_and_not_the_proxy_deployment():
+    one, three = _scaled(1, 1), _scaled(3, 3)
+    assert _proxy_deployment(one) == _proxy_deployment(three)
+    small, large = proxy_membership(one), proxy_membership(three)
+    assert [u.name for u in small.decode] == ["glm-flash-decode-0"]
+    assert [u.name for u in large.decode] == [f"glm-flash-decode-{i}" for i in range(3)]
+    assert [u.name for u in large.prefill] == [f"glm-flash-prefill-{i}" for i in range(3)]
+    assert large.decode[2].url == "http://glm-flash-decode-2-0.glm-flash-decode-2.default.svc:8000"
+    assert small.version != large.version
+
+
+def test_the_membership_config_map_lists_the_allowed_instances():
+    ctx = Context.of(validate(load(GLM)))
+    every = proxy.membership_config_map(ctx)
+    assert every == next(m for m in render(validate(load(GLM))) if m["kind"] == "ConfigMap"
+                         and m["metadata"]["name"] == "glm-flash-proxy")
+    doc = json.loads(proxy.membership_config_map(ctx, {"prefill": {0}, "decode": set()})["data"][KEY])
+    assert doc == document([proxy.upstream(ctx, "prefill", 0)], [])
+    assert parse_document(doc).decode == ()
+    assert proxy.members(every) == parse_document(json.loads(every["data"][KEY]))
+    assert proxy.members({"data": {KEY: "{"}}) is None
+
+
+def test_the_proxy_stays_up_when_a_role_has_no_instance():
+    zero = _scaled(1, 0)
+    assert _proxy_deployment(zero)["spec"]["replicas"] == 1
+    assert proxy_membership(zero).decode == ()
+    # Readiness asks for members of both roles; liveness only that the process serves.
+    cont = _proxy_deployment(zero)["spec"]["template"]["spec"]["containers"][0]
+    assert cont["readinessProbe"]["httpGet"]["path"] == "/healthcheck"
+    assert cont["livenessProbe"]["httpGet"]["path"] == "/pd/state"
