@@ -34,7 +34,7 @@ class Upstream:
 
 
 def _entries(upstreams: list[Upstream]) -> list[dict[str, str]]:
-    return [{"name": u.name, "url": u.url} for u in sorted(upstreams, key=lambda u: u.name)]
+    return [{"name": u.name, "url": u.url.rstrip("/")} for u in sorted(upstreams, key=lambda u: u.name)]
 
 
 def _version(lists: dict[str, list[dict[str, str]]]) -> str:

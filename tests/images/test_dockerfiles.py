@@ -132,6 +132,8 @@ def test_operator_image_installs_exactly_the_operators_runtime_dependencies():
 
 # Base dependencies the serving image gets from vLLM itself (vllm's own requirements).
 FROM_VLLM = {"pydantic", "pyyaml", "numpy"}
+# ... and pd-proxy's (the `proxy` extra): vLLM's OpenAI server needs aiohttp too.
+PROXY_FROM_VLLM = {"aiohttp"}
 
 
 def test_serving_image_adds_the_base_dependencies_vllm_lacks():
@@ -171,9 +173,15 @@ def test_serving_image_is_a_known_vllm_ascend_release_and_installs_the_pod_comma
     # The rendered container command (pd-preflight ... -- vllm serve) replaces any ENTRYPOINT; the
     # package install puts the console scripts the pods run on PATH.
     assert not [rest for keyword, rest in steps if keyword == "ENTRYPOINT"]
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert {"pd-preflight", "pd-kv-probe"} <= set(scripts)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert {"pd-preflight", "pd-kv-probe", "pd-proxy"} <= set(project["scripts"])
     assert "/opt/pd-operator" in pip_requirements(IMAGES["vllm-ascend"])
+    # The proxy Deployment runs pd-proxy from this image: its extra comes with vLLM, and the build
+    # runs the script once (importing aiohttp) right after the package is installed.
+    assert {canonicalize_name(Requirement(r).name)
+            for r in project["optional-dependencies"]["proxy"]} == PROXY_FROM_VLLM
+    (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_REF" not in r]
+    assert install.index("--no-deps /opt/pd-operator") < install.index("pd-proxy --help")
     env = " ".join(rest for keyword, rest in steps if keyword == "ENV")
     assert "VLLM_USE_V2_MODEL_RUNNER" not in env, "the runner is rendered per model, not fixed in the image"
 

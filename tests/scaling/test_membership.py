@@ -1,0 +1,153 @@
+"""The pure parts of the proxy: the membership document and /pd/state formats
+(pd_operator.membership), who gets the next request (proxy/balancer.py), and the PD protocol's
+rewrites (proxy/protocol.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from pd_operator.membership import (
+    ProxyState,
+    Upstream,
+    UpstreamLoad,
+    document,
+    parse_document,
+    parse_state,
+    state_document,
+)
+from pd_operator.proxy.balancer import Balancer
+from pd_operator.proxy.protocol import EventFramer, decode_request, patch_answer, prefill_request
+
+P0, P1 = Upstream("d-prefill-0", "http://p0:8000"), Upstream("d-prefill-1", "http://p1:8000")
+D0, D1 = Upstream("d-decode-0", "http://d0:8000"), Upstream("d-decode-1", "http://d1:8000/")
+
+
+def test_the_document_is_sorted_and_versioned_by_content():
+    doc = document([P1, P0], [D0])
+    assert doc["prefill"] == [{"name": "d-prefill-0", "url": "http://p0:8000"},
+                              {"name": "d-prefill-1", "url": "http://p1:8000"}]
+    assert doc == document([P0, P1], [D0])
+    assert len(doc["version"]) == 12 and int(doc["version"], 16) >= 0
+    assert doc["version"] != document([P0, P1], [D0, D1])["version"]
+    assert doc["version"] != document([P0, P1], [])["version"]
+    # Roles are part of the content: the same instance listed under the other role is another document.
+    assert document([P0], [])["version"] != document([], [P0])["version"]
+    parsed = parse_document(json.loads(json.dumps(doc)))
+    assert (parsed.version, parsed.prefill, parsed.decode) == (doc["version"], (P0, P1), (D0,))
+    assert parsed.names() == {"d-prefill-0": "prefill", "d-prefill-1": "prefill", "d-decode-0": "decode"}
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.pop("decode"), "decode: a list of upstreams"),
+    (lambda d: d["prefill"].append("p9"), "prefill[2]: an object with name and url"),
+    (lambda d: d["decode"][0].update(url="d0:8000"), "decode[0].url: an http(s)://host:port URL"),
+    (lambda d: d["decode"][0].update(name=""), "decode[0].name: a non-empty string"),
+    (lambda d: d["decode"].append(d["prefill"][0]), "upstream names appear more than once: d-prefill-0"),
+    (lambda d: d.update(version="0" * 12), "version: '000000000000' is not the content's"),
+    (lambda d: d.pop("version"), "version: None is not the content's"),
+])
+def test_a_malformed_document_names_the_field(edit, message):
+    doc = document([P0, P1], [D0])
+    edit(doc)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_document(doc)
+
+
+def test_unknown_keys_are_ignored_so_an_older_proxy_reads_a_newer_document():
+    doc = {**document([P0], [D0]), "draining": ["d-decode-1"]}
+    assert parse_document(doc).decode == (D0,)
+
+
+def test_the_state_answer_round_trips_and_a_malformed_one_names_the_field():
+    state = ProxyState("abc", {"d-prefill-0": UpstreamLoad("prefill", 2, 1),
+                               "d-decode-0": UpstreamLoad("decode", 3, 0)})
+    answer = state_document(state)
+    assert answer["upstreams"]["d-prefill-0"] == {"role": "prefill", "inflight": 2, "awaitingDecode": 1}
+    assert parse_state(json.loads(json.dumps(answer))) == state
+    assert parse_state({"version": None, "upstreams": {}}) == ProxyState(None, {})
+    for bad, message in (
+            ([], "the state is an object"),
+            ({"version": 3, "upstreams": {}}, "version: a string or null"),
+            ({"version": "v"}, "upstreams: an object by instance name"),
+            ({"version": "v", "upstreams": {"x": {"role": "proxy", "inflight": 0, "awaitingDecode": 0}}},
+             "upstreams.x.role"),
+            ({"version": "v", "upstreams": {"x": {"role": "decode", "inflight": -1, "awaitingDecode": 0}}},
+             "upstreams.x.inflight: a count"),
+            ({"version": "v", "upstreams": {"x": {"role": "decode", "inflight": 0}}},
+             "upstreams.x.awaitingDecode: a count")):
+        with pytest.raises(ValueError, match=message):
+            parse_state(bad)
+
+
+def _balancer(prefill, decode) -> Balancer:
+    b = Balancer()
+    b.update(parse_document(document(prefill, decode)))
+    return b
+
+
+def test_least_in_flight_wins_and_ties_go_round_robin():
+    b = _balancer([P0, P1], [D0])
+    picks = [b.pick("prefill", set()).name for _ in range(4)]
+    assert sorted(picks) == ["d-prefill-0", "d-prefill-0", "d-prefill-1", "d-prefill-1"]
+    assert picks[0] != picks[1]
+    with b.serving(P0, "prefill"):
+        assert {b.pick("prefill", set()).name for _ in range(3)} == {"d-prefill-1"}
+        assert b.pick("prefill", {"d-prefill-1"}) == P0  # a retry prefers a member not yet tried
+    assert b.pick("prefill", {"d-prefill-0", "d-prefill-1"}) in (P0, P1)  # all tried: any member
+    assert _balancer([P0], []).pick("decode", set()) is None
+
+
+def test_counts_outlive_membership_until_the_departed_instance_is_idle():
+    b = _balancer([P0, P1], [D0, D1])
+    with b.serving(D1, "decode"):
+        waiting = b.awaiting_decode(P1)
+        b.update(parse_document(document([P0], [D0])))
+        assert b.members("decode") == (D0,) and {b.pick("decode", set()) for _ in range(3)} == {D0}
+        state = b.state()
+        assert state.upstreams["d-decode-1"] == UpstreamLoad("decode", 1, 0)
+        assert state.upstreams["d-prefill-1"] == UpstreamLoad("prefill", 0, 1)
+    assert "d-decode-1" not in b.state().upstreams
+    waiting.done()
+    waiting.done()  # idempotent
+    assert set(b.state().upstreams) == {"d-prefill-0", "d-decode-0"}
+    assert b.state().upstreams["d-prefill-0"] == UpstreamLoad("prefill", 0, 0)
+
+
+def test_prefill_is_asked_for_one_token_and_a_remote_decode():
+    body = {"model": "m", "prompt": "p", "max_tokens": 50, "max_completion_tokens": 50, "stream": True,
+            "stream_options": {"include_usage": True}, "kv_transfer_params": {"x": 1}}
+    out = prefill_request(body)
+    assert out == {"model": "m", "prompt": "p", "max_tokens": 1, "min_tokens": 1, "max_completion_tokens": 1,
+                   "stream": False, "kv_transfer_params": {
+                       "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                       "remote_block_ids": None, "remote_host": None, "remote_port": None}}
+    assert body["max_tokens"] == 50 and "stream_options" in body  # the client's body is untouched
+    assert "max_completion_tokens" not in prefill_request({"prompt": "p"})
+
+
+def test_decode_gets_the_clients_body_with_prefills_kv_params():
+    body = {"prompt": "p", "max_tokens": 50, "stream": True}
+    params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [[1]]}
+    assert decode_request(body, {"kv_transfer_params": params}) == {**body, "kv_transfer_params": params}
+    assert decode_request(body, {"choices": []}) == body
+
+
+def test_usage_gets_prefills_cached_tokens_in_whole_answers_and_the_usage_event_only():
+    answer = json.dumps({"choices": [{"text": "a"}], "usage": {"prompt_tokens": 5}}).encode()
+    assert json.loads(patch_answer(answer, 7))["usage"]["prompt_tokens_details"] == {"cached_tokens": 7}
+    assert patch_answer(b"not json", 7) == b"not json"
+    token = b'data: {"choices": [{"text": "a"}], "usage": {"prompt_tokens": 5}}'
+    usage = (b'data: {"choices": [], "usage": {"prompt_tokens": 5, '
+             b'"prompt_tokens_details": {"cached_tokens": 0}}}')
+    stream = token + b"\n\n" + usage + b"\n\n" + b"data: [DONE]\n\n"
+    framer = EventFramer(7)
+    # Bytes arrive in arbitrary pieces; events come out whole, in order.
+    out = b"".join(framer.feed(stream[i:i + 5]) for i in range(0, len(stream), 5)) + framer.flush()
+    events = out.split(b"\n\n")
+    assert events[0] == token and events[2] == b"data: [DONE]" and events[3] == b""
+    assert json.loads(events[1][len(b"data: "):])["usage"]["prompt_tokens_details"] == {"cached_tokens": 7}
+    tail = EventFramer(7)
+    assert tail.feed(b"data: [DO") == b"" and tail.flush() == b"data: [DO"
