@@ -27,7 +27,7 @@ def test_nothing_running_yet():
     assert got == {"KVCompatible": ("True", "Compatible"), "PrefillReady": ("False", "InstancesNotReady"),
                    "DecodeReady": ("False", "InstancesNotReady"), "ProxyReady": ("False", "ProxyNotReady"),
                    "Ready": ("False", "InstancesNotReady"), "Progressing": ("True", "WaitingForPods"),
-                   "Degraded": ("False", "AsExpected")}
+                   "Degraded": ("False", "AsExpected"), "GangScheduling": ("True", "SinglePodInstances")}
 
 
 def test_everything_ready_is_ready_and_complete():
