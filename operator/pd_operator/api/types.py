@@ -260,7 +260,7 @@ GangScheduler = Literal["none", "volcano", "kubernetes"]
 
 
 @cel("!has(self.queue) || (has(self.gang) && self.gang == 'volcano')",
-     "queue names a Volcano queue: set gang to volcano or drop queue")
+     "A queue is a Volcano queue: set gang to volcano or drop queue")
 class SchedulingSpec(ApiModel):
     """How the pods of one instance are scheduled. An instance larger than a node is several pods
     (one StatefulSet) that only serve together, so a half-placed instance holds NPUs and serves
@@ -296,7 +296,7 @@ class SchedulingSpec(ApiModel):
 
 
 @cel("!has(self.gangTopology) || !self.gangTopology || has(self.domainLabel)",
-     "gangTopology needs domainLabel")
+     "With gangTopology, set domainLabel: the node label of the PodGroups' topology constraint")
 class PlacementSpec(ApiModel):
     """Where instances go in the network. With `domainLabel` (a node label naming the network domain
     each node is in: a super-pod, a switch), every pod of one instance is placed in one domain
@@ -323,8 +323,8 @@ class PlacementSpec(ApiModel):
 
 @cel("!has(self.placement) || !has(self.placement.gangTopology) || !self.placement.gangTopology || "
      "(has(self.scheduling) && has(self.scheduling.gang) && self.scheduling.gang == 'kubernetes')",
-     "placement.gangTopology is a constraint of kube-scheduler's PodGroups: set scheduling.gang "
-     "to kubernetes")
+     "With placement.gangTopology, set scheduling.gang to kubernetes: the topology constraint is "
+     "kube-scheduler's")
 class PDDeploymentSpec(ApiModel):
     model: ModelSpec
     image: ImageSpec
