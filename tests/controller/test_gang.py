@@ -67,9 +67,20 @@ def _doc(namespace: str, name: str = "glm-flash", **decode) -> dict:
     return doc
 
 
-def test_the_pods_of_an_instance_share_a_domain(control_plane, namespace, start_operator):
+def _no_rewrites(cp: ControlPlane, op, user: str, namespace: str) -> list[str]:
+    """Writes of PodGroups by the operator across two drift reconciles of an unchanged object."""
+    mark = cp.audit.mark()
+    def drifts() -> float:
+        return op.metric("pd_operator_reconcile_total", trigger="drift")
+    before = drifts()
+    wait_for("two drift reconciles", lambda: drifts() >= before + 2)
+    return [str(e) for e in cp.audit.events(mark, user=user, namespace=namespace, resource="podgroups")
+            if e.write]
+
+
+def test_the_pods_of_an_instance_share_a_domain(control_plane, namespace, start_operator, release):
     cp = control_plane
-    start_operator()
+    op = start_operator("--drift-interval=2")
     # Two decode instances of 2 pods (DP4 x TP4): only sp-a (2 nodes) and sp-b (3) can hold one each.
     doc = _doc(namespace, replicas=2, dataParallelSize=4)
     doc["spec"]["scheduling"] = {"gang": "kubernetes"}
@@ -94,6 +105,8 @@ def test_the_pods_of_an_instance_share_a_domain(control_plane, namespace, start_
     scheduled = [c for g in groups for c in (g.get("status") or {}).get("conditions", [])
                  if c["type"] == "PodGroupScheduled"]
     assert scheduled and all(c["status"] == "True" for c in scheduled), scheduled
+    # What the API server adds (disruptionMode, status) is not drift: no PodGroup is applied again.
+    assert _no_rewrites(cp, op, release.user, namespace) == []
 
 
 def _bound(cp: ControlPlane, namespace: str, name: str) -> list[bool]:
@@ -148,7 +161,7 @@ def _install_volcano_crd(cp: ControlPlane) -> dict:
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
         got = cp.api("GET", path)
         return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in got.get("status", {}).get("conditions", []))
+                   for c in (got.get("status") or {}).get("conditions") or [])
     wait_for("Volcano's PodGroup CRD established", established)
     return dict(crd)
 
@@ -166,7 +179,7 @@ def _unknown_fields(obj: object, schema: dict, path: str = "") -> list[str]:
     return []
 
 
-def test_volcano_podgroups_follow_volcanos_published_crd(control_plane, namespace, start_operator):
+def test_volcano_podgroups_follow_volcanos_published_crd(control_plane, namespace, start_operator, release):
     cp = control_plane
     op = start_operator("--drift-interval=2")
     doc = _doc(namespace, dataParallelSize=4)
@@ -193,6 +206,7 @@ def test_volcano_podgroups_follow_volcanos_published_crd(control_plane, namespac
     assert template["metadata"]["annotations"][VOLCANO_GROUP] == "glm-flash-decode-0"
     assert template["spec"]["schedulerName"] == "volcano"
     assert op.running() and "Traceback" not in op.output()
+    assert _no_rewrites(cp, op, release.user, namespace) == []
 
     # Server-side, strictly: every rendered PodGroup is created as is; a misspelt or mistyped field is not.
     base = f"/apis/{VOLCANO_PODGROUPS}/namespaces/{namespace}/podgroups?fieldValidation=Strict"
