@@ -35,6 +35,12 @@ class Names:
         """Stable DNS name of a pod through its instance's headless Service."""
         return f"{self.pod(role, index, ordinal)}.{self.instance(role, index)}.{self.namespace}.svc"
 
+    def pod_group(self, role: str, index: int, suffix: str = "") -> str:
+        """The PodGroup that gang-schedules one instance: the instance's name, plus `-<suffix>` (a
+        digest of its spec) for kube-scheduler's PodGroups, whose spec is immutable, so that a new
+        spec is a new PodGroup. At most 52 + 1 + 8 characters."""
+        return f"{self.instance(role, index)}-{suffix}" if suffix else self.instance(role, index)
+
     def engine_id(self, role: str, index: int) -> str:
         """Unique KV engine id of an instance (vllm-ascend asserts one is set)."""
         return f"{self.namespace}.{self.instance(role, index)}"

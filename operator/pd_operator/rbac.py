@@ -26,6 +26,9 @@ RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": CHILD_VERBS},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": CHILD_VERBS},
+    # One PodGroup per instance with spec.scheduling.gang: kube-scheduler's or Volcano's.
+    {"apiGroups": ["scheduling.k8s.io", "scheduling.volcano.sh"], "resources": ["podgroups"],
+     "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 

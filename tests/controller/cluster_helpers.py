@@ -14,7 +14,7 @@ from pd_operator.api.types import PLURAL
 from pd_operator.controller.client import CHILD_KINDS
 from pd_operator.render.labels import DEPLOYMENT
 from pd_operator.render.proxy import members
-from support.cluster import ControlPlane, wait_for
+from support.cluster import ApiError, ControlPlane, wait_for
 from support.installed import condition, get_pdd, weights_claim
 from support.kube import kubectl
 
@@ -39,10 +39,18 @@ def listed(cp: ControlPlane, api_version: str, plural: str, namespace: str, sele
 
 
 def children(cp: ControlPlane, namespace: str, name: str = GLM) -> dict[str, dict]:
-    """Every object of a child kind carrying the PDDeployment's label, as Kind/name."""
-    return {f"{kind}/{obj['metadata']['name']}": obj
-            for (api_version, kind), plural in CHILD_KINDS.items()
-            for obj in listed(cp, api_version, plural, namespace, f"{DEPLOYMENT}={name}")}
+    """Every object of a child kind carrying the PDDeployment's label, as Kind/name (kinds the
+    cluster does not serve, such as PodGroups without their API, have none)."""
+    out = {}
+    for (api_version, kind), plural in CHILD_KINDS.items():
+        try:
+            found = listed(cp, api_version, plural, namespace, f"{DEPLOYMENT}={name}")
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            found = []
+        out |= {f"{kind}/{obj['metadata']['name']}": obj for obj in found}
+    return out
 
 
 def pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[dict]:

@@ -29,7 +29,7 @@ def test_nothing_running_yet():
     assert got == {"KVCompatible": ("True", "Compatible"), "PrefillReady": ("False", "InstancesNotReady"),
                    "DecodeReady": ("False", "InstancesNotReady"), "ProxyReady": ("False", "ProxyNotReady"),
                    "Ready": ("False", "InstancesNotReady"), "Progressing": ("True", "WaitingForPods"),
-                   "Degraded": ("False", "AsExpected")}
+                   "Degraded": ("False", "AsExpected"), "GangScheduling": ("True", "SinglePodInstances")}
 
 
 def test_everything_ready_is_ready_and_complete():
@@ -240,3 +240,42 @@ def test_every_reason_the_status_gives_is_documented():
             if c["type"] == "Ready" and c["status"] == "False":
                 reason = "<reason of the first failing condition>"
             assert (c["type"], c["status"], reason) in documented, c
+
+
+def _gang(validation, observed: Observed) -> dict:
+    return next(c for c in conditions(validation, observed, [], 1, T0) if c["type"] == "GangScheduling")
+
+
+def test_gang_condition_says_when_an_instance_can_be_placed_in_part():
+    multi = validated(decode__dataParallelSize=4)  # 2 pods per decode instance
+    got = _gang(multi, _serving(multi))
+    assert (got["status"], got["reason"]) == ("False", "PartialPlacementPossible")
+    assert "decode instances (2 pods each)" in got["message"] and "spec.scheduling.gang" in got["message"]
+    assert _by_type(conditions(multi, _serving(multi), [], 1, T0))["Ready"] == ("True", "Serving")
+    volcano = validated(decode__dataParallelSize=4, scheduling={"gang": "volcano"})
+    got = _gang(volcano, _serving(volcano))
+    assert (got["status"], got["reason"]) == ("True", "PodGroups")
+    assert "Volcano PodGroup" in got["message"] and "decode 2" in got["message"]
+
+
+def test_a_podgroup_kind_not_served_blocks_ready_and_says_what_to_enable():
+    v = validated(decode__dataParallelSize=4, scheduling={"gang": "kubernetes"})
+    group = next(m for m in desired(v) if m["kind"] == "PodGroup")
+    observed = Observed(unserved=group, unserved_error="the server could not find the requested resource")
+    got = {c["type"]: c for c in conditions(v, observed, [], 1, T0)}
+    assert (got["GangScheduling"]["status"], got["GangScheduling"]["reason"]) == ("False", "GangUnavailable")
+    assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in got["GangScheduling"]["message"]
+    assert (got["Ready"]["status"], got["Ready"]["reason"]) == ("False", "GangUnavailable")
+
+
+def test_a_dropped_topology_constraint_is_reported():
+    v = validated(decode__dataParallelSize=4, scheduling={"gang": "kubernetes"},
+                  placement={"domainLabel": "example.com/super-pod", "gangTopology": True})
+    children = with_status(desired(v))
+    for child in children:  # what a kube-apiserver without TopologyAwareWorkloadScheduling stores
+        if child["kind"] == "PodGroup":
+            child["spec"].pop("schedulingConstraints")
+    got = _gang(v, Observed(children=children, pods=pods_of(children)))
+    assert (got["status"], got["reason"]) == ("False", "GangUnavailable")
+    assert "TopologyAwareWorkloadScheduling" in got["message"]
+    assert _gang(v, _serving(v))["reason"] == "PodGroups"

@@ -62,6 +62,13 @@ KWOK_STAGES = ("node/fast", "node/heartbeat-with-lease", "pod/fast")
 # The node lifecycle controller marks a node unreachable when its Lease is older than 40 s
 # (--node-monitor-grace-period); kwok's default lease is shorter than its renew interval allows.
 NODE_LEASE_SECONDS = 40
+# kube-scheduler's gang scheduling, off on a stock v1.36 cluster (alpha; k8s.io/kubernetes:
+# pkg/features/kube_features.go @ v1.36.3): the PodGroup API (scheduling.k8s.io/v1alpha2, an alpha
+# group version, off unless --runtime-config turns it on) and the scheduler's GangScheduling and
+# TopologyPlacement plugins (pkg/scheduler/apis/config/v1/default_plugins.go @ v1.36.3).
+# `ControlPlane(gang_scheduling=True)` turns them on in both components.
+GANG_FEATURE_GATES = "GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true"
+GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 START_TIMEOUT_S = 120.0
 PORT_RANGE = (20000, 32000)
 
@@ -269,7 +276,8 @@ class ControlPlane:
     """
 
     def __init__(self, workdir: pathlib.Path | None = None,
-                 nodes: Iterable[NodePool] = DEFAULT_NODES) -> None:
+                 nodes: Iterable[NodePool] = DEFAULT_NODES, *, gang_scheduling: bool = False) -> None:
+        self.gang_scheduling = gang_scheduling
         self.workdir = workdir or pathlib.Path(tempfile.mkdtemp(prefix="pd-testcluster-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs = self.workdir / "logs"
@@ -391,7 +399,8 @@ class ControlPlane:
                     f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
                     f"--audit-log-path={self.audit.path}", "--audit-log-format=json",
                     "--allow-privileged=true", "--profiling=false",
-                    f"--cert-dir={self.workdir / 'apiserver-certs'}"]
+                    f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                    *self._gang_flags(f"--runtime-config={GANG_RUNTIME_CONFIG}")]
 
         def ready() -> bool:
             return self._raw("GET", "/readyz", token=self.admin_token) == b"ok"
@@ -414,7 +423,7 @@ class ControlPlane:
                 "--leader-elect=false", "--secure-port=0"],
             "kube-scheduler": [
                 exe, "kube-scheduler", f"--kubeconfig={configs['kube-scheduler']}",
-                "--leader-elect=false", "--secure-port=0"],
+                "--leader-elect=false", "--secure-port=0", *self._gang_flags()],
             "kwok": [
                 exe, "kwok", f"--kubeconfig={configs['kwok']}", f"--config={stages}",
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
@@ -425,6 +434,9 @@ class ControlPlane:
             component = Component(name, argv, self.logs / f"{name}.log")
             self.components[name] = component
             component.start()
+
+    def _gang_flags(self, *extra: str) -> list[str]:
+        return [f"--feature-gates={GANG_FEATURE_GATES}", *extra] if self.gang_scheduling else []
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         """Every component is running, kwok has made every node Ready, and the controller-manager

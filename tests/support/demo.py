@@ -55,7 +55,8 @@ def _show_result(cp: ControlPlane, namespace: str, name: str) -> None:
           kubectl(admin, "get", "pdd", "-n", namespace, "-o", "wide").stdout)
     _show("conditions",
           kubectl(admin, "get", "pdd", name, "-n", namespace, "-o", f"jsonpath={CONDITIONS}").stdout)
-    kinds = ",".join(sorted(set(CHILD_KINDS.values())))
+    # PodGroups only exist with spec.scheduling.gang, and `kubectl get` fails on a kind not served.
+    kinds = ",".join(sorted({plural for (_, kind), plural in CHILD_KINDS.items() if kind != "PodGroup"}))
     _show(f"children (kubectl get {kinds} -l {DEPLOYMENT}={name})",
           kubectl(admin, "get", kinds, "-n", namespace, "-l", f"{DEPLOYMENT}={name}", "-o", OWNERS).stdout)
     _show("pods (created by the StatefulSet and Deployment controllers, run by kwok)",

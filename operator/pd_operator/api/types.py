@@ -246,6 +246,81 @@ class ProxySpec(ApiModel):
     resources: Resources = Field(default_factory=Resources)
 
 
+# Kubernetes name formats (k8s.io/apimachinery: pkg/util/validation/validation.go @ v0.36.3): a DNS-1123
+# subdomain (object names, schedulerName, priorityClassName) and a label key (optional DNS prefix and "/").
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+Subdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+GangScheduler = Literal["none", "volcano", "kubernetes"]
+
+
+@cel("!has(self.queue) || (has(self.gang) && self.gang == 'volcano')",
+     "A queue is a Volcano queue: set gang to volcano or drop queue")
+class SchedulingSpec(ApiModel):
+    """How the pods of one instance are scheduled. An instance larger than a node is several pods
+    (one StatefulSet) that only serve together, so a half-placed instance holds NPUs and serves
+    nothing. `gang` makes the scheduler place all of an instance's pods or none:
+
+    - `none` (default): pods are scheduled one by one; the status (condition GangScheduling) says
+      when an instance has several pods and can therefore be placed in part.
+    - `volcano`: for clusters running Volcano (most Ascend clusters): one Volcano PodGroup
+      (`scheduling.volcano.sh/v1beta1`) per instance with minMember = its pods and minResources =
+      its NPUs, pods handed to the Volcano scheduler. Needs Volcano's PodGroup CRD.
+    - `kubernetes`: kube-scheduler's own gang scheduling (Kubernetes 1.36, alpha): one PodGroup
+      (`scheduling.k8s.io/v1alpha2`) per instance with a gang policy of minCount = its pods. Needs
+      the feature gates GenericWorkload and GangScheduling on kube-apiserver and kube-scheduler and
+      `--runtime-config=scheduling.k8s.io/v1alpha2=true` on kube-apiserver.
+
+    Without the API the option needs, nothing more is applied and GangScheduling says so."""
+
+    gang: GangScheduler = "none"
+    scheduler_name: Subdomain | None = None
+    """The pods' `schedulerName`; defaults to `volcano` with gang volcano, else the cluster's default
+    scheduler."""
+    queue: Subdomain | None = None
+    """The Volcano queue of the PodGroups (gang volcano only); unset: Volcano's default queue."""
+    priority_class_name: Subdomain | None = None
+    """The pods' PriorityClass (with gang volcano the PodGroups' too, which Volcano orders by)."""
+
+    @model_validator(mode="after")
+    def _queue_is_volcanos(self) -> SchedulingSpec:
+        if self.queue is not None and self.gang != "volcano":
+            raise ValueError("spec.scheduling.queue names a Volcano queue: set spec.scheduling.gang to "
+                             "volcano or drop the queue")
+        return self
+
+
+@cel("!has(self.gangTopology) || !self.gangTopology || has(self.domainLabel)",
+     "With gangTopology, set domainLabel: the node label of the PodGroups' topology constraint")
+class PlacementSpec(ApiModel):
+    """Where instances go in the network. With `domainLabel` (a node label naming the network domain
+    each node is in: a super-pod, a switch), every pod of one instance is placed in one domain
+    (required pod affinity), decode instances prefer the domains prefill instances are in, and
+    instances of one role prefer distinct domains (preferred pod affinity and anti-affinity). Nodes
+    without the label are not used for multi-pod instances. The NPU counts per node stay what the
+    pods request. The role's own `affinity` is kept and these terms are added to it; a required pod
+    affinity of its own on a multi-pod role keeps the first pod of an instance from being placed."""
+
+    domain_label: str | None = Field(default=None, min_length=1, max_length=317, pattern=LABEL_KEY)
+    """The node label key, for example `topology.kubernetes.io/zone` or a super-pod label."""
+    gang_topology: bool = False
+    """With gang kubernetes: also give each instance's PodGroup `domainLabel` as its topology
+    constraint, so kube-scheduler tries the whole instance in each domain and takes one that fits
+    (pod affinity alone fixes the domain with the first pod placed, which may leave the others no
+    room). Needs the TopologyAwareWorkloadScheduling feature gate (alpha in 1.36) as well."""
+
+    @model_validator(mode="after")
+    def _needs_label(self) -> PlacementSpec:
+        if self.gang_topology and self.domain_label is None:
+            raise ValueError("spec.placement.gangTopology needs spec.placement.domainLabel")
+        return self
+
+
+@cel("!has(self.placement) || !has(self.placement.gangTopology) || !self.placement.gangTopology || "
+     "(has(self.scheduling) && has(self.scheduling.gang) && self.scheduling.gang == 'kubernetes')",
+     "With placement.gangTopology, set scheduling.gang to kubernetes: the topology constraint is "
+     "kube-scheduler's")
 class PDDeploymentSpec(ApiModel):
     model: ModelSpec
     image: ImageSpec
@@ -255,6 +330,15 @@ class PDDeploymentSpec(ApiModel):
     proxy: ProxySpec = Field(default_factory=ProxySpec)
     serving_port: Port = 8000
     """Port of each engine's OpenAI-compatible HTTP server (`vllm serve --port`)."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+
+    @model_validator(mode="after")
+    def _gang_topology_is_kubernetes(self) -> PDDeploymentSpec:
+        if self.placement.gang_topology and self.scheduling.gang != "kubernetes":
+            raise ValueError("spec.placement.gangTopology is a constraint of kube-scheduler's PodGroups: "
+                             "set spec.scheduling.gang to kubernetes or gangTopology to false")
+        return self
 
     @model_validator(mode="after")
     def _decode_single_stage(self) -> PDDeploymentSpec:

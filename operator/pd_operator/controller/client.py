@@ -39,6 +39,10 @@ CHILD_KINDS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "deployments",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    # Gang scheduling (render/scheduling.py): only with spec.scheduling.gang, and only served where
+    # kube-apiserver enables scheduling.k8s.io/v1alpha2 or Volcano's CRD is installed.
+    ("scheduling.k8s.io/v1alpha2", "PodGroup"): "podgroups",
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
 }
 
 
@@ -102,6 +106,15 @@ class ApiError(Exception):
     def temporary(self) -> bool:
         """Conflicts, throttling, server errors and lost connections are worth a retry."""
         return self.status is None or self.status in (409, 429) or self.status >= 500
+
+
+class NotServed(ApiError):
+    """The API server does not serve a child's kind (its API group is off or its CRD is missing), so
+    the child cannot be applied; `manifest` is the child."""
+
+    def __init__(self, message: str, manifest: dict) -> None:
+        super().__init__(404, message)
+        self.manifest = manifest
 
 
 def _path(api_version: str, plural: str, namespace: str, name: str | None = None,
@@ -172,11 +185,18 @@ class Client:
         """Server-side apply with the operator's one field manager, taking over conflicting fields."""
         meta = manifest["metadata"]
         plural = resource_of(manifest)
-        result: dict = self._request(
-            "patch", manifest["apiVersion"], plural, "PATCH",
-            _path(manifest["apiVersion"], plural, meta["namespace"], meta["name"]),
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")], body=manifest,
-            content_type="application/apply-patch+yaml")
+        try:
+            result: dict = self._request(
+                "patch", manifest["apiVersion"], plural, "PATCH",
+                _path(manifest["apiVersion"], plural, meta["namespace"], meta["name"]),
+                query=[("fieldManager", FIELD_MANAGER), ("force", "true")], body=manifest,
+                content_type="application/apply-patch+yaml")
+        except ApiError as err:
+            # An apply creates a missing object, so 404 means the resource type itself is unknown
+            # (the namespace exists: the PDDeployment lives in it).
+            if err.status == 404:
+                raise NotServed(str(err), manifest) from None
+            raise
         return result
 
     @needs(*_children("delete"))

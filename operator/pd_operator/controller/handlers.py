@@ -64,7 +64,9 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
         await runner.close()
 
     owned = [*CHILD_RESOURCES, ("", "v1", "pods")]
-    plurals = [plural for _, _, plural in owned]
+    # Index names: the plural, with its group where two kinds share one (the two PodGroups).
+    shared = {plural for _, _, plural in owned if sum(p == plural for _, _, p in owned) > 1}
+    plurals = [f"{plural}.{group}" if plural in shared else plural for group, _, plural in owned]
 
     def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
         return {(namespace, labels[DEPLOYMENT]): copy.deepcopy(dict(body))}
@@ -95,11 +97,11 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
                                        "metadata": {"name": body.metadata.name}})
         runner.poke(*owner)
 
-    for group, version, plural in owned:
+    for (group, version, plural), name in zip(owned, plurals, strict=True):
         only_ours = {DEPLOYMENT: kopf.PRESENT}
-        kopf.index(group, version, plural, labels=only_ours, registry=registry, id=index_id(plural))(by_owner)
+        kopf.index(group, version, plural, labels=only_ours, registry=registry, id=index_id(name))(by_owner)
         kopf.on.event(group, version, plural, labels=only_ours, registry=registry,
-                      id=f"child-{plural}")(poke_owner)
+                      id=f"child-{name}")(poke_owner)
 
     if webhook is not None:
         @kopf.on.probe(id="webhook", registry=registry)

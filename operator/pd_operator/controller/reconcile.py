@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pd_operator.api.types import ROLES
 from pd_operator.controller import links, restarts, rollout
 from pd_operator.controller import status as status_mod
-from pd_operator.controller.client import ApiError, Client
+from pd_operator.controller.client import ApiError, Client, NotServed
 from pd_operator.controller.planner import Plan, is_owned_by, key, plan, stamp
 from pd_operator.controller.pods import label
 from pd_operator.names import Names
@@ -107,6 +107,16 @@ def _group_restarts(client: Client, body: dict, children: list[dict], pods: list
     return decisions
 
 
+def _report_not_served(client: Client, body: dict, validation: Validation, children: list[dict],
+                       pods: list[dict], err: NotServed, now: datetime, outcome: Outcome) -> None:
+    """The cluster does not serve a child's kind (a PodGroup of spec.scheduling.gang without its API
+    or CRD): the apply stopped there, before the StatefulSets. Say so in the status, then let the
+    error go up (logged on one line; the drift loop retries, so installing the API is enough)."""
+    observed = status_mod.Observed(children=children, pods=pods, unserved=err.manifest,
+                                   unserved_error=str(err))
+    _write_status(client, body, validation, observed, now, outcome)
+
+
 def _kv_links(client: Client, validation: Validation, pods: list[dict], previous: dict) -> list[dict]:
     dep = validation.deployment
     assert dep is not None
@@ -157,7 +167,11 @@ def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict]
         raise InvalidSpec(" ".join(f.line() for f in validation.errors))
     desired, rolling = _desired(validation, body, pods)
     the_plan = plan(desired, children, meta["uid"])
-    children = _apply(client, the_plan, children, outcome)
+    try:
+        children = _apply(client, the_plan, children, outcome)
+    except NotServed as err:
+        _report_not_served(client, body, validation, children, pods, err, now, outcome)
+        raise
     decisions = _group_restarts(client, body, children, pods, now, outcome)
     gone = {pod for d in decisions if d.action == "restart" for pod in d.pods}
     pods = [p for p in pods if p["metadata"]["name"] not in gone]

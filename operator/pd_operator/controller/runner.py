@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -39,9 +40,10 @@ ObjKey = tuple[str, str]
 WRITE_MEMORY_S = 10.0
 
 
-def index_id(plural: str) -> str:
-    """The kopf id of the index of one watched kind, by owning PDDeployment (also its kwarg name)."""
-    return f"{plural}_by_owner"
+def index_id(resource: str) -> str:
+    """The kopf id of the index of one watched kind, by owning PDDeployment (also its kwarg name):
+    `resource` is its plural, or `plural.group` where two kinds share a plural (PodGroups)."""
+    return f"{re.sub(r'[^a-z0-9]', '_', resource)}_by_owner"
 
 
 class Runner:

@@ -15,13 +15,13 @@ from pd_operator.controller.pods import by_instance, instance_ready, unschedulab
 from pd_operator.controller.restarts import Decision
 from pd_operator.findings import Finding
 from pd_operator.names import Names
-from pd_operator.render import kv_layout_hash
+from pd_operator.render import kv_layout_hash, scheduling
 from pd_operator.render.context import Context
 from pd_operator.render.proxy import members as proxy_members
 from pd_operator.validate import Validation
 
 TYPES = ("KVCompatible", "PrefillReady", "DecodeReady", "ProxyReady", "Ready",
-         "Progressing", "Degraded")
+         "Progressing", "Degraded", "GangScheduling")
 MAX_MESSAGE = 1024
 FINDING = "<finding code>"
 """Stands for a finding code (see the findings catalog) in REASONS."""
@@ -51,7 +51,7 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("ProxyReady", "False", "ProxyNotReady", "The proxy's pods are not ready yet."),
     ("Ready", "True", "Serving", "Prefill, decode (and the proxy when used) are ready."),
     ("Ready", "False", "<reason of the first failing condition>", "Copied from the first condition above "
-     "that is not True, or a finding code when the spec is invalid."),
+     "that is not True (or GangUnavailable), or a finding code when the spec is invalid."),
     ("Progressing", "True", "RollingOut", "A new KV layout is rolling out; the proxy pairs only instances of "
      "the new layout."),
     ("Progressing", "True", "WaitingForPods", "Children are applied; pods are not all ready yet."),
@@ -66,6 +66,16 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("Degraded", "True", "ForeignChild", "An object carries this PDDeployment's labels but is not owned by "
      "it; it is left alone."),
     ("Degraded", "False", "AsExpected", "Nothing is degraded."),
+    ("GangScheduling", "True", "PodGroups", "Each instance is one PodGroup of all its pods "
+     "(spec.scheduling.gang): the scheduler binds all of an instance's pods or none."),
+    ("GangScheduling", "True", "SinglePodInstances",
+     "Every instance is one pod: none can be placed in part."),
+    ("GangScheduling", "False", "PartialPlacementPossible", "Instances of several pods are scheduled pod by "
+     "pod (spec.scheduling.gang none): one can hold NPUs while its other pods wait. Set gang to volcano "
+     "or kubernetes."),
+    ("GangScheduling", "False", "GangUnavailable", "The cluster does not serve the PodGroup kind the spec "
+     "asks for (or drops its topology constraint); the message says what to enable. The instances' "
+     "StatefulSets are not applied until it does."),
 ]
 """Every condition with the reasons it can have, for the README (tools/docs.py)."""
 
@@ -83,6 +93,9 @@ class Observed:
     """Group-restart decisions other than `none` made in this pass."""
     links: list[dict] | None = None
     """status.kvLinks as controller/links.py computed it (None: not computed, keep the previous)."""
+    unserved: dict | None = None
+    """A child whose kind the API server does not serve (the apply stopped there), with `error`."""
+    unserved_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -229,6 +242,45 @@ def _degraded(observed: Observed) -> _Cond:
     return _Cond("Degraded", False, "AsExpected", "Nothing is degraded.")
 
 
+def _gang_condition(validation: Validation, observed: Observed) -> _Cond:
+    dep = validation.deployment
+    assert dep is not None
+    gang = dep.spec.scheduling.gang
+    if observed.unserved is not None and observed.unserved.get("kind") == "PodGroup":
+        api = observed.unserved["apiVersion"]
+        return _Cond("GangScheduling", False, "GangUnavailable",
+                     f"spec.scheduling.gang {gang} needs {api} PodGroups, which this cluster does not "
+                     f"serve ({observed.unserved_error}); it needs {scheduling.NEEDS.get(api, api)}. The "
+                     "instances' StatefulSets are not applied until then; or set spec.scheduling.gang "
+                     "to none.")
+    multi = [(role, validation.pod_plans[role].pods) for role in ROLES
+             if dep.role(role).replicas and validation.pod_plans[role].multi_pod]
+    if gang == "none":
+        if not multi:
+            return _Cond("GangScheduling", True, "SinglePodInstances",
+                         "Every instance is one pod: none can be placed in part.")
+        roles = " and ".join(f"{role} instances ({pods} pods each)" for role, pods in multi)
+        return _Cond("GangScheduling", False, "PartialPlacementPossible",
+                     f"The pods of {roles} are scheduled one by one (spec.scheduling.gang is none): an "
+                     "instance can be placed in part, holding NPUs while its other pods wait. Set "
+                     "spec.scheduling.gang to volcano or kubernetes to place each instance whole.")
+    if dep.spec.placement.gang_topology:
+        dropped = sorted(c["metadata"]["name"] for c in observed.children
+                         if c["kind"] == "PodGroup" and c["apiVersion"] == scheduling.KUBE_API
+                         and not (c.get("spec") or {}).get("schedulingConstraints"))
+        if dropped:
+            return _Cond("GangScheduling", False, "GangUnavailable",
+                         f"kube-apiserver dropped the topology constraint of PodGroup {', '.join(dropped)}: "
+                         f"enable the {scheduling.TOPOLOGY_GATE} feature gate on kube-apiserver and "
+                         "kube-scheduler, or set spec.placement.gangTopology to false.")
+    which = "Volcano" if gang == "volcano" else "kube-scheduler"
+    sizes = ", ".join(f"{role} {validation.pod_plans[role].pods}" for role in ROLES
+                      if dep.role(role).replicas)
+    return _Cond("GangScheduling", True, "PodGroups",
+                 f"Each instance is one {which} PodGroup of all its pods ({sizes or 'no instances'}): the "
+                 "scheduler binds all of an instance's pods or none.")
+
+
 def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> list[_Cond]:
     if not validation.ok:
         text = _errors_text(validation.errors)
@@ -259,7 +311,11 @@ def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
     ready = _ready_counts(validation, observed)
     parts = [_role_condition(dep, role, ready[role], observed.pods) for role in ROLES]
     parts.append(_proxy_condition(dep, observed))
-    return [kv, *parts, *_summary(validation, parts, observed), _degraded(observed)]
+    gang = _gang_condition(validation, observed)
+    # Only a PodGroup kind the cluster lacks stops the apply (and so the instances); the other
+    # GangScheduling states are advice.
+    blocking = [gang] if observed.unserved is not None and gang.reason == "GangUnavailable" else []
+    return [kv, *parts, *_summary(validation, [*blocking, *parts], observed), _degraded(observed), gang]
 
 
 def _status_word(ok: bool | None) -> str:

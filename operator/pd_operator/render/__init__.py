@@ -1,7 +1,9 @@
 """Render a validated PDDeployment into the Kubernetes objects that run it: pure, no I/O, no clock.
 
 `render(validation)` returns the manifests in apply order: the serving and proxy ConfigMaps,
-Services, the serving StatefulSets, the proxy, the NetworkPolicy and the PodDisruptionBudgets.
+Services, the PodGroups that gang-schedule the instances (spec.scheduling.gang), the serving
+StatefulSets, the proxy, the NetworkPolicy and the PodDisruptionBudgets. PodGroups come before the
+StatefulSets: when the cluster lacks their API, the apply stops before any pod is created.
 Owner references are left to the controller, which adopts what it applies.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 
 from pd_operator.api.types import ROLES
-from pd_operator.render import proxy, serving_config
+from pd_operator.render import proxy, scheduling, serving_config
 from pd_operator.render.context import Context, NotRenderable
 from pd_operator.render.labels import kv_layout_hash
 from pd_operator.render.policy import disruption_budget, network_policy
@@ -30,6 +32,7 @@ def render(validation: Validation) -> list[dict]:
     out += [headless_service(ctx, role, i) for role, i in instances]
     if proxy_on:
         out.append(proxy.service(ctx))
+    out += [group for role, i in instances if (group := scheduling.pod_group(ctx, role, i))]
     out += [stateful_set(ctx, role, i) for role, i in instances]
     if proxy_on:
         out.append(proxy.deployment(ctx))

@@ -22,6 +22,9 @@ ROLE = f"{GROUP}/role"
 INSTANCE = f"{GROUP}/instance"
 KV_LAYOUT = f"{GROUP}/kv-layout"
 COMPONENT = "app.kubernetes.io/component"
+# The pod annotation naming a pod's Volcano PodGroup (volcano.sh/apis: pkg/apis/scheduling/v1beta1/
+# labels.go KubeGroupNameAnnotationKey @ v1.13.0).
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 HASH_CHARS = 12
 
 

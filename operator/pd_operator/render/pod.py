@@ -7,7 +7,7 @@ import re
 
 from pd_operator.api.types import HostMountsSpec, Resources
 from pd_operator.ports import PROBE_RANGE, pod_ports
-from pd_operator.render import kv_probe, serving_config
+from pd_operator.render import kv_probe, scheduling, serving_config
 from pd_operator.render.command import pod_command
 from pd_operator.render.context import Context
 from pd_operator.render.env import container_env
@@ -120,15 +120,14 @@ def affinity(ctx: Context, role: str, index: int) -> dict | None:
     """The user's affinity, plus for an instance of several pods a required anti-affinity that puts
     each of its pods on a node of its own: `npusPerNode` is a node's NPU count, and the ranks of a
     multi-node engine (external DP) are planned one pod per node. Without it the scheduler may
-    pack two pods onto a node with NPUs to spare (an A3 node of 16 for pods of 8)."""
-    user = ctx.role(role).affinity
-    if not ctx.plans[role].multi_pod:
-        return dict(user) if user else None
-    out = json.loads(json.dumps(user or {}))
-    anti = out.setdefault("podAntiAffinity", {})
-    anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
-        {"labelSelector": {"matchLabels": selector(ctx, role, index)}, "topologyKey": HOSTNAME})
-    return dict(out)
+    pack two pods onto a node with NPUs to spare (an A3 node of 16 for pods of 8). Then the network
+    domain terms of spec.placement (render/scheduling.py)."""
+    out = json.loads(json.dumps(ctx.role(role).affinity or {}))
+    if ctx.plans[role].multi_pod:
+        anti = out.setdefault("podAntiAffinity", {})
+        anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+            {"labelSelector": {"matchLabels": selector(ctx, role, index)}, "topologyKey": HOSTNAME})
+    return dict(scheduling.add_placement(ctx, role, index, out)) or None
 
 
 def pod_template(ctx: Context, role: str, index: int) -> dict:
@@ -146,4 +145,8 @@ def pod_template(ctx: Context, role: str, index: int) -> dict:
         spec["tolerations"] = list(side.tolerations)
     if placement := affinity(ctx, role, index):
         spec["affinity"] = placement
-    return {"metadata": {"labels": labels(ctx, role, index)}, "spec": spec}
+    spec |= scheduling.pod_spec_fields(ctx, role, index)
+    meta: dict = {"labels": labels(ctx, role, index)}
+    if annotations := scheduling.pod_annotations(ctx, role, index):
+        meta["annotations"] = annotations
+    return {"metadata": meta, "spec": spec}

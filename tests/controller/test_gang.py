@@ -1,0 +1,232 @@
+"""Gang scheduling and placement by network domain with the real kube-scheduler (issue 18 items 6, 7).
+
+One control plane for the module, with kube-scheduler's gang scheduling on (ControlPlane(
+gang_scheduling=True): the GenericWorkload, GangScheduling and TopologyAwareWorkloadScheduling
+gates, scheduling.k8s.io/v1alpha2 served) and kwok nodes of 8 NPUs in three network domains of
+2, 3 and 1 nodes. Volcano's PodGroups are checked against Volcano's published CRD installed into the
+same API server; no Volcano scheduler runs here, so nothing is scheduled by Volcano."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from collections.abc import Iterator
+
+import jsonschema
+import pytest
+import yaml
+from cluster_helpers import apply, children, cond, glm, listed, pods, serve, wait_cond
+
+from pd_operator.controller.planner import holds
+from pd_operator.render import render
+from pd_operator.render.labels import INSTANCE, ROLE, VOLCANO_GROUP
+from pd_operator.validate import validate
+from support.cluster import ApiError, ControlPlane, NodePool, wait_for
+from support.installed import condition, get_pdd
+from support.volcano import podgroup_crd
+
+pytestmark = [pytest.mark.integration, pytest.mark.scaling]
+
+DOMAIN = "network.example.com/super-pod"
+NPU = "huawei.com/Ascend910"
+NODES = (NodePool("sp-a", 2, NPU, 8, {DOMAIN: "sp-a"}),
+         NodePool("sp-b", 3, NPU, 8, {DOMAIN: "sp-b"}),
+         NodePool("sp-c", 1, NPU, 8, {DOMAIN: "sp-c"}))
+KUBE_PODGROUPS = "scheduling.k8s.io/v1alpha2"
+VOLCANO_PODGROUPS = "scheduling.volcano.sh/v1beta1"
+
+
+@pytest.fixture(scope="module")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """This module's own control plane (it shadows the session's for every fixture here)."""
+    cp = ControlPlane(nodes=NODES, gang_scheduling=True).start()
+    yield cp
+    cp.stop(keep=bool(os.environ.get("PD_KEEP_CLUSTER")) or request.session.testsfailed > 0)
+
+
+def _domains(cp: ControlPlane) -> dict[str, str]:
+    return {n["metadata"]["name"]: n["metadata"]["labels"].get(DOMAIN, "")
+            for n in cp.api("GET", "/api/v1/nodes")["items"]}
+
+
+def _instances(cp: ControlPlane, namespace: str, role: str, name: str) -> dict[str, list[str]]:
+    """instance index -> the nodes of its pods ("" for a pod not bound)."""
+    out: dict[str, list[str]] = {}
+    for pod in pods(cp, namespace, f"pd.serving.dev/deployment={name},{ROLE}={role}"):
+        out.setdefault(pod["metadata"]["labels"][INSTANCE], []).append(pod["spec"].get("nodeName", ""))
+    return out
+
+
+def _doc(namespace: str, name: str = "glm-flash", **decode) -> dict:
+    """GLM with its prefill pinned to domain sp-c and decode instances of several pods."""
+    doc = glm(namespace)
+    doc["metadata"]["name"] = name
+    doc["spec"]["prefill"]["nodeSelector"] = {DOMAIN: "sp-c"}
+    doc["spec"]["decode"].update(decode)
+    return doc
+
+
+def _no_rewrites(cp: ControlPlane, op, user: str, namespace: str) -> list[str]:
+    """Writes of PodGroups by the operator across two drift reconciles of an unchanged object."""
+    mark = cp.audit.mark()
+    def drifts() -> float:
+        return op.metric("pd_operator_reconcile_total", trigger="drift")
+    before = drifts()
+    wait_for("two drift reconciles", lambda: drifts() >= before + 2)
+    return [str(e) for e in cp.audit.events(mark, user=user, namespace=namespace, resource="podgroups")
+            if e.write]
+
+
+def test_the_pods_of_an_instance_share_a_domain(control_plane, namespace, start_operator, release):
+    cp = control_plane
+    op = start_operator("--drift-interval=2")
+    # Two decode instances of 2 pods (DP4 x TP4): only sp-a (2 nodes) and sp-b (3) can hold one each.
+    doc = _doc(namespace, replicas=2, dataParallelSize=4)
+    doc["spec"]["scheduling"] = {"gang": "kubernetes"}
+    doc["spec"]["placement"] = {"domainLabel": DOMAIN, "gangTopology": True}
+    apply(cp, doc)
+    serve(cp, namespace)
+
+    where = _domains(cp)
+    decode = _instances(cp, namespace, "decode", "glm-flash")
+    assert sorted(decode) == ["0", "1"]
+    for index, nodes in decode.items():
+        assert len(set(nodes)) == 2, (index, nodes)             # a node per pod
+        assert len({where[n] for n in nodes}) == 1, (index, {n: where[n] for n in nodes})
+    assert {where[nodes[0]] for nodes in decode.values()} == {"sp-a", "sp-b"}
+    assert [where[n] for nodes in _instances(cp, namespace, "prefill", "glm-flash").values()
+            for n in nodes] == ["sp-c"]
+
+    assert cond(cp, namespace, "GangScheduling") == ("True", "PodGroups")
+    groups = listed(cp, KUBE_PODGROUPS, "podgroups", namespace)
+    assert sorted(g["spec"]["schedulingPolicy"]["gang"]["minCount"] for g in groups) == [1, 2, 2]
+    assert all(g["spec"]["schedulingConstraints"] == {"topology": [{"key": DOMAIN}]} for g in groups)
+    scheduled = [c for g in groups for c in (g.get("status") or {}).get("conditions", [])
+                 if c["type"] == "PodGroupScheduled"]
+    assert scheduled and all(c["status"] == "True" for c in scheduled), scheduled
+    # What the API server adds (disruptionMode, status) is not drift: no PodGroup is applied again.
+    assert _no_rewrites(cp, op, release.user, namespace) == []
+
+
+def _bound(cp: ControlPlane, namespace: str, name: str) -> list[bool]:
+    instances = _instances(cp, namespace, "decode", name)
+    return sorted(bool(node) for nodes in instances.values() for node in nodes)
+
+
+def test_an_instance_that_cannot_be_placed_whole_binds_no_pod(control_plane, namespace, start_operator):
+    cp = control_plane
+    start_operator()
+    # One decode instance of 3 pods (DP6 x TP4) held to sp-a, which has 2 nodes.
+    decode = {"dataParallelSize": 6, "nodeSelector": {DOMAIN: "sp-a"}}
+
+    # Without gang scheduling the scheduler binds what fits, and the status warns it can.
+    apply(cp, _doc(namespace, "glm-none", **decode))
+    wait_for("2 of 3 decode pods bound", lambda: _bound(cp, namespace, "glm-none") == [False, True, True])
+    wait_cond(cp, namespace, "DecodeReady", ("False", "Unschedulable"), "glm-none")
+    assert cond(cp, namespace, "GangScheduling", "glm-none") == ("False", "PartialPlacementPossible")
+    cp.api("DELETE", f"/apis/pd.serving.dev/v1alpha1/namespaces/{namespace}/pddeployments/glm-none")
+    wait_for("glm-none's pods gone", lambda: not pods(cp, namespace, "pd.serving.dev/deployment=glm-none"))
+
+    # With kube-scheduler's gang the whole group is tried and none of it binds.
+    doc = _doc(namespace, "glm-gang", **decode)
+    doc["spec"]["scheduling"] = {"gang": "kubernetes"}
+    apply(cp, doc)
+    wait_cond(cp, namespace, "DecodeReady", ("False", "Unschedulable"), "glm-gang")
+
+    def group_unschedulable() -> bool:
+        groups = listed(cp, KUBE_PODGROUPS, "podgroups", namespace, f"{ROLE}=decode")
+        return any(c["type"] == "PodGroupScheduled" and c["status"] == "False"
+                   for g in groups for c in (g.get("status") or {}).get("conditions", []))
+    wait_for("the decode PodGroup found unschedulable", group_unschedulable)
+    assert _bound(cp, namespace, "glm-gang") == [False, False, False]
+    assert cond(cp, namespace, "GangScheduling", "glm-gang") == ("True", "PodGroups")
+
+    # A third node in sp-a: the scheduler now binds all three together.
+    extra = NodePool("sp-a-extra", 1, NPU, 8, {DOMAIN: "sp-a"}).nodes()[0]
+    cp.api("POST", "/api/v1/nodes", extra)
+    try:
+        wait_cond(cp, namespace, "DecodeReady", ("True", "InstancesReady"), "glm-gang")
+        assert _bound(cp, namespace, "glm-gang") == [True, True, True]
+    finally:
+        with contextlib.suppress(ApiError):
+            cp.api("DELETE", f"/api/v1/nodes/{extra['metadata']['name']}")
+
+
+def _install_volcano_crd(cp: ControlPlane) -> dict:
+    crd = yaml.safe_load(podgroup_crd().read_text())
+    cp.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+
+    def established() -> bool:
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+        got = cp.api("GET", path)
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in (got.get("status") or {}).get("conditions") or [])
+    wait_for("Volcano's PodGroup CRD established", established)
+    return dict(crd)
+
+
+def _unknown_fields(obj: object, schema: dict, path: str = "") -> list[str]:
+    """Fields of `obj` the structural schema does not declare (the API server would prune them)."""
+    if isinstance(obj, dict) and "properties" in schema:
+        out = []
+        for key, value in obj.items():
+            if key not in schema["properties"]:
+                out.append(f"{path}.{key}")
+            else:
+                out += _unknown_fields(value, schema["properties"][key], f"{path}.{key}")
+        return out
+    return []
+
+
+def test_volcano_podgroups_follow_volcanos_published_crd(control_plane, namespace, start_operator, release):
+    cp = control_plane
+    op = start_operator("--drift-interval=2")
+    doc = _doc(namespace, dataParallelSize=4)
+    doc["spec"]["scheduling"] = {"gang": "volcano", "queue": "inference", "priorityClassName": "serving"}
+    doc["spec"]["placement"] = {"domainLabel": DOMAIN}
+    apply(cp, doc)
+
+    # No Volcano yet: a clear status, no StatefulSet, the operator keeps running.
+    wait_cond(cp, namespace, "GangScheduling", ("False", "GangUnavailable"))
+    assert cond(cp, namespace, "Ready") == ("False", "GangUnavailable")
+    message = condition(get_pdd(cp, namespace, "glm-flash"), "GangScheduling")["message"]
+    assert "podgroups.scheduling.volcano.sh" in message, message
+    assert not [ref for ref in children(cp, namespace) if ref.startswith("StatefulSet/")]
+
+    crd = _install_volcano_crd(cp)
+    wait_cond(cp, namespace, "GangScheduling", ("True", "PodGroups"))
+    rendered = [m for m in render(validate(doc)) if m["kind"] == "PodGroup"]
+    assert sorted(m["metadata"]["name"] for m in rendered) == ["glm-flash-decode-0", "glm-flash-prefill-0"]
+    stored = {g["metadata"]["name"]: g for g in listed(cp, VOLCANO_PODGROUPS, "podgroups", namespace)}
+    for manifest in rendered:  # what the operator applied is stored whole: nothing pruned by the schema
+        assert holds(stored[manifest["metadata"]["name"]], manifest), stored[manifest["metadata"]["name"]]
+    wait_for("the decode StatefulSet", lambda: "StatefulSet/glm-flash-decode-0" in children(cp, namespace))
+    template = children(cp, namespace)["StatefulSet/glm-flash-decode-0"]["spec"]["template"]
+    assert template["metadata"]["annotations"][VOLCANO_GROUP] == "glm-flash-decode-0"
+    assert template["spec"]["schedulerName"] == "volcano"
+    assert op.running() and "Traceback" not in op.output()
+    assert _no_rewrites(cp, op, release.user, namespace) == []
+
+    # Server-side, strictly: every rendered PodGroup is created as is; a misspelt or mistyped field is not.
+    base = f"/apis/{VOLCANO_PODGROUPS}/namespaces/{namespace}/podgroups?fieldValidation=Strict"
+    for manifest in rendered:
+        copy_ = copy.deepcopy(manifest)
+        copy_["metadata"] = {"name": f"{manifest['metadata']['name']}-strict"}
+        cp.api("POST", base, copy_)
+    for bad_spec in ({"minMembers": 2}, {"minMember": "two"}):
+        with pytest.raises(ApiError) as refused:
+            cp.api("POST", base, {"apiVersion": VOLCANO_PODGROUPS, "kind": "PodGroup",
+                                  "metadata": {"name": "bad"}, "spec": bad_spec})
+        assert refused.value.status in (400, 422), refused.value
+
+    # Offline, against the same schema (jsonschema for types and patterns, plus undeclared fields).
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta1"]
+    schema = version["schema"]["openAPIV3Schema"]
+    for manifest in rendered:
+        jsonschema.validate(manifest, schema)
+        assert not _unknown_fields(manifest, schema)
+    assert _unknown_fields({"spec": {"minMembers": 2}}, schema) == [".spec.minMembers"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"spec": {"minMember": "two"}}, schema)
+
