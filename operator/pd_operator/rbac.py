@@ -26,6 +26,7 @@ RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": CHILD_VERBS},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": CHILD_VERBS},
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 

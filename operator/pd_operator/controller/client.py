@@ -39,6 +39,7 @@ CHILD_KINDS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "deployments",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
 }
 
 

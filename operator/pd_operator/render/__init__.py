@@ -1,7 +1,7 @@
 """Render a validated PDDeployment into the Kubernetes objects that run it: pure, no I/O, no clock.
 
 `render(validation)` returns the manifests in apply order: the serving ConfigMap, Services, the
-serving StatefulSets, the proxy, the NetworkPolicy and the PodDisruptionBudgets.
+serving StatefulSets, the proxy, the NetworkPolicy, the PodDisruptionBudgets and the roles' HPAs.
 Owner references are left to the controller, which adopts what it applies.
 """
 
@@ -11,6 +11,7 @@ import json
 
 from pd_operator.api.types import ROLES
 from pd_operator.render import proxy, serving_config
+from pd_operator.render.autoscaling import autoscalers
 from pd_operator.render.context import Context, NotRenderable
 from pd_operator.render.labels import kv_layout_hash
 from pd_operator.render.policy import disruption_budget, network_policy
@@ -33,6 +34,7 @@ def render(validation: Validation) -> list[dict]:
         out.append(proxy.deployment(ctx))
     out.append(network_policy(ctx))
     out += [disruption_budget(ctx, role) for role in ROLES]
+    out += autoscalers(ctx)
     # Plain JSON data with no sub-object shared between manifests or fields, so a caller that
     # patches one object (the controller adds owner references) cannot change another.
     return [json.loads(json.dumps(m)) for m in out]
