@@ -16,6 +16,9 @@ import pytest
 import yaml
 
 from pd_operator.api.types import GROUP, VERSION
+from pd_operator.controller.planner import holds
+from pd_operator.render import render
+from pd_operator.validate import validate
 from support.cluster import ApiError, ControlPlane, service_account_user, wait_for
 from support.installed import ROOT, example, weights_claim
 from support.kube import kubectl
@@ -111,6 +114,27 @@ def test_custom_metrics_reach_a_client_through_the_api_server(control_plane, nam
     with pytest.raises(ApiError) as missing:
         cp.api("GET", MetricsAPI.path(namespace, "vllm_num_requests_running", "role=decode"))
     assert missing.value.status == 404
+
+
+def test_rendered_hpas_read_back_as_rendered(control_plane, namespace):
+    """The API server stores the HPAs unchanged (quantities in canonical form, behavior as given), so
+    the planner never sees drift in them and the operator never re-applies them."""
+    cp = control_plane
+    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    doc["spec"]["prefill"]["autoscaling"] = {
+        "maxReplicas": 8, "metrics": [{"metric": "vllm:num_requests_waiting", "averageValue": 48000},
+                                      {"metric": "vllm:time_to_first_token_seconds", "averageValue": 1.5}],
+        "scaleUp": {"stabilizationWindowSeconds": 30, "maxInstances": 2, "periodSeconds": 120}}
+    doc["spec"]["decode"]["autoscaling"] = {
+        "maxReplicas": 4, "metrics": [{"metric": "vllm:kv_cache_usage_perc", "averageValue": 0.7},
+                                      {"metric": "vllm:num_requests_running", "averageValue": 2}]}
+    rendered = [m for m in render(validate(doc)) if m["kind"] == "HorizontalPodAutoscaler"]
+    assert len(rendered) == 2
+    for hpa in rendered:
+        path = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"
+        cp.api("POST", path, hpa)
+        stored = cp.api("GET", f"{path}/{hpa['metadata']['name']}")
+        assert holds(stored, hpa), (json.dumps(stored["spec"]), json.dumps(hpa["spec"]))
 
 
 def test_the_hpa_scales_decode_on_kv_cache_usage(control_plane, namespace, release, start_operator,

@@ -9,6 +9,10 @@ testcluster`), each in its own process, with throwaway PKI (pki.py) and an audit
         cp.api("GET", "/api/v1/nodes")  # admin JSON request
         cp.audit.events()               # what the API server saw
 
+The API server aggregates: it calls an APIService's server with a front-proxy client certificate
+(support/metrics_api.py registers a custom metrics API). The controller-manager runs the HPA
+controller on a 2 s resync.
+
 Nodes: `NodePool`s of kwok nodes advertising NPUs (DEFAULT_NODES: `huawei.com/Ascend910: 8` and
 `huawei.com/ascend-1980: 16` labelled `accelerator: ascend-a3`, which the DeepSeek example
 selects). Pod IPs are fake; nothing may dial them.
