@@ -183,6 +183,21 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "NodeTooSmall": (
         "error", "An instance's ranks do not divide evenly into nodes.",
         "Make tensorParallelSize x dataParallelSize fit one node or a whole number of nodes."),
+    "AutoscalingMetricRole": (
+        "error", "An autoscaling target names a vLLM metric of the other role.",
+        "Scale prefill on vllm:num_requests_waiting or vllm:time_to_first_token_seconds, decode on "
+        "vllm:kv_cache_usage_perc or vllm:num_requests_running."),
+    "AutoscalingMetricRepeated": (
+        "error", "Two autoscaling targets of one role name the same metric.",
+        "Keep one target per metric."),
+    "AutoscalingTargetUnreachable": (
+        "error", "An autoscaling target lies above what the metric can reach, so the HPA would never "
+        "add an instance.",
+        "Lower the target below the metric's maximum (1 for vllm:kv_cache_usage_perc)."),
+    "AutoscalingBounds": (
+        "error", "The autoscaling bounds cannot hold: minReplicas above maxReplicas, or a role that "
+        "starts with no instances (an HPA does not scale a target at 0).",
+        "Make minReplicas <= maxReplicas and start the role with at least one instance."),
     "HostNetwork": (
         "warning", "The pods use the host network, so the NetworkPolicy does not isolate them.",
         "Only use hostNetwork for RDMA setups that need it."),

@@ -63,8 +63,12 @@ class Names:
     def network_policy(self) -> str:
         return f"{self.deployment}-kv"
 
-    def disruption_budget(self, role: str) -> str:
+    def role(self, role: str) -> str:
+        """The role's PDRole (its scale subresource) and the HPA that scales it."""
         return f"{self.deployment}-{role}"
+
+    def disruption_budget(self, role: str) -> str:
+        return self.role(role)
 
     def limits(self, replicas: dict[str, int], pods_per_instance: dict[str, int]) -> list[tuple[str, int]]:
         """(longest name of each kind, its limit) for the names this deployment renders."""

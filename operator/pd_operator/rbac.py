@@ -29,6 +29,7 @@ RULES: list[dict] = [
     # One PodGroup per instance with spec.scheduling.gang: kube-scheduler's or Volcano's.
     {"apiGroups": ["scheduling.k8s.io", "scheduling.volcano.sh"], "resources": ["podgroups"],
      "verbs": CHILD_VERBS},
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 

@@ -2,8 +2,9 @@
 
 It never raises on user input. Every problem becomes a Finding with the manifest field path, in
 the order a person would fix them: the document's shape (CRD schema and CEL rules, then the
-pydantic model), then each role's topology, ports and overrides, then the model description and
-what the serving image can serve (pd_operator.images), then KV compatibility of the pair.
+pydantic model), then each role's topology, ports, overrides and autoscaling, then the model
+description and what the serving image can serve (pd_operator.images), then KV compatibility of the
+pair.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pd_operator import images
+from pd_operator import images, serving_metrics
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import API_VERSION, KIND, ROLES, ModelSpec, PDDeployment, RoleSpec
 from pd_operator.findings import Finding, is_compatible
@@ -214,7 +215,7 @@ def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Find
                         f"{dep.name!r} cannot prefix the names of Services: use lowercase letters, digits "
                         "and '-', starting with a letter and ending with a letter or digit.")]
     names = Names(dep.name, dep.namespace)
-    replicas: dict[str, int] = {role: dep.role(role).replicas for role in ROLES}
+    replicas: dict[str, int] = {role: _most_instances(dep.role(role)) for role in ROLES}
     pods: dict[str, int] = {role: plans[role].pods if role in plans else 1 for role in ROLES}
     out = []
     for name, limit in names.limits(replicas, pods):
@@ -229,6 +230,48 @@ def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Find
         out.append(Finding("DuplicateEngineId", "error", "metadata.name", "",
                            f"Instances would share KV engine ids {', '.join(dupes)}; rename the "
                            "PDDeployment."))
+    return out
+
+
+def _most_instances(spec: RoleSpec) -> int:
+    """The most instances the role can have: an HPA may scale it up to maxReplicas."""
+    scaling = spec.autoscaling
+    return max(spec.replicas, scaling.max_replicas) if scaling is not None else spec.replicas
+
+
+def _autoscaling_findings(dep: PDDeployment, role: str) -> list[Finding]:
+    scaling = dep.role(role).autoscaling
+    if scaling is None:
+        return []
+    path = f"spec.{role}.autoscaling"
+    out = []
+    if scaling.min_replicas > scaling.max_replicas:
+        out.append(Finding("AutoscalingBounds", "error", f"{path}.minReplicas", "",
+                           f"minReplicas {scaling.min_replicas} is above maxReplicas {scaling.max_replicas}; "
+                           "raise maxReplicas or lower minReplicas."))
+    if dep.role(role).replicas == 0:
+        out.append(Finding("AutoscalingBounds", "error", f"spec.{role}.replicas", "",
+                           f"replicas 0 with autoscaling: an HPA does not scale a target that has no "
+                           f"instances; start {role} with at least minReplicas ({scaling.min_replicas})."))
+    fitting = " or ".join(m.vllm for m in serving_metrics.for_role(role))
+    seen: dict[str, int] = {}
+    for i, target in enumerate(scaling.metrics):
+        where = f"{path}.metrics[{i}]"
+        metric = serving_metrics.BY_NAME[target.metric]
+        if metric.role != role:
+            out.append(Finding("AutoscalingMetricRole", "error", f"{where}.metric", "",
+                               f"{metric.vllm} measures {metric.role} ({metric.target}) and says nothing "
+                               f"about how many {role} instances are needed; scale {role} on {fitting}."))
+        if target.metric in seen:
+            out.append(Finding("AutoscalingMetricRepeated", "error", f"{where}.metric", "",
+                               f"{target.metric} is already targeted by metrics[{seen[target.metric]}]; "
+                               "keep one target per metric."))
+        seen.setdefault(target.metric, i)
+        if metric.upper_bound is not None and target.average_value > metric.upper_bound:
+            out.append(Finding("AutoscalingTargetUnreachable", "error", f"{where}.averageValue", "",
+                               f"{metric.vllm} never exceeds {metric.upper_bound:g}, so a target of "
+                               f"{target.average_value:g} would never add an instance; use a target of at "
+                               f"most {metric.upper_bound:g}."))
     return out
 
 
@@ -247,7 +290,7 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
     plans: dict[str, PodPlan] = {}
     for role in ROLES:
         plan, role_findings = _role_findings(dep, role)
-        findings += role_findings
+        findings += role_findings + _autoscaling_findings(dep, role)
         if plan is not None:
             plans[role] = plan
     findings += _name_findings(dep, plans)

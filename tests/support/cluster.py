@@ -9,6 +9,10 @@ testcluster`), each in its own process, with throwaway PKI (pki.py) and an audit
         cp.api("GET", "/api/v1/nodes")  # admin JSON request
         cp.audit.events()               # what the API server saw
 
+The API server aggregates: it calls an APIService's server with a front-proxy client certificate
+(support/metrics_api.py registers a custom metrics API). The controller-manager runs the HPA
+controller on a 2 s resync.
+
 Nodes: `NodePool`s of kwok nodes advertising NPUs (DEFAULT_NODES: `huawei.com/Ascend910: 8` and
 `huawei.com/ascend-1980: 16` labelled `accelerator: ascend-a3`, which the DeepSeek example
 selects). Pod IPs are fake; nothing may dial them.
@@ -70,6 +74,9 @@ NODE_LEASE_SECONDS = 40
 GANG_FEATURE_GATES = "GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true"
 GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 START_TIMEOUT_S = 120.0
+FRONT_PROXY_CLIENT = "front-proxy-client"
+# The HPA controller's resync (its default is 15 s); a test waits for the scale, never times it.
+HPA_SYNC_PERIOD = "2s"
 PORT_RANGE = (20000, 32000)
 
 _ports_handed: set[int] = set()
@@ -337,6 +344,10 @@ class ControlPlane:
         self.serving = self.ca.serving("apiserver", [HOST, "localhost", "kubernetes", "kubernetes.default",
                                                      "kubernetes.default.svc", "10.96.0.1"])
         self.sa_keys = service_account_keys(pki)
+        # The aggregation layer: kube-apiserver calls an APIService's server (support/metrics_api.py)
+        # with this client certificate, so that server may trust the user named in X-Remote-User.
+        self.front_proxy_ca = CA(pki / "front-proxy", "pd-operator-test-front-proxy-ca")
+        self.front_proxy_client = self.front_proxy_ca.client("front-proxy-client", FRONT_PROXY_CLIENT)
         self._ssl = ssl.create_default_context(cadata=self.ca.pem.decode())
         # Static tokens: user, uid, groups. The components' users are the ones the API server's
         # bootstrap RBAC binds (system:kube-controller-manager, system:kube-scheduler); kwok
@@ -399,6 +410,13 @@ class ControlPlane:
                     f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
                     f"--audit-log-path={self.audit.path}", "--audit-log-format=json",
                     "--allow-privileged=true", "--profiling=false",
+                    f"--requestheader-client-ca-file={self.front_proxy_ca.cert}",
+                    f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                    "--requestheader-username-headers=X-Remote-User",
+                    "--requestheader-group-headers=X-Remote-Group",
+                    "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                    f"--proxy-client-cert-file={self.front_proxy_client.cert}",
+                    f"--proxy-client-key-file={self.front_proxy_client.key}",
                     f"--cert-dir={self.workdir / 'apiserver-certs'}",
                     *self._gang_flags(f"--runtime-config={GANG_RUNTIME_CONFIG}")]
 
@@ -420,6 +438,7 @@ class ControlPlane:
                 exe, "kube-controller-manager", f"--kubeconfig={configs['kube-controller-manager']}",
                 f"--service-account-private-key-file={self.sa_keys.key}", f"--root-ca-file={self.ca_cert}",
                 "--use-service-account-credentials", "--controllers=*,-nodeipam",
+                f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
                 "--leader-elect=false", "--secure-port=0"],
             "kube-scheduler": [
                 exe, "kube-scheduler", f"--kubeconfig={configs['kube-scheduler']}",

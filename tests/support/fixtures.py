@@ -7,17 +7,22 @@
 - `fault_proxy`: a FaultProxy in front of the session's API server, for one test.
 - `fresh_control_plane`: a control plane of the test's own, for the few tests that must break or
   restart one; costs a start (a few seconds) per test.
+- `release` (module): the chart installed as users install it (`helm install`), uninstalled after.
+- `start_operator`: `start(*extra_args, server=None, webhook=True)` starts the chart's operator, as
+  the chart's ServiceAccount with the chart's arguments (plus the test's); stopped after the test.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import pathlib
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from support.cluster import ControlPlane, namespace_name
 from support.faultproxy import FaultProxy
+from support.installed import OperatorProcess, Release, helm_install, helm_uninstall, wait_webhook_called
 
 
 def _keep(request: pytest.FixtureRequest) -> bool:
@@ -51,6 +56,37 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
 def fault_proxy(control_plane: ControlPlane) -> Iterator[FaultProxy]:
     with FaultProxy(control_plane) as proxy:
         yield proxy
+
+
+@pytest.fixture(scope="module")
+def release(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    installed = helm_install(control_plane, tmp_path_factory.mktemp("release"))
+    yield installed
+    # ALWAYS: the self-signed configuration fails closed and would refuse every later
+    # PDDeployment write of the session once no operator serves it.
+    helm_uninstall(control_plane, installed)
+
+
+@pytest.fixture
+def start_operator(control_plane: ControlPlane, release: Release, namespace: str,
+                   tmp_path: pathlib.Path) -> Iterator[Callable[..., OperatorProcess]]:
+    """Returns once the API server calls the operator's webhook when `webhook`."""
+    started: list[OperatorProcess] = []
+
+    def start(*extra_args: str, server: str | None = None, webhook: bool = True) -> OperatorProcess:
+        workdir = tmp_path / f"operator-{len(started)}"
+        workdir.mkdir()
+        op = release.operator(control_plane, workdir, server=server, extra_args=extra_args)
+        op.start()
+        started.append(op)
+        if webhook:
+            op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "its webhook configured")
+            wait_webhook_called(control_plane, namespace)
+        return op
+
+    yield start
+    for op in started:
+        op.stop()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

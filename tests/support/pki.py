@@ -55,14 +55,24 @@ class CA:
 
     def serving(self, name: str, hosts: list[str]) -> Pair:
         """A server certificate for `hosts` (IPs or DNS names), written as NAME.crt / NAME.key."""
+        return self._issue(name, hosts[0], ExtendedKeyUsageOID.SERVER_AUTH,
+                           x509.SubjectAlternativeName([alt_name(h) for h in hosts]))
+
+    def client(self, name: str, common_name: str) -> Pair:
+        """A client certificate whose subject is `common_name` (the user it authenticates as)."""
+        return self._issue(name, common_name, ExtendedKeyUsageOID.CLIENT_AUTH)
+
+    def _issue(self, name: str, common_name: str, usage: x509.ObjectIdentifier,
+               alt_names: x509.SubjectAlternativeName | None = None) -> Pair:
         now = datetime.now(UTC)
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = (x509.CertificateBuilder().subject_name(subject(hosts[0])).issuer_name(self._cert.subject)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + VALIDITY)
-                .add_extension(x509.SubjectAlternativeName([alt_name(h) for h in hosts]), critical=False)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                .sign(self._key, hashes.SHA256()))
+        builder = (x509.CertificateBuilder().subject_name(subject(common_name))
+                   .issuer_name(self._cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + VALIDITY)
+                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+        if alt_names is not None:
+            builder = builder.add_extension(alt_names, critical=False)
+        cert = builder.sign(self._key, hashes.SHA256())
         pair = Pair(self.directory / f"{name}.crt", self.directory / f"{name}.key")
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         pair.key.write_bytes(_key_pem(key))

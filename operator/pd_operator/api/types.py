@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from pd_operator.images import VERSION_PATTERN as VLLM_ASCEND_VERSION
 from pd_operator.kv.model import DType, ModelKV
 from pd_operator.schema import ApiModel, cel, preserve_unknown
+from pd_operator.serving_metrics import VllmMetric
 
 GROUP = "pd.serving.dev"
 VERSION = "v1alpha1"
@@ -190,9 +191,56 @@ class HostMountsSpec(ApiModel):
     """Extra mounts; one with the same path as a generation mount replaces it (e.g. to change its type)."""
 
 
+MAX_INSTANCES = 512
+
+
+class MetricTarget(ApiModel):
+    """One vLLM serving metric and the average per instance the HPA keeps it at."""
+
+    metric: VllmMetric
+    """vLLM's Prometheus metric (vllm/v1/metrics/loggers.py @ v0.34.0). Prefill:
+    `vllm:num_requests_waiting` (queued requests), `vllm:time_to_first_token_seconds` (mean TTFT over
+    the adapter's window, seconds). Decode: `vllm:kv_cache_usage_perc` (0 to 1),
+    `vllm:num_requests_running`. The HPA reads it as a Pods metric of the custom metrics API (README,
+    Autoscaling: the adapter rules)."""
+    average_value: float = Field(ge=0.001, le=1_000_000)
+    """Target average per instance: more instances above it, fewer below it (in the metric's unit:
+    requests, seconds or a fraction; rendered to the nearest 0.001)."""
+
+
+class ScalingRule(ApiModel):
+    """How fast the HPA may change the instance count in one direction."""
+
+    stabilization_window_seconds: int | None = Field(default=None, ge=0, le=3600)
+    """The HPA acts on the most conservative recommendation of this window (its default: 0 up, 300
+    down)."""
+    max_instances: int | None = Field(default=None, ge=1, le=MAX_INSTANCES)
+    """At most this many instances added (or removed) per `periodSeconds`; unset: the HPA's default."""
+    period_seconds: int = Field(default=60, ge=1, le=1800)
+
+
+def _gentle_scale_down() -> ScalingRule:
+    return ScalingRule(stabilization_window_seconds=300, max_instances=1, period_seconds=60)
+
+
+class AutoscalingSpec(ApiModel):
+    """An HPA for the role (rendered as `<name>-<role>`, scaling the role's PDRole): it owns the
+    role's instance count while this is set."""
+
+    min_replicas: int = Field(default=1, ge=1, le=MAX_INSTANCES)
+    max_replicas: int = Field(ge=1, le=MAX_INSTANCES)
+    metrics: list[MetricTarget] = Field(min_length=1, max_length=4)
+    """The HPA scales to the largest count any of them asks for."""
+    scale_up: ScalingRule = Field(default_factory=ScalingRule)
+    scale_down: ScalingRule = Field(default_factory=_gentle_scale_down)
+    """Defaults to one instance a minute after 5 minutes of lower load: a removed instance drains
+    first."""
+
+
 class RoleSpec(ApiModel):
-    replicas: int = Field(default=1, ge=0, le=512)
-    """Instances of this role; each is one vLLM engine (TP x DP x PP NPUs)."""
+    replicas: int = Field(default=1, ge=0, le=MAX_INSTANCES)
+    """Instances of this role; each is one vLLM engine (TP x DP x PP NPUs). With `autoscaling`, the
+    count to start with: the HPA owns it afterwards."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     data_parallel_size: int = Field(default=1, ge=1, le=256)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=16)
@@ -219,6 +267,8 @@ class RoleSpec(ApiModel):
     """Use the host network (RDMA setups); the NetworkPolicy cannot isolate such pods."""
     startup_timeout_seconds: int = Field(default=3600, ge=60, le=86_400)
     """How long a pod may take to load the model before it is restarted."""
+    autoscaling: AutoscalingSpec | None = None
+    """Scale the role on vLLM's serving metrics through an HPA."""
 
     @property
     def npus_per_instance(self) -> int:

@@ -43,6 +43,7 @@ CHILD_KINDS: dict[tuple[str, str], str] = {
     # kube-apiserver enables scheduling.k8s.io/v1alpha2 or Volcano's CRD is installed.
     ("scheduling.k8s.io/v1alpha2", "PodGroup"): "podgroups",
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
 }
 
 

@@ -2,8 +2,9 @@
 
 `render(validation)` returns the manifests in apply order: the serving and proxy ConfigMaps,
 Services, the PodGroups that gang-schedule the instances (spec.scheduling.gang), the serving
-StatefulSets, the proxy, the NetworkPolicy and the PodDisruptionBudgets. PodGroups come before the
-StatefulSets: when the cluster lacks their API, the apply stops before any pod is created.
+StatefulSets, the proxy, the NetworkPolicy, the PodDisruptionBudgets and the roles' HPAs. PodGroups
+come before the StatefulSets: when the cluster lacks their API, the apply stops before any pod is
+created.
 Owner references are left to the controller, which adopts what it applies.
 """
 
@@ -13,6 +14,7 @@ import json
 
 from pd_operator.api.types import ROLES
 from pd_operator.render import proxy, scheduling, serving_config
+from pd_operator.render.autoscaling import autoscalers
 from pd_operator.render.context import Context, NotRenderable
 from pd_operator.render.labels import kv_layout_hash
 from pd_operator.render.policy import disruption_budget, network_policy
@@ -38,6 +40,7 @@ def render(validation: Validation) -> list[dict]:
         out.append(proxy.deployment(ctx))
     out.append(network_policy(ctx))
     out += [disruption_budget(ctx, role) for role in ROLES]
+    out += autoscalers(ctx)
     # Plain JSON data with no sub-object shared between manifests or fields, so a caller that
     # patches one object (the controller adds owner references) cannot change another.
     return [json.loads(json.dumps(m)) for m in out]

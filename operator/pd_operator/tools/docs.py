@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from pd_operator import images
+from pd_operator import images, serving_metrics
 from pd_operator.api.crd import openapi_schema
 from pd_operator.findings import CATALOG
 
@@ -140,7 +140,21 @@ def images_table() -> str:
     return "\n".join(rows)
 
 
-GENERATED = {"findings": findings_table, "conditions": conditions_table, "images": images_table}
+def autoscaling_table() -> str:
+    rows = ["| role | vLLM metric (`metric:`) | type | the HPA asks the custom metrics API for "
+            "| `averageValue` is |",
+            "|---|---|---|---|---|"]
+    rows += [f"| {m.role} | `{m.vllm}` | {m.kind} | `{m.hpa_name}` | {_cell(m.target)} |"
+             for m in serving_metrics.METRICS]
+    return "\n".join(rows)
+
+
+def adapter_rules() -> str:
+    return "```yaml\n" + serving_metrics.adapter_rules().rstrip("\n") + "\n```"
+
+
+GENERATED = {"findings": findings_table, "conditions": conditions_table, "images": images_table,
+             "autoscaling": autoscaling_table, "adapter-rules": adapter_rules}
 
 
 def fill(readme: str) -> str:
