@@ -198,6 +198,10 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "error", "The autoscaling bounds cannot hold: minReplicas above maxReplicas, or a role that "
         "starts with no instances (an HPA does not scale a target at 0).",
         "Make minReplicas <= maxReplicas and start the role with at least one instance."),
+    "ScalingBounds": (
+        "error", "The spec.scaling bounds cannot all hold: a minReplicas above its maxReplicas, "
+        "minPrefillPerDecode above maxPrefillPerDecode, or role minimums that break the ratio.",
+        "Make each minimum at most its maximum and the two minReplicas a pair the ratio admits."),
     "HostNetwork": (
         "warning", "The pods use the host network, so the NetworkPolicy does not isolate them.",
         "Only use hostNetwork for RDMA setups that need it."),

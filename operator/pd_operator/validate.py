@@ -9,6 +9,7 @@ pair.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pd_operator import images, serving_metrics
+from pd_operator import images, scaling, serving_metrics
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import API_VERSION, KIND, ROLES, ModelSpec, PDDeployment, RoleSpec
 from pd_operator.findings import Finding, is_compatible
@@ -293,6 +294,7 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
         findings += role_findings + _autoscaling_findings(dep, role)
         if plan is not None:
             plans[role] = plan
+    findings += scaling.findings(dep.spec.scaling)
     findings += _name_findings(dep, plans)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
     findings += model_findings
@@ -305,3 +307,17 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
                         side_of("decode", dep.spec.decode, model, cache_dtype),
                         connector=dep.spec.kv_transfer.connector)
     return Validation([*findings, *report.findings], dep, model, report, plans)
+
+
+def with_instances(validation: Validation, instances: Mapping[str, int]) -> Validation:
+    """`validation` for the same spec run with other instance counts (what the roles' PDRoles ask for,
+    held at spec.scaling): the deployment carries them as spec.<role>.replicas, so everything
+    rendered and reported follows, and the names they make are checked again. The spec's own checks
+    (autoscaling, bounds) stay about what the user wrote."""
+    dep = validation.deployment
+    if dep is None or all(dep.role(role).replicas == instances[role] for role in ROLES):
+        return validation
+    update = {role: dep.role(role).model_copy(update={"replicas": instances[role]}) for role in ROLES}
+    scaled = dep.model_copy(update={"spec": dep.spec.model_copy(update=update)})
+    extra = [f for f in _name_findings(scaled, validation.pod_plans) if f not in validation.findings]
+    return dataclasses.replace(validation, findings=[*validation.findings, *extra], deployment=scaled)

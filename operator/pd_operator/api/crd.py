@@ -1,4 +1,4 @@
-"""Generate the PDDeployment CustomResourceDefinition from the pydantic models.
+"""Generate the CustomResourceDefinitions (PDDeployment, PDRole) from the pydantic models.
 
 Pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema: no `$ref`, no
 `anyOf` around properties, no `additionalProperties` beside `properties`, `nullable` instead of
@@ -9,20 +9,19 @@ nothing else, so `make crds` output is a pure function of `api.types`.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from pd_operator.api.types import GROUP, KIND, PLURAL, VERSION, PDDeployment
+from pd_operator.api.types import GROUP, KIND, PLURAL, ROLE_KIND, ROLE_PLURAL, VERSION, PDDeployment, PDRole
 from pd_operator.schema import CEL_RULES
-
-CRD_NAME = f"{PLURAL}.{GROUP}"
-CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 
 # Keys JSON Schema has that a structural schema does not take.
 _DROP = ("title", "discriminator")
 
-PRINTER_COLUMNS = [
+PDD_COLUMNS = [
     {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.shape",
      "description": "Prefill instances x data parallel x tensor parallel"},
     {"name": "Decode", "type": "string", "jsonPath": ".status.decode.shape",
@@ -35,6 +34,48 @@ PRINTER_COLUMNS = [
      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+PDROLE_COLUMNS = [
+    {"name": "Deployment", "type": "string", "jsonPath": ".spec.deployment"},
+    {"name": "Role", "type": "string", "jsonPath": ".spec.role"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas",
+     "description": "Instances asked for (kubectl scale, an HPA)"},
+    {"name": "Current", "type": "integer", "jsonPath": ".status.replicas",
+     "description": "Instances the operator runs: the request held at spec.scaling's bounds"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One custom resource: its model and what the CRD says about it besides the schema."""
+
+    model: type[BaseModel]
+    kind: str
+    plural: str
+    short_names: list[str]
+    columns: list[dict]
+    subresources: dict = field(default_factory=lambda: {"status": {}})
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+    @property
+    def file(self) -> str:
+        return f"{GROUP}_{self.plural}.yaml"
+
+
+PDDEPLOYMENT = Kind(PDDeployment, KIND, PLURAL, ["pdd"], PDD_COLUMNS)
+# The scale subresource is what `kubectl scale`, HPAs and KEDA use: .spec.replicas is asked, .status
+# (replicas, selector) is what the operator runs (k8s.io/apiextensions-apiserver:
+# pkg/apis/apiextensions/types.go CustomResourceSubresourceScale @ v0.36.3).
+PDROLE = Kind(PDRole, ROLE_KIND, ROLE_PLURAL, ["pdr"], PDROLE_COLUMNS,
+              {"status": {}, "scale": {"specReplicasPath": ".spec.replicas",
+                                       "statusReplicasPath": ".status.replicas",
+                                       "labelSelectorPath": ".status.selector"}})
+KINDS = (PDDEPLOYMENT, PDROLE)
+CRD_FILE = PDDEPLOYMENT.file
 
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
@@ -133,8 +174,8 @@ def _structural(node: Any) -> Any:
     return node
 
 
-def openapi_schema() -> dict:
-    raw = PDDeployment.model_json_schema(by_alias=True)
+def openapi_schema(model: type[BaseModel] = PDDeployment) -> dict:
+    raw = model.model_json_schema(by_alias=True)
     defs = raw.pop("$defs", {})
     resolved = _resolve(raw, defs)
     props = resolved["properties"]
@@ -153,42 +194,44 @@ def openapi_schema() -> dict:
     return schema
 
 
-def crd() -> dict:
+def crd(kind: Kind = PDDEPLOYMENT) -> dict:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/name": "pd-operator",
-                                                  "app.kubernetes.io/part-of": "pd-operator"}},
+        "metadata": {"name": kind.crd_name, "labels": {"app.kubernetes.io/name": "pd-operator",
+                                                       "app.kubernetes.io/part-of": "pd-operator"}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"plural": PLURAL, "singular": KIND.lower(), "kind": KIND, "listKind": f"{KIND}List",
-                      "shortNames": ["pdd"], "categories": ["all", "pd"]},
+            "names": {"plural": kind.plural, "singular": kind.kind.lower(), "kind": kind.kind,
+                      "listKind": f"{kind.kind}List", "shortNames": kind.short_names,
+                      "categories": ["all", "pd"]},
             "versions": [{
                 "name": VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": openapi_schema()},
+                "subresources": kind.subresources,
+                "additionalPrinterColumns": kind.columns,
+                "schema": {"openAPIV3Schema": openapi_schema(kind.model)},
             }],
         },
     }
 
 
-def crd_yaml() -> str:
+def crd_yaml(kind: Kind = PDDEPLOYMENT) -> str:
     header = "# Generated by `make crds` from operator/pd_operator/api/types.py. Do not edit.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=110)
+    return header + yaml.safe_dump(crd(kind), sort_keys=False, width=110)
 
 
 def main() -> None:
     import sys
     from pathlib import Path
 
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "crds") / CRD_FILE
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(crd_yaml())
-    print(f"wrote {out}")
+    for kind in KINDS:
+        out = Path(sys.argv[1] if len(sys.argv) > 1 else "crds") / kind.file
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(crd_yaml(kind))
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

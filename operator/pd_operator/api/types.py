@@ -1,4 +1,4 @@
-"""The PDDeployment API (`pd.serving.dev/v1alpha1`), defined once.
+"""The PDDeployment and PDRole API (`pd.serving.dev/v1alpha1`), defined once.
 
 These pydantic models are the single source of truth: `make crds` generates the CRD's
 openAPIV3Schema from them (field docstrings become `kubectl explain` text), the validator parses
@@ -22,6 +22,8 @@ VERSION = "v1alpha1"
 KIND: Final = "PDDeployment"
 PLURAL = "pddeployments"
 API_VERSION: Final = "pd.serving.dev/v1alpha1"
+ROLE_KIND: Final = "PDRole"
+ROLE_PLURAL = "pdroles"
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 DNSLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
@@ -239,8 +241,9 @@ class AutoscalingSpec(ApiModel):
 
 class RoleSpec(ApiModel):
     replicas: int = Field(default=1, ge=0, le=MAX_INSTANCES)
-    """Instances of this role; each is one vLLM engine (TP x DP x PP NPUs). With `autoscaling`, the
-    count to start with: the HPA owns it afterwards."""
+    """Instances of this role; each is one vLLM engine (TP x DP x PP NPUs). The role's PDRole
+    (`<name>-<role>`) starts with this count and owns it afterwards (`kubectl scale`, an HPA); a later
+    change here is forwarded to the PDRole once, unless `autoscaling` is set (the HPA owns it)."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     data_parallel_size: int = Field(default=1, ge=1, le=256)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=16)
@@ -294,6 +297,39 @@ class ProxySpec(ApiModel):
     image: str | None = Field(default=None, max_length=512)
     """Defaults to the serving image, which has this package installed and so runs `pd-proxy`."""
     resources: Resources = Field(default_factory=Resources)
+
+
+class RoleBounds(ApiModel):
+    """Bounds on one role's instance count, whoever asks for it (spec.<role>.replicas forwarded to the
+    PDRole, `kubectl scale`, an HPA)."""
+
+    min_replicas: int = Field(default=0, ge=0, le=MAX_INSTANCES)
+    """A request for fewer instances is held here."""
+    max_replicas: int | None = Field(default=None, ge=0, le=MAX_INSTANCES)
+    """A request for more instances is held here; unset: no bound."""
+
+
+class RatioBounds(ApiModel):
+    """Bounds on prefill instances per decode instance. A scale that would break one is held: the role
+    with too many instances runs the most the ratio allows (never more of the other role)."""
+
+    min_prefill_per_decode: float | None = Field(default=None, gt=0, le=MAX_INSTANCES)
+    """At least this many prefill instances per decode instance: decode is held at prefill / this."""
+    max_prefill_per_decode: float | None = Field(default=None, gt=0, le=MAX_INSTANCES)
+    """At most this many prefill instances per decode instance: prefill is held at decode x this."""
+
+
+class ScalingSpec(ApiModel):
+    """Bounds on the instance counts the roles' PDRoles ask for. A count outside them is held at the
+    bound (condition ScalingLimited says which and what to change); the PDRole keeps what was asked.
+    The minimums must themselves satisfy the ratio."""
+
+    prefill: RoleBounds = Field(default_factory=RoleBounds)
+    decode: RoleBounds = Field(default_factory=RoleBounds)
+    ratio: RatioBounds = Field(default_factory=RatioBounds)
+
+    def role(self, role: str) -> RoleBounds:
+        return self.prefill if role == "prefill" else self.decode
 
 
 # Kubernetes name formats (k8s.io/apimachinery: pkg/util/validation/validation.go @ v0.36.3): a DNS-1123
@@ -382,6 +418,7 @@ class PDDeploymentSpec(ApiModel):
     """Port of each engine's OpenAI-compatible HTTP server (`vllm serve --port`)."""
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
 
     @model_validator(mode="after")
     def _gang_topology_is_kubernetes(self) -> PDDeploymentSpec:
@@ -486,3 +523,37 @@ class PDDeployment(ApiModel):
 
 
 ROLES: tuple[Literal["prefill"], Literal["decode"]] = ("prefill", "decode")
+
+
+class PDRoleSpec(ApiModel):
+    deployment: DNSLabel
+    """The PDDeployment this role belongs to (set by the operator)."""
+    role: Literal["prefill", "decode"]
+    """Which of its roles (set by the operator)."""
+    replicas: int = Field(ge=0, le=MAX_INSTANCES)
+    """Instances the role should run: the target of `kubectl scale` and HPAs (the scale subresource).
+    The operator sets it when it creates the PDRole and when spec.<role>.replicas of the PDDeployment
+    changes, and otherwise only reads it."""
+
+
+class PDRoleStatus(ApiModel):
+    replicas: int = 0
+    """Instances the operator runs: spec.replicas held at the PDDeployment's spec.scaling bounds."""
+    ready_replicas: int = 0
+    """Instances whose pods are all Ready on the wanted KV layout."""
+    selector: str = ""
+    """Label selector of one pod per instance (the leader, which serves vLLM's /metrics): what an HPA
+    averages Pods metrics over."""
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class PDRole(ApiModel):
+    """One role (prefill or decode) of a PDDeployment, with a scale subresource: `kubectl scale`, an HPA
+    or a KEDA ScaledObject set the role's instance count here. Created and owned by the operator."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+    api_version: Literal["pd.serving.dev/v1alpha1"] = API_VERSION
+    kind: Literal["PDRole"] = ROLE_KIND
+    metadata: ObjectMeta
+    spec: PDRoleSpec
+    status: PDRoleStatus | None = None

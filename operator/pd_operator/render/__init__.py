@@ -1,6 +1,7 @@
 """Render a validated PDDeployment into the Kubernetes objects that run it: pure, no I/O, no clock.
 
-`render(validation)` returns the manifests in apply order: the serving and proxy ConfigMaps,
+`render(validation)` returns the manifests in apply order: the roles' PDRoles (what scalers scale,
+see render/roles.py), the serving and proxy ConfigMaps,
 Services, the PodGroups that gang-schedule the instances (spec.scheduling.gang), the serving
 StatefulSets, the proxy, the NetworkPolicy, the PodDisruptionBudgets and the roles' HPAs. PodGroups
 come before the StatefulSets: when the cluster lacks their API, the apply stops before any pod is
@@ -18,6 +19,7 @@ from pd_operator.render.autoscaling import autoscalers
 from pd_operator.render.context import Context, NotRenderable
 from pd_operator.render.labels import kv_layout_hash
 from pd_operator.render.policy import disruption_budget, network_policy
+from pd_operator.render.roles import pd_role
 from pd_operator.render.workloads import headless_service, stateful_set
 from pd_operator.validate import Validation
 
@@ -28,7 +30,8 @@ def render(validation: Validation) -> list[dict]:
     ctx = Context.of(validation)
     proxy_on = ctx.dep.spec.proxy.enabled
     instances = ctx.instances()
-    out: list[dict] = [serving_config.config_map(ctx)]
+    out: list[dict] = [pd_role(ctx, role) for role in ROLES]
+    out.append(serving_config.config_map(ctx))
     if proxy_on:
         out.append(proxy.membership_config_map(ctx))
     out += [headless_service(ctx, role, i) for role, i in instances]

@@ -11,10 +11,10 @@ from pd_operator.owned import DEFAULT_ENV
 from pd_operator.ports import HANDSHAKE_RPC
 from pd_operator.render.command import POD_INDEX_ENV
 from pd_operator.render.context import Context
+from pd_operator.render.labels import POD_INDEX_LABEL
 
 # The pod's network interface for HCCL, gloo and torch (facts.md section 2). Pod network: eth0.
 POD_INTERFACE = "eth0"
-POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (GA in 1.32)
 
 
 def _value(name: str, value: str | int) -> dict:

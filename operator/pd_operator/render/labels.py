@@ -22,6 +22,11 @@ ROLE = f"{GROUP}/role"
 INSTANCE = f"{GROUP}/instance"
 KV_LAYOUT = f"{GROUP}/kv-layout"
 COMPONENT = "app.kubernetes.io/component"
+# The pod's ordinal in its StatefulSet, set by the StatefulSet controller (GA in 1.32;
+# k8s.io/api: apps/v1/types.go PodIndexLabel @ v0.36.3): 0 is an instance's leader.
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+# On a PDRole: the spec.<role>.replicas of the PDDeployment the operator last forwarded to it.
+FORWARDED_REPLICAS = f"{GROUP}/forwarded-replicas"
 # The pod annotation naming a pod's Volcano PodGroup (volcano.sh/apis: pkg/apis/scheduling/v1beta1/
 # labels.go KubeGroupNameAnnotationKey @ v1.13.0).
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
