@@ -17,6 +17,10 @@ RULES: list[dict] = [
     {"apiGroups": ["pd.serving.dev"], "resources": ["pddeployments"],
      "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["pd.serving.dev"], "resources": ["pddeployments/status"], "verbs": ["patch"]},
+    # The roles' PDRoles are children (applied, created with their replicas, pruned); the operator
+    # writes their status for the scale subresource.
+    {"apiGroups": ["pd.serving.dev"], "resources": ["pdroles"], "verbs": CHILD_VERBS},
+    {"apiGroups": ["pd.serving.dev"], "resources": ["pdroles/status"], "verbs": ["patch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["services"], "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", *CHILD_VERBS]},

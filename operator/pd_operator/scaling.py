@@ -69,7 +69,7 @@ def _ratio(value: float | None) -> Fraction | None:
 def bound(requested: Mapping[str, int], scaling: ScalingSpec) -> Bounded:
     """The counts to run for the requested ones (role -> instances), held at `scaling`'s bounds.
     Assumes `findings(scaling)` is empty (validate refuses bounds that cannot hold)."""
-    count = {role: requested[role] for role in ROLES}
+    count: dict[str, int] = {role: requested[role] for role in ROLES}
     last: dict[str, str] = {}
     for role in ROLES:
         limits = scaling.role(role)

@@ -317,7 +317,8 @@ def with_instances(validation: Validation, instances: Mapping[str, int]) -> Vali
     dep = validation.deployment
     if dep is None or all(dep.role(role).replicas == instances[role] for role in ROLES):
         return validation
-    update = {role: dep.role(role).model_copy(update={"replicas": instances[role]}) for role in ROLES}
+    update: dict[str, Any] = {role: dep.role(role).model_copy(update={"replicas": instances[role]})
+                              for role in ROLES}
     scaled = dep.model_copy(update={"spec": dep.spec.model_copy(update=update)})
     extra = [f for f in _name_findings(scaled, validation.pod_plans) if f not in validation.findings]
     return dataclasses.replace(validation, findings=[*validation.findings, *extra], deployment=scaled)

@@ -21,7 +21,7 @@ from pd_operator.schema import CEL_RULES
 # Keys JSON Schema has that a structural schema does not take.
 _DROP = ("title", "discriminator")
 
-PDD_COLUMNS = [
+PDD_COLUMNS: list[dict] = [
     {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.shape",
      "description": "Prefill instances x data parallel x tensor parallel"},
     {"name": "Decode", "type": "string", "jsonPath": ".status.decode.shape",
@@ -34,7 +34,7 @@ PDD_COLUMNS = [
      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
-PDROLE_COLUMNS = [
+PDROLE_COLUMNS: list[dict] = [
     {"name": "Deployment", "type": "string", "jsonPath": ".spec.deployment"},
     {"name": "Role", "type": "string", "jsonPath": ".spec.role"},
     {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas",

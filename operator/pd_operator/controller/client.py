@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 import kubernetes
 import urllib3
 
-from pd_operator.api.types import GROUP, PLURAL, VERSION
+from pd_operator.api.types import API_VERSION, GROUP, PLURAL, ROLE_KIND, ROLE_PLURAL, VERSION
 
 FIELD_MANAGER = "pd-operator"
 TIMEOUT_S = 30
@@ -33,6 +33,8 @@ Need = tuple[str, str, str]
 
 # The kinds the renderer produces: (apiVersion, kind) -> resource (plural).
 CHILD_KINDS: dict[tuple[str, str], str] = {
+    # The roles' scale targets (render/roles.py, controller/roles.py).
+    (API_VERSION, ROLE_KIND): ROLE_PLURAL,
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
     ("apps/v1", "StatefulSet"): "statefulsets",
@@ -198,6 +200,40 @@ class Client:
             if err.status == 404:
                 raise NotServed(str(err), manifest) from None
             raise
+        return result
+
+    @needs(("create", GROUP, ROLE_PLURAL))
+    def create_role(self, manifest: dict) -> dict:
+        """Create a PDRole with its spec.replicas (a create, not an apply: the operator's apply never
+        owns that field, see controller/roles.py)."""
+        meta = manifest["metadata"]
+        try:
+            result: dict = self._request(
+                "create", API_VERSION, ROLE_PLURAL, "POST",
+                _path(API_VERSION, ROLE_PLURAL, meta["namespace"]),
+                query=[("fieldManager", FIELD_MANAGER)], body=manifest)
+        except ApiError as err:
+            if err.status == 404:  # the namespace exists, so the PDRole CRD is missing
+                raise NotServed(str(err), manifest) from None
+            raise
+        return result
+
+    @needs(("patch", GROUP, ROLE_PLURAL))
+    def forward_replicas(self, namespace: str, name: str, patch: dict) -> dict:
+        """Merge-patch a PDRole's spec.replicas and forwarded-replicas annotation (controller/roles.py)."""
+        result: dict = self._request("patch", API_VERSION, ROLE_PLURAL, "PATCH",
+                                     _path(API_VERSION, ROLE_PLURAL, namespace, name),
+                                     query=[("fieldManager", FIELD_MANAGER)], body=patch,
+                                     content_type="application/merge-patch+json")
+        return result
+
+    @needs(("patch", GROUP, f"{ROLE_PLURAL}/status"))
+    def patch_role_status(self, namespace: str, name: str, status: dict) -> dict:
+        """Merge-patch a PDRole's status (the scale subresource reads replicas and selector there)."""
+        result: dict = self._request("patch", API_VERSION, f"{ROLE_PLURAL}/status", "PATCH",
+                                     _path(API_VERSION, ROLE_PLURAL, namespace, name, "status"),
+                                     query=[("fieldManager", FIELD_MANAGER)], body={"status": status},
+                                     content_type="application/merge-patch+json")
         return result
 
     @needs(*_children("delete"))

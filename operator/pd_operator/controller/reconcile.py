@@ -1,10 +1,13 @@
 """The one level-based reconcile of a PDDeployment: every trigger (create, update, resume, the
 drift timer, a child's change) runs the same steps, so the outcome never depends on which one.
 
-validate -> (invalid: status + event, children untouched) -> render -> gate the proxy during a KV
-layout roll -> plan against the observed children -> apply what changed (owner reference
-included, so apply adopts) -> prune what the spec no longer wants -> group restarts -> status
-(written only when it changed) -> events on significant transitions.
+validate -> (invalid: status + event, children untouched) -> the instance counts the roles'
+PDRoles ask for, held at spec.scaling's bounds (controller/roles.py, scaling.py) -> render those ->
+gate the proxy during a KV layout roll -> plan against the observed children -> apply what changed
+(owner reference included, so apply adopts; a missing PDRole is created with its count, a changed
+spec.<role>.replicas forwarded) -> prune what the spec no longer wants -> group restarts -> status
+of the PDRoles and the PDDeployment (written only when it changed) -> events on significant
+transitions.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from pd_operator import scaling
 from pd_operator.api.types import ROLES
-from pd_operator.controller import links, restarts, rollout
+from pd_operator.controller import links, restarts, roles, rollout
 from pd_operator.controller import status as status_mod
 from pd_operator.controller.client import ApiError, Client, NotServed
 from pd_operator.controller.planner import Plan, is_owned_by, key, plan, stamp
@@ -22,7 +26,7 @@ from pd_operator.controller.pods import label
 from pd_operator.names import Names
 from pd_operator.render import render
 from pd_operator.render.labels import INSTANCE, ROLE
-from pd_operator.validate import Validation, validate
+from pd_operator.validate import Validation, validate, with_instances
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +72,26 @@ def _desired(validation: Validation, body: dict, pods: list[dict]) -> tuple[list
         render(validation), pods, Names(dep.name, dep.namespace),
         {role: validation.pod_plans[role].pods for role in ROLES},
         {role: dep.role(role).replicas for role in ROLES}, layout)
-    return [stamp(m, body) for m in gated], rolling
+    return [stamp(roles.applied_form(m), body) for m in gated], rolling
 
 
-def _apply(client: Client, the_plan: Plan, children: list[dict], outcome: Outcome) -> list[dict]:
-    """Apply and prune; the children as they are afterwards."""
+def _apply(client: Client, namespace: str, the_plan: Plan, children: list[dict], asks: dict[str, roles.Ask],
+           outcome: Outcome) -> list[dict]:
+    """Apply (a missing PDRole: create it with its count), forward, prune; the children afterwards."""
     current = {key(c): c for c in children}
     for manifest in the_plan.apply:
-        current[key(manifest)] = applied = client.apply(manifest)
+        if roles.is_role(manifest) and key(manifest) not in current:
+            ask = asks[manifest["spec"]["role"]]
+            applied = client.create_role(roles.creation(manifest, ask.requested))
+        else:
+            applied = client.apply(manifest)
+        current[key(manifest)] = applied
         outcome.applied.append(applied)
+    for ask in asks.values():
+        if ask.forward:
+            forwarded = client.forward_replicas(namespace, ask.name, roles.forward_patch(ask.requested))
+            current[key(forwarded)] = forwarded
+            outcome.applied.append(forwarded)
     for obj in the_plan.prune:
         client.delete(obj)
         current.pop(key(obj), None)
@@ -150,6 +165,25 @@ def _write_status(client: Client, body: dict, validation: Validation, observed: 
         client.post_event(body, type_, reason, message)
 
 
+def _write_role_statuses(client: Client, validation: Validation, observed: status_mod.Observed, uid: str,
+                         now: datetime, outcome: Outcome) -> None:
+    """Each owned PDRole's status (what its scale subresource reports), written when it changed."""
+    dep = validation.deployment
+    assert dep is not None and observed.scaling is not None
+    ready = status_mod.ready_counts(validation, observed)
+    holds = {h.role: h for h in observed.scaling.holds}
+    names = Names(dep.name, dep.namespace)
+    for role in ROLES:
+        found = roles.find(observed.children, names.role(role))
+        if found is None or not is_owned_by(found, uid):
+            continue
+        previous = found.get("status") or {}
+        new = roles.status(dep, role, observed.scaling.effective[role], ready[role], holds.get(role),
+                           previous, found["metadata"].get("generation"), now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if new != previous:
+            outcome.applied.append(client.patch_role_status(dep.namespace, names.role(role), new))
+
+
 def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict],
               now: datetime | None = None) -> Outcome:
     """Bring the children of one PDDeployment to its spec. `children` and `pods` are the objects
@@ -161,14 +195,22 @@ def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict]
     validation = validate(manifest_of(body),
                           read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k))
     outcome = Outcome()
+    bounded = None
+    if validation.ok:
+        dep = validation.deployment
+        assert dep is not None
+        asks = roles.asks(dep, children, meta["uid"])
+        bounded = scaling.bound({role: asks[role].requested for role in ROLES}, dep.spec.scaling)
+        validation = with_instances(validation, bounded.effective)
     if not validation.ok:
         observed = status_mod.Observed(children=children, pods=pods)
         _write_status(client, body, validation, observed, now, outcome)
         raise InvalidSpec(" ".join(f.line() for f in validation.errors))
+    assert bounded is not None
     desired, rolling = _desired(validation, body, pods)
     the_plan = plan(desired, children, meta["uid"])
     try:
-        children = _apply(client, the_plan, children, outcome)
+        children = _apply(client, ns, the_plan, children, asks, outcome)
     except NotServed as err:
         _report_not_served(client, body, validation, children, pods, err, now, outcome)
         raise
@@ -177,7 +219,9 @@ def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict]
     pods = [p for p in pods if p["metadata"]["name"] not in gone]
     observed = status_mod.Observed(children=children, pods=pods, foreign=the_plan.foreign,
                                    blocked=the_plan.blocked, rolling=rolling, restarts=decisions,
-                                   links=_kv_links(client, validation, pods, body.get("status") or {}))
+                                   links=_kv_links(client, validation, pods, body.get("status") or {}),
+                                   scaling=bounded)
+    _write_role_statuses(client, validation, observed, meta["uid"], now, outcome)
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted:
         logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s", ns, meta["name"],

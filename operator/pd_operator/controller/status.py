@@ -18,10 +18,11 @@ from pd_operator.names import Names
 from pd_operator.render import kv_layout_hash, scheduling
 from pd_operator.render.context import Context
 from pd_operator.render.proxy import members as proxy_members
+from pd_operator.scaling import Bounded
 from pd_operator.validate import Validation
 
 TYPES = ("KVCompatible", "PrefillReady", "DecodeReady", "ProxyReady", "Ready",
-         "Progressing", "Degraded", "GangScheduling")
+         "Progressing", "Degraded", "GangScheduling", "ScalingLimited")
 MAX_MESSAGE = 1024
 FINDING = "<finding code>"
 """Stands for a finding code (see the findings catalog) in REASONS."""
@@ -76,6 +77,17 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("GangScheduling", "False", "GangUnavailable", "The cluster does not serve the PodGroup kind the spec "
      "asks for (or drops its topology constraint); the message says what to enable. The instances' "
      "StatefulSets are not applied until it does."),
+    ("ScalingLimited", "True", "MaxReplicas", "A role's PDRole asks for more instances than "
+     "spec.scaling.<role>.maxReplicas: the role runs that many. Raise the bound to run more."),
+    ("ScalingLimited", "True", "MinReplicas", "A role's PDRole asks for fewer instances than "
+     "spec.scaling.<role>.minReplicas: the role runs that many. Lower the bound to run fewer."),
+    ("ScalingLimited", "True", "MaxPrefillPerDecode", "Prefill asks for more instances than "
+     "spec.scaling.ratio.maxPrefillPerDecode allows with the decode instances running: prefill runs the "
+     "most it allows. Raise the ratio or scale decode up first."),
+    ("ScalingLimited", "True", "MinPrefillPerDecode", "Decode asks for more instances than "
+     "spec.scaling.ratio.minPrefillPerDecode allows with the prefill instances running: decode runs the "
+     "most it allows. Lower the ratio or scale prefill up first."),
+    ("ScalingLimited", "False", "WithinBounds", "Each role runs the instances its PDRole asks for."),
 ]
 """Every condition with the reasons it can have, for the README (tools/docs.py)."""
 
@@ -96,6 +108,8 @@ class Observed:
     unserved: dict | None = None
     """A child whose kind the API server does not serve (the apply stopped there), with `error`."""
     unserved_error: str = ""
+    scaling: Bounded | None = None
+    """The roles' requested and effective instance counts (None: every role runs its spec's count)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +145,8 @@ def layout_hash(validation: Validation) -> str | None:
     return kv_layout_hash(Context.of(validation)) if validation.ok else None
 
 
-def _ready_counts(validation: Validation, observed: Observed) -> dict[str, int]:
+def ready_counts(validation: Validation, observed: Observed) -> dict[str, int]:
+    """Per role: instances whose pods are all Ready on the wanted KV layout."""
     wanted = layout_hash(validation)
     if wanted is None:
         return dict.fromkeys(ROLES, 0)
@@ -281,6 +296,16 @@ def _gang_condition(validation: Validation, observed: Observed) -> _Cond:
                  "scheduler binds all of an instance's pods or none.")
 
 
+def _scaling_condition(dep: PDDeployment, observed: Observed) -> _Cond:
+    holds = observed.scaling.holds if observed.scaling is not None else []
+    if not holds:
+        return _Cond("ScalingLimited", False, "WithinBounds",
+                     "Each role runs the instances its PDRole asks for.")
+    names = Names(dep.name, dep.namespace)
+    return _Cond("ScalingLimited", True, holds[0].bound,
+                 " ".join(f"PDRole {names.role(h.role)}: {h.message()}" for h in holds))
+
+
 def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> list[_Cond]:
     if not validation.ok:
         text = _errors_text(validation.errors)
@@ -308,14 +333,15 @@ def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
     kv = _kv_condition(validation)
     if dep is None or not validation.ok:
         return [kv, *_summary(validation, [], observed), _degraded(observed)]
-    ready = _ready_counts(validation, observed)
+    ready = ready_counts(validation, observed)
     parts = [_role_condition(dep, role, ready[role], observed.pods) for role in ROLES]
     parts.append(_proxy_condition(dep, observed))
     gang = _gang_condition(validation, observed)
     # Only a PodGroup kind the cluster lacks stops the apply (and so the instances); the other
     # GangScheduling states are advice.
     blocking = [gang] if observed.unserved is not None and gang.reason == "GangUnavailable" else []
-    return [kv, *parts, *_summary(validation, [*blocking, *parts], observed), _degraded(observed), gang]
+    return [kv, *parts, *_summary(validation, [*blocking, *parts], observed), _degraded(observed), gang,
+            _scaling_condition(dep, observed)]
 
 
 def _status_word(ok: bool | None) -> str:
@@ -350,7 +376,7 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
     dep, report = validation.deployment, validation.report
     if not validation.ok or dep is None or report is None:
         return out
-    ready = _ready_counts(validation, observed)
+    ready = ready_counts(validation, observed)
     for role in ROLES:
         out[role] = _role_status(dep, role, ready[role])
     p, d = report.prefill_layout, report.decode_layout
