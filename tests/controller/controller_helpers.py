@@ -7,6 +7,7 @@ from typing import Any
 
 from controller_support import example
 
+from pd_operator.controller import roles
 from pd_operator.controller.planner import stamp
 from pd_operator.render import render
 from pd_operator.validate import Validation, validate
@@ -33,7 +34,8 @@ def owner(validation: Validation) -> dict[str, Any]:
 
 
 def desired(validation: Validation) -> list[dict]:
-    return [stamp(m, owner(validation)) for m in render(validation)]
+    """The stamped manifests as the reconcile applies them (PDRoles without spec.replicas)."""
+    return [stamp(roles.applied_form(m), owner(validation)) for m in render(validation)]
 
 
 def pods_of(manifests: list[dict], *, ready: bool = True, layout: str | None = None) -> list[dict]:

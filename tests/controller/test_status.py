@@ -29,7 +29,8 @@ def test_nothing_running_yet():
     assert got == {"KVCompatible": ("True", "Compatible"), "PrefillReady": ("False", "InstancesNotReady"),
                    "DecodeReady": ("False", "InstancesNotReady"), "ProxyReady": ("False", "ProxyNotReady"),
                    "Ready": ("False", "InstancesNotReady"), "Progressing": ("True", "WaitingForPods"),
-                   "Degraded": ("False", "AsExpected"), "GangScheduling": ("True", "SinglePodInstances")}
+                   "Degraded": ("False", "AsExpected"), "GangScheduling": ("True", "SinglePodInstances"),
+                   "ScalingLimited": ("False", "WithinBounds")}
 
 
 def test_everything_ready_is_ready_and_complete():

@@ -29,5 +29,8 @@ def test_api_reference_is_current():
 def test_api_reference_documents_every_spec_section():
     text = docs.api_reference()
     for section in ("spec.model", "spec.kvTransfer", "spec.kvTransfer.timeouts", "spec.prefill",
-                    "spec.decode", "spec.proxy", "status", "status.conditions[]"):
-        assert f"## `{section}`" in text, section
+                    "spec.decode", "spec.proxy", "spec.scaling", "spec.scaling.ratio", "status",
+                    "status.conditions[]"):
+        assert f"## `PDDeployment.{section}`" in text, section
+    for section in ("spec", "status", "status.conditions[]"):
+        assert f"## `PDRole.{section}`" in text, section

@@ -15,8 +15,10 @@ from typing import Any
 
 import celpy
 import jsonschema
+from pydantic import BaseModel
 
 from pd_operator.api.crd import openapi_schema
+from pd_operator.api.types import PDDeployment
 
 Problem = tuple[str, str]
 
@@ -44,13 +46,13 @@ def _to_jsonschema(node: Any) -> Any:
 
 
 @cache
-def _crd_schema() -> dict:
-    return openapi_schema()
+def _crd_schema(model: type[BaseModel] = PDDeployment) -> dict:
+    return openapi_schema(model)
 
 
 @cache
-def _validator() -> jsonschema.Draft7Validator:
-    schema = _to_jsonschema(_crd_schema())
+def _validator(model: type[BaseModel] = PDDeployment) -> jsonschema.Draft7Validator:
+    schema = _to_jsonschema(_crd_schema(model))
     schema["properties"]["metadata"] = {"type": "object"}
     return jsonschema.Draft7Validator(schema)
 
@@ -122,13 +124,15 @@ def _wide_integers(value: Any, path: list) -> list[Problem]:
     return [p for key, item in items for p in _wide_integers(item, [*path, key])]
 
 
-def schema_problems(doc: dict) -> list[Problem]:
-    """Every way `doc` fails the CRD schema; CEL rules run only on structurally valid documents,
-    as in the API server (a rule over a wrongly typed field would only repeat the type error)."""
+def schema_problems(doc: dict, model: type[BaseModel] = PDDeployment) -> list[Problem]:
+    """Every way `doc` fails the CRD schema of `model`'s kind; CEL rules run only on structurally
+    valid documents, as in the API server (a rule over a wrongly typed field would only repeat the
+    type error)."""
     problems = [(_path(err.absolute_path) or "(root)", err.message)
-                for err in sorted(_validator().iter_errors(doc),
+                for err in sorted(_validator(model).iter_errors(doc),
                                   key=lambda e: list(map(str, e.absolute_path)))]
     problems += _wide_integers(doc, [])
     if problems:
         return problems
-    return _cel_problems(_crd_schema(), with_defaults(_crd_schema(), doc), [])
+    schema = _crd_schema(model)
+    return _cel_problems(schema, with_defaults(schema, doc), [])

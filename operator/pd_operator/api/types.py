@@ -313,9 +313,9 @@ class RatioBounds(ApiModel):
     """Bounds on prefill instances per decode instance. A scale that would break one is held: the role
     with too many instances runs the most the ratio allows (never more of the other role)."""
 
-    min_prefill_per_decode: float | None = Field(default=None, gt=0, le=MAX_INSTANCES)
+    min_prefill_per_decode: float | None = Field(default=None, ge=0.01, le=MAX_INSTANCES)
     """At least this many prefill instances per decode instance: decode is held at prefill / this."""
-    max_prefill_per_decode: float | None = Field(default=None, gt=0, le=MAX_INSTANCES)
+    max_prefill_per_decode: float | None = Field(default=None, ge=0.01, le=MAX_INSTANCES)
     """At most this many prefill instances per decode instance: prefill is held at decode x this."""
 
 
