@@ -19,7 +19,8 @@ from support.installed import condition, get_pdd, weights_claim
 from support.kube import kubectl
 
 GLM = "glm-flash"
-GLM_CHILDREN = {"ConfigMap/glm-flash-serving", "ConfigMap/glm-flash-proxy",
+GLM_CHILDREN = {"PDRole/glm-flash-prefill", "PDRole/glm-flash-decode",
+                "ConfigMap/glm-flash-serving", "ConfigMap/glm-flash-proxy",
                 "Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
                 "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
                 "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv",
