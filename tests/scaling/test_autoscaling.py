@@ -31,9 +31,6 @@ DECODE_ROLE = f"{GLM}-decode"
 KV_USAGE = "vllm_kv_cache_usage_perc"  # what the HPA asks for vllm:kv_cache_usage_perc
 HPA_USER = service_account_user("kube-system", "horizontal-pod-autoscaler")
 TIMEOUT_S = 180
-# The PDRole (its CRD, the operator creating one per role and following its spec.replicas) is the
-# lead's half of the contract; this test runs for real as soon as its CRD is generated.
-PDROLE_CRD = ROOT / "crds" / "pd.serving.dev_pdroles.yaml"
 AUTOSCALING = {"minReplicas": 1, "maxReplicas": 2,
                "metrics": [{"metric": "vllm:kv_cache_usage_perc", "averageValue": 0.5}],
                # No waiting: the test moves the metric once in each direction.
@@ -140,8 +137,6 @@ def test_rendered_hpas_read_back_as_rendered(control_plane, namespace):
         assert holds(stored, hpa), (json.dumps(stored["spec"]), json.dumps(hpa["spec"]))
 
 
-@pytest.mark.xfail(not PDROLE_CRD.exists(), run=False,
-                   reason="the HPA's scale target, the decode PDRole, does not exist before its CRD lands")
 def test_the_hpa_scales_decode_on_kv_cache_usage(control_plane, namespace, release, start_operator,
                                                   metrics_api):
     cp = control_plane
