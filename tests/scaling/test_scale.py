@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from pd_operator.api.types import GROUP, VERSION
-from pd_operator.render.labels import FORWARDED_REPLICAS
+from pd_operator.render.labels import FORWARDED_REPLICAS, KV_LAYOUT
 from support.cluster import ControlPlane, wait_for
 from support.installed import ROOT, condition, example, get_pdd, weights_claim
 from support.kube import kubectl
@@ -139,6 +139,15 @@ def test_kubectl_scale_moves_each_role_and_the_operator_never_fights_it(
     assert len(scale_writes) == 2 and all(e.user == "admin" and e.code == 200 for e in scale_writes)
     assert _operator_role_writes(cp, mark, user, namespace) == []
     assert _settled_writes(cp, op, user, namespace) == []
+    # A PDRole the operator must apply again (a hand edit of its label) keeps the scaler's count: the
+    # operator's server-side apply does not carry spec.replicas, so it neither sets nor removes it.
+    layout = _pdrole(cp, namespace, "decode")["metadata"]["labels"][KV_LAYOUT]
+    kubectl(kubeconfig, "label", "pdr", f"{GLM}-decode", f"{KV_LAYOUT}=edited", "--overwrite")
+    _wait(cp, namespace, "the label applied back",
+          lambda: _pdrole(cp, namespace, "decode")["metadata"]["labels"][KV_LAYOUT] == layout)
+    assert _pdrole(cp, namespace, "decode")["spec"]["replicas"] == 2
+    (reapplied,) = _operator_role_writes(cp, mark, user, namespace)
+    assert "patch" in reapplied and f"{GLM}-decode" in reapplied
 
     # Ratio bound: at most 1 decode per prefill. A scale of decode to 3 is held at 2, and says so.
     kubectl(kubeconfig, "patch", "pdd", GLM, "--type=merge",

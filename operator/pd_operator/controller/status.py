@@ -29,7 +29,7 @@ FINDING = "<finding code>"
 
 _ROLE_REASONS = [
     ("True", "InstancesReady", "Every instance of the role has all its pods Ready on the wanted KV layout."),
-    ("True", "ScaledToZero", "The role has replicas 0."),
+    ("True", "ScaledToZero", "The role runs no instances (its PDRole asks for none)."),
     ("False", "InstancesNotReady", "Some instances are starting or loading the model; see their pods."),
     ("False", "Unschedulable", "The scheduler cannot place a pod of the role; the message is the "
      "scheduler's (no node with that many NPUs free, a weights PVC that does not exist, ...)."),
@@ -187,7 +187,7 @@ def _role_condition(dep: PDDeployment, role: str, ready: int, pods: list[dict]) 
     kind = f"{role.capitalize()}Ready"
     want = dep.role(role).replicas
     if want == 0:
-        return _Cond(kind, True, "ScaledToZero", f"spec.{role}.replicas is 0.")
+        return _Cond(kind, True, "ScaledToZero", f"The {role} role runs no instances.")
     if ready >= want:
         return _Cond(kind, True, "InstancesReady", f"All {want} {role} instances are ready.")
     pending = sorted((p["metadata"]["name"], why) for (of_role, _), group in by_instance(pods).items()
