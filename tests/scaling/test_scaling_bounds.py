@@ -5,6 +5,7 @@ applies of it (never spec.replicas), when it creates or forwards a count, and th
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ from pd_operator.controller import roles
 from pd_operator.controller.planner import APPLIED_HASH, plan, stamp
 from pd_operator.render import render
 from pd_operator.render.labels import DEPLOYMENT, FORWARDED_REPLICAS, ROLE
+from pd_operator.render.proxy import members
 from pd_operator.scaling import MAX_RATIO, MAX_REPLICAS, MIN_RATIO, MIN_REPLICAS, Hold, bound, findings
 from pd_operator.validate import validate, with_instances
 from support.installed import ROOT, example
@@ -139,6 +141,14 @@ def test_the_count_to_run_is_rendered_everywhere():
     decode_sets = [m["metadata"]["name"] for m in manifests
                    if m["kind"] == "StatefulSet" and m["metadata"]["labels"][ROLE] == "decode"]
     assert decode_sets == ["glm-flash-decode-0", "glm-flash-decode-1", "glm-flash-decode-2"]
+    (membership,) = [m for m in manifests
+                     if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "glm-flash-proxy"]
+    listed = members(membership)
+    assert listed is not None and [u.name for u in listed.decode] == decode_sets
+    # Each instance its own KV engine id (vllm-ascend asserts one per engine).
+    for name in decode_sets:
+        (sts,) = [m for m in manifests if m["kind"] == "StatefulSet" and m["metadata"]["name"] == name]
+        assert f'default.{name}' in json.dumps(sts)
     assert validation.deployment.spec.decode.replicas == 3
     assert with_instances(validation, {"prefill": 1, "decode": 3}) is validation
 
