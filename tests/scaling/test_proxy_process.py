@@ -35,7 +35,7 @@ async def _scale_under_load(tmp_path) -> None:
     membership = tmp_path / "upstreams.json"
     swap(membership, document([p0.upstream, p1.upstream], [d0.upstream]))
     try:
-        async with ProxyProcess(membership, tmp_path / "proxy.log") as proxy, \
+        async with ProxyProcess.on_loopback(membership, tmp_path / "proxy.log") as proxy, \
                 Load(proxy.url, clients=CLIENTS) as load:
             await load.completed_after(0, 10)
             assert not d1.received, "decode-1 is not a member yet"
@@ -113,8 +113,8 @@ async def _members_that_refuse(tmp_path) -> None:
     membership = tmp_path / "upstreams.json"
     version = swap(membership, document([p0.upstream, dead_p], [d0.upstream, dead_d]))
     try:
-        async with ProxyProcess(membership, tmp_path / "proxy.log", "--retry-delay", "0") as proxy, \
-                Load(proxy.url, clients=2) as load:
+        async with ProxyProcess.on_loopback(membership, tmp_path / "proxy.log",
+                                            "--retry-delay", "0") as proxy, Load(proxy.url, clients=2) as load:
             await load.completed_after(0, 12)
             await load.stop()
             state = await proxy.state()
@@ -140,7 +140,7 @@ async def _no_members_and_bad_files(tmp_path) -> None:
     membership = tmp_path / "upstreams.json"  # missing at start
     body = {"model": "fake-model", "prompt": "hello", "max_tokens": 16}
     try:
-        async with ProxyProcess(membership, tmp_path / "proxy.log") as proxy:
+        async with ProxyProcess.on_loopback(membership, tmp_path / "proxy.log") as proxy:
             assert (await proxy.get("/healthcheck"))[0] == 503
             assert (await proxy.state()).version is None
             status, answer = await proxy.post("/v1/completions", body)

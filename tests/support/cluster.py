@@ -15,7 +15,8 @@ controller on a 2 s resync.
 
 Nodes: `NodePool`s of kwok nodes advertising NPUs (DEFAULT_NODES: `huawei.com/Ascend910: 8` and
 `huawei.com/ascend-1980: 16` labelled `accelerator: ascend-a3`, which the DeepSeek example
-selects). Pod IPs are fake; nothing may dial them.
+selects). Pod IPs are fake; nothing may dial them, unless the nodes carry loopback pod CIDRs
+(support/podnet.py), where the test runs what the pods would.
 
 Ports are picked below the ephemeral range (32768+): a port found free with bind(0) can be taken
 by an outgoing connection before the server binds it. A component that still loses its port to
@@ -142,13 +143,20 @@ def kwok_stages() -> list[pathlib.Path]:
 
 @dataclass(frozen=True)
 class NodePool:
-    """`count` kwok nodes named PREFIX-N, each advertising `npus` of `resource`."""
+    """`count` kwok nodes named PREFIX-N, each advertising `npus` of `resource`.
+
+    `pod_cidrs`, one per node when given, is each node's spec.podCIDR: kwok then hands that node's
+    pods IPs from it instead of from its --cidr (support/podnet.py makes them loopback addresses)."""
 
     prefix: str
     count: int
     resource: str
     npus: int
     labels: Mapping[str, str] = field(default_factory=dict)
+    pod_cidrs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert not self.pod_cidrs or len(self.pod_cidrs) == self.count, "one pod CIDR per node"
 
     def nodes(self) -> list[dict]:
         capacity = {"cpu": "256", "memory": "4Ti", "pods": "110", "ephemeral-storage": "100Ti",
@@ -161,6 +169,7 @@ class NodePool:
                 "labels": {"kubernetes.io/hostname": f"{self.prefix}-{i}", "kubernetes.io/os": "linux",
                            "kubernetes.io/arch": "amd64", "type": "kwok", **self.labels},
             },
+            **({"spec": {"podCIDR": self.pod_cidrs[i]}} if self.pod_cidrs else {}),
             "status": {"capacity": capacity, "allocatable": capacity},
         } for i in range(self.count)]
 

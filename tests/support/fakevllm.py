@@ -6,10 +6,13 @@
   no stream) and answers with where its blocks are (vllm-project/vllm-ascend:
   vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py @ v0.30.0rc2, `request_finished`:
   do_remote_prefill, remote_engine_id, remote_block_ids, remote_host, remote_port, remote_request_id);
-- decode checks it got those parameters for this request and answers with `chunks` tokens, as
-  server-sent events when streaming.
+- decode checks it got those parameters for this request, pulls the request's KV from the prefill
+  engine they name (an HTTP stand-in for the Mooncake pull: each prefilled request's blocks can be
+  pulled once, and a pull from an engine that is gone fails the request, as a real decode's would),
+  then answers with `chunks` tokens, as server-sent events when streaming.
 Each engine records what it received (by X-Request-Id) and any protocol violation, and can hold
-requests at a point until the test releases them (`Hold`: asyncio events, no sleeps).
+requests at a point until the test releases them (`Hold`: asyncio events, no sleeps). `kill()`
+stops an engine as a killed process stops: connections reset, requests in flight cut.
 
 `Load` runs a few concurrent clients (streaming and not, completions and chat) and checks every
 answer; `started_after(mark)` names the requests a client began after a point of the test.
@@ -18,6 +21,7 @@ answer; `started_after(mark)` names the requests a client began after a point of
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import socket
@@ -45,13 +49,19 @@ PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_
 """What vllm-ascend's example proxy asks prefill for (vllm-project/vllm-ascend:
 examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py @ v0.30.0rc2)."""
 WAIT_S = 60.0
+KV_PULL_PATH = "/fake-kv/"
+"""Where a fake prefill serves a request's blocks (the real pull is Mooncake's, not HTTP)."""
 
 
 async def until(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    """Poll `check` until it is truthy (a deadline for waiting, never an assertion on time)."""
+    """Poll `check` until it is truthy (a deadline for waiting, never an assertion on time). A
+    check may return an awaitable (e.g. `asyncio.to_thread(...)` of a blocking API call): its result
+    counts."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() > deadline:
@@ -102,13 +112,18 @@ class FakeEngine:
     errors: list[str] = field(default_factory=list)
     holds: dict[str, Hold] = field(default_factory=dict)
     """Points: "answer" (prefill: before it answers; decode: after the response headers, before
-    the first token) and "stream" (decode, streaming: after the first token)."""
+    it pulls the KV and sends the first token) and "stream" (decode, streaming: after the first
+    token)."""
+    host: str = HOST
     port: int = 0
+    blocks: set[str] = field(default_factory=set)
+    """Prefill: the requests whose KV decode has not pulled yet."""
     _runner: web.AppRunner | None = None
+    _session: aiohttp.ClientSession | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def upstream(self) -> Upstream:
@@ -131,18 +146,39 @@ class FakeEngine:
         for path in ("/v1/completions", "/v1/chat/completions"):
             app.router.add_post(path, self._prefill if self.role == "prefill" else self._decode)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None)
+        app.router.add_get(KV_PULL_PATH + "{request_id}", self._pulled)
+        # A client that goes away cancels its request, as vLLM aborts it.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, HOST, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = self._runner.addresses[0][1]
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_S))
         return self
 
     async def stop(self) -> None:
         if self._runner is not None:
             for hold in self.holds.values():
                 hold.release()
-            await self._runner.cleanup()
+            await self._close()
+
+    async def kill(self) -> None:
+        """Stop as a killed process does: nothing listens any more and every connection, requests
+        in flight included, is reset (held requests are cut, not released)."""
+        if self._runner is not None:
+            for site in list(self._runner.sites):
+                await site.stop()
+            assert self._runner.server is not None
+            for handler in self._runner.server.connections:
+                if handler.transport is not None:
+                    handler.transport.abort()
+            await self._close()
+
+    async def _close(self) -> None:
+        assert self._runner is not None and self._session is not None
+        await self._runner.cleanup()
+        await self._session.close()
+        self._runner = None
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -171,6 +207,7 @@ class FakeEngine:
         if problems:
             return self._refuse(request_id, f"not a prefill request: {', '.join(problems)}")
         await self._at("answer", body)
+        self.blocks.add(request_id)
         chat = request.path.endswith("chat/completions")
         choice = ({"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
                   if chat else {"index": 0, "text": "x", "finish_reason": "length"})
@@ -181,8 +218,32 @@ class FakeEngine:
                       "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}},
             "kv_transfer_params": {
                 "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2, 3]],
-                "remote_engine_id": self.name, "remote_request_id": request_id, "remote_host": HOST,
+                "remote_engine_id": self.name, "remote_request_id": request_id, "remote_host": self.host,
                 "remote_port": self.port, "last_token_id": 0}})
+
+    async def _pulled(self, request: web.Request) -> web.Response:
+        """Prefill: decode takes a request's blocks (once)."""
+        request_id = request.match_info["request_id"]
+        if request_id not in self.blocks:
+            return web.json_response({"error": f"no blocks of {request_id}"}, status=404)
+        self.blocks.discard(request_id)
+        return web.json_response({"request_id": request_id})
+
+    async def _pull(self, params: dict) -> str | None:
+        """Decode: pull the request's KV from the prefill engine its parameters name; what failed."""
+        assert self._session is not None
+        url = f"http://{params['remote_host']}:{params['remote_port']}{KV_PULL_PATH}{params['remote_request_id']}"
+        try:
+            async with self._session.get(url) as resp:
+                if resp.status == 200:
+                    return None
+                why = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            why = f"{type(err).__name__}: {err}"
+        problem = (f"{self.name} {params['remote_request_id']}: KV pull from {params['remote_engine_id']} "
+                   f"failed: {why}")
+        self.errors.append(problem)
+        return problem
 
     async def _decode(self, request: web.Request) -> web.StreamResponse:
         request_id, body = await self._receive(request)
@@ -191,7 +252,8 @@ class FakeEngine:
             ("do_remote_prefill", lambda v: v is True), ("do_remote_decode", lambda v: v is False),
             ("remote_engine_id", lambda v: isinstance(v, str) and v),
             ("remote_block_ids", lambda v: isinstance(v, list) and v),
-            ("remote_host", lambda v: v == HOST), ("remote_port", lambda v: isinstance(v, int)),
+            ("remote_host", lambda v: isinstance(v, str) and v),
+            ("remote_port", lambda v: isinstance(v, int)),
             ("remote_request_id", lambda v: v == request_id)) if not ok(params.get(key))]
         if body.get("max_tokens") == 1 or body.get("min_tokens") == 1:
             problems.append("the client's token limits were not restored")
@@ -203,6 +265,9 @@ class FakeEngine:
                  "prompt_tokens_details": {"cached_tokens": 0}}
         if not body.get("stream"):
             await self._at("answer", body)
+            if pull_failed := await self._pull(params):
+                return web.json_response({"error": {"message": pull_failed, "type": "InternalServerError",
+                                                    "code": 500}}, status=500)
             text = "".join(tokens)
             message = {"role": "assistant", "content": text}
             choice = ({"index": 0, "message": message, "finish_reason": "length"}
@@ -217,6 +282,11 @@ class FakeEngine:
             return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
         await self._at("answer", body)
+        if pull_failed := await self._pull(params):  # headers are out: the stream ends without [DONE]
+            await out.write(event({"error": {"message": pull_failed, "type": "InternalServerError",
+                                             "code": 500}}))
+            await out.write_eof()
+            return out
         for i, token in enumerate(tokens):
             last = i == len(tokens) - 1
             choice = ({"index": 0, "delta": {"content": token}, "finish_reason": "length" if last else None}
@@ -346,34 +416,51 @@ def swap(path: Path, doc: dict) -> str:
 
 
 class ProxyProcess:
-    """The installed `pd-proxy` console script as a subprocess on loopback, its log in `log`."""
+    """A `pd-proxy` process (`argv`) serving at host:port, its output in `log`."""
 
-    def __init__(self, membership: Path, log: Path, *extra: str) -> None:
-        script = Path(sys.executable).with_name("pd-proxy")
-        assert script.is_file(), f"{script} is not installed (make install)"
-        self.port = pick_port(HOST)
-        self.url = f"http://{HOST}:{self.port}"
-        self.log = log
-        self.argv = [str(script), "--membership", str(membership), "--host", HOST, "--port",
-                     str(self.port), "--poll-interval", "0.2", *extra]
+    def __init__(self, argv: list[str], host: str, port: int, log: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.argv, self.host, self.port, self.log, self.env = argv, host, port, log, env
+        self.url = f"http://{host}:{port}"
         self.proc: subprocess.Popen | None = None
 
-    async def __aenter__(self) -> ProxyProcess:
+    @classmethod
+    def on_loopback(cls, membership: Path, log: Path, *extra: str) -> ProxyProcess:
+        """The installed `pd-proxy` console script on 127.0.0.1 and a free port."""
+        script = Path(sys.executable).with_name("pd-proxy")
+        assert script.is_file(), f"{script} is not installed (make install)"
+        port = pick_port(HOST)
+        return cls([str(script), "--membership", str(membership), "--host", HOST, "--port", str(port),
+                    "--poll-interval", "0.2", *extra], HOST, port, log)
+
+    async def start(self) -> ProxyProcess:
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         await until("pd-proxy to listen", self._listening)
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def stop(self) -> None:
+        """SIGTERM, SIGKILL after 30 s."""
         await self._session.close()
         assert self.proc is not None
         self.proc.terminate()
         try:
-            self.proc.wait(30)
+            await asyncio.to_thread(self.proc.wait, 30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: connections reset, requests in flight cut."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    async def __aenter__(self) -> ProxyProcess:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
         if exc[0] is not None:
             print(f"--- pd-proxy log ({self.log}) ---\n{self.log.read_text()[-20000:]}")
 
@@ -382,7 +469,7 @@ class ProxyProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"pd-proxy exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
         try:
-            with socket.create_connection((HOST, self.port), timeout=1):
+            with socket.create_connection((self.host, self.port), timeout=1):
                 return True
         except OSError:
             return False
