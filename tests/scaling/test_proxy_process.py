@@ -113,8 +113,8 @@ async def _members_that_refuse(tmp_path) -> None:
     membership = tmp_path / "upstreams.json"
     version = swap(membership, document([p0.upstream, dead_p], [d0.upstream, dead_d]))
     try:
-        async with ProxyProcess.on_loopback(membership, tmp_path / "proxy.log",
-                                            "--retry-delay", "0") as proxy, Load(proxy.url, clients=2) as load:
+        async with ProxyProcess.on_loopback(membership, tmp_path / "proxy.log", "--retry-delay", "0") \
+                as proxy, Load(proxy.url, clients=2) as load:
             await load.completed_after(0, 12)
             await load.stop()
             state = await proxy.state()
