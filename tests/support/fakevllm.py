@@ -406,13 +406,18 @@ async def started(*engines: FakeEngine) -> list[FakeEngine]:
     return list(await asyncio.gather(*(e.start() for e in engines)))
 
 
-def swap(path: Path, doc: dict) -> str:
-    """Replace the membership file atomically (a temporary file, then a rename), as the kubelet
-    swaps a projected ConfigMap; the document's version."""
+def project(path: Path, text: str) -> None:
+    """Replace a file atomically (a temporary file, then a rename), as the kubelet swaps a projected
+    ConfigMap."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc))
+    tmp.write_text(text)
     os.replace(tmp, path)
-    return doc["version"]
+
+
+def swap(path: Path, doc: dict) -> str:
+    """Project a membership document as the proxy's file; its version."""
+    project(path, json.dumps(doc))
+    return str(doc["version"])
 
 
 class ProxyProcess:

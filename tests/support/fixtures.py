@@ -25,7 +25,8 @@ from support.faultproxy import FaultProxy
 from support.installed import OperatorProcess, Release, helm_install, helm_uninstall, wait_webhook_called
 
 
-def _keep(request: pytest.FixtureRequest) -> bool:
+def keep_workdir(request: pytest.FixtureRequest) -> bool:
+    """Keep a control plane's workdir: a test of the run failed, or PD_KEEP_CLUSTER is set."""
     return bool(os.environ.get("PD_KEEP_CLUSTER")) or request.session.testsfailed > 0
 
 
@@ -33,7 +34,7 @@ def _keep(request: pytest.FixtureRequest) -> bool:
 def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     cp = ControlPlane().start()
     yield cp
-    cp.stop(keep=_keep(request))
+    cp.stop(keep=keep_workdir(request))
 
 
 @pytest.fixture

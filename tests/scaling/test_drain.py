@@ -1,0 +1,257 @@
+"""The operator scales roles under load without failing a request (issue 18): it drains an instance
+before it deletes it.
+
+The GLM example (`glm-flash`: prefill TP8, decode DP2xTP4) runs on kwok nodes whose pods get
+loopback IPs, and what its pods would run runs there (support/podnet.py): the real `pd-proxy` in the
+proxy pod, following the membership ConfigMap as a projected volume and reaching the engines by
+their pods' DNS names, and a fake engine in each instance's leader pod. So the operator asks the
+proxy pod's /pd/state as it would in a cluster, and a few clients send requests through the proxy
+pod. Meanwhile `kubectl scale` takes decode 1 -> 2 -> 1 and prefill 1 -> 2 -> 1, and the departing
+instance holds a request (decode: a stream after its first token; prefill: a prompt being computed
+and a prefilled request whose decode has not pulled its KV yet):
+- a new instance gets requests once the ConfigMap lists it and the proxy routes by that version;
+- a departing instance keeps its StatefulSet while it carries the held request (status.draining
+  names it, across the operator's re-checks), and loses it once released;
+- no request fails: a deletion while a request is in flight there would cut it (what ran in a
+  deleted pod is killed, and decode pulls the KV from the prefill that computed it);
+- a departed instance gets no request begun after the proxy routed by the version without it;
+- the audit log: the operator's ConfigMap write that drops the instance comes before every DELETE
+  of its StatefulSet, pods and headless Service, and every such DELETE after the release.
+Only conditions are waited for (generous deadlines); nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import urllib.parse
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from pd_operator.api.types import GROUP, VERSION
+from pd_operator.membership import Membership, ProxyState
+from pd_operator.render.proxy import members
+from support.audit import Event
+from support.cluster import DEFAULT_NODES, ControlPlane
+from support.fakevllm import FakeEngine, Hold, Load, ProxyProcess, load_of, until
+from support.fixtures import keep_workdir
+from support.installed import ROOT, OperatorProcess, example, get_pdd, weights_claim
+from support.kube import kubectl
+from support.podnet import Kubelet, loopback
+
+pytestmark = [pytest.mark.integration, pytest.mark.scaling]
+
+GLM = "glm-flash"
+P0, P1, D0, D1 = (f"{GLM}-{role}-{i}" for role in ("prefill", "decode") for i in (0, 1))
+CLIENTS = 4
+TIMEOUT_S = 240.0
+RECHECKS = 2
+"""Operator reconciles to wait for while an instance holds a request, after the proxy dropped it."""
+
+
+@pytest.fixture(scope="module")
+def control_plane(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """This module's own control plane: its nodes hand pods loopback IPs (support/podnet.py)."""
+    cp = ControlPlane(nodes=[loopback(DEFAULT_NODES[0])]).start()
+    yield cp
+    cp.stop(keep=keep_workdir(request))
+
+
+def from_engine(name: str):  # type: ignore[no-untyped-def]
+    """A decode request whose KV comes from the prefill instance `name`."""
+    return lambda body: body["kv_transfer_params"]["remote_engine_id"] == name
+
+
+@dataclass
+class Scenario:
+    cp: ControlPlane
+    namespace: str
+    kubeconfig: pathlib.Path
+    op: OperatorProcess
+    kubelet: Kubelet
+    proxy: ProxyProcess
+    load: Load
+
+    async def api(self, path: str) -> dict:
+        return dict(await asyncio.to_thread(self.cp.api, "GET", path))
+
+    async def kubectl(self, *args: str) -> None:
+        await asyncio.to_thread(kubectl, self.kubeconfig, *args, "-n", self.namespace)
+
+    async def membership(self) -> Membership | None:
+        return members(await self.api(f"/api/v1/namespaces/{self.namespace}/configmaps/{GLM}-proxy"))
+
+    async def routed(self, prefill: set[str], decode: set[str]) -> ProxyState:
+        """Wait until the ConfigMap lists exactly these instances and the proxy routes by it."""
+        async def listed() -> Membership | None:
+            found = await self.membership()
+            names = found and ({u.name for u in found.prefill}, {u.name for u in found.decode})
+            return found if names == (prefill, decode) else None
+        found = await until(f"the membership prefill {sorted(prefill)}, decode {sorted(decode)}", listed,
+                            TIMEOUT_S)
+        return await self.proxy.wait_version(found.version)
+
+    async def statefulset(self, name: str) -> dict | None:
+        """The instance's StatefulSet, unless it is gone or being deleted."""
+        path = f"/apis/apps/v1/namespaces/{self.namespace}/statefulsets"
+        query = urllib.parse.quote(f"metadata.name={name}")
+        items = (await self.api(f"{path}?fieldSelector={query}"))["items"]
+        return next((s for s in items if not s["metadata"].get("deletionTimestamp")), None)
+
+    async def draining(self) -> dict[str, dict]:
+        """status.draining of the PDDeployment, by instance name."""
+        pdd = await asyncio.to_thread(get_pdd, self.cp, self.namespace, GLM)
+        return {d["name"]: d for d in pdd.get("status", {}).get("draining") or []}
+
+    async def reconciles(self) -> float:
+        return await asyncio.to_thread(self.op.metric, "pd_operator_reconcile_total")
+
+    async def scale(self, role: str, prefill: set[str], decode: set[str]) -> None:
+        """`kubectl scale` the role to as many instances as it is to have."""
+        count = len(prefill if role == "prefill" else decode)
+        await self.kubectl("scale", "pdrole", f"{GLM}-{role}", f"--replicas={count}")
+
+    async def scale_up(self, role: str, instance: str, prefill: set[str], decode: set[str]) -> FakeEngine:
+        """`kubectl scale` a role up by one: the new instance is routed to and gets requests."""
+        await self.scale(role, prefill, decode)
+        await self.routed(prefill, decode)
+        engine = await self.kubelet.engine(instance)
+        await until(f"{instance} to get a request", lambda: engine.received, TIMEOUT_S)
+        return engine
+
+
+@dataclass
+class Drained:
+    """What a scale-down showed about its departing instance."""
+
+    instance: str
+    engine: FakeEngine
+    scaled: int
+    """Audit log offset before `kubectl scale`."""
+    released: int
+    """Audit log offset before the held requests were released."""
+    out: ProxyState
+    """The proxy's state when it first routed by the version without the instance."""
+    load_mark: int
+    received_then: int
+
+
+async def drain(s: Scenario, role: str, engine: FakeEngine, holds: list[Hold],
+                prefill: set[str], decode: set[str]) -> Drained:
+    """`kubectl scale` a role down to what remains while `holds` keep requests on `engine`: the
+    instance stays while they are held, and goes once they are released."""
+    instance = engine.name
+    scaled = s.cp.audit.mark()
+    await s.scale(role, prefill, decode)
+    out = await s.routed(prefill, decode)
+    load_mark, received_then = s.load.mark(), len(engine.received)
+    assert load_of(out, instance) != (0, 0), f"{instance} carries the held requests: {out}"
+    entry = await until(f"status.draining to name {instance}",
+                        lambda: _named(s.draining(), instance), TIMEOUT_S)
+    assert entry["role"] == role and entry["since"] and entry["waitingFor"], entry
+    # The operator looks again while the proxy routes by the new version and the instance is loaded.
+    seen = await s.reconciles()
+    await until(f"{RECHECKS} reconciles", lambda: _at_least(s.reconciles(), seen + RECHECKS), TIMEOUT_S)
+    assert await s.statefulset(instance), f"{instance}'s StatefulSet is deleted while it carries a request"
+    assert instance in await s.draining()
+    assert all(h.waiting for h in holds), "the held requests are still held"
+    released = s.cp.audit.mark()
+    for hold in holds:
+        hold.release()
+    await until(f"{instance}'s StatefulSet deleted", lambda: _gone(s.statefulset(instance)), TIMEOUT_S)
+    await until(f"status.draining without {instance}",
+                lambda: _without(s.draining(), instance), TIMEOUT_S)
+    await until(f"the engine of {instance} stopped", lambda: s.kubelet.running(instance) is None, TIMEOUT_S)
+    return Drained(instance, engine, scaled, released, out, load_mark, received_then)
+
+
+async def _named(draining, instance: str) -> dict | None:  # type: ignore[no-untyped-def]
+    return (await draining).get(instance)
+
+
+async def _without(draining, instance: str) -> bool:  # type: ignore[no-untyped-def]
+    return instance not in await draining
+
+
+async def _at_least(value, floor: float) -> bool:  # type: ignore[no-untyped-def]
+    return bool(await value >= floor)
+
+
+async def _gone(statefulset) -> bool:  # type: ignore[no-untyped-def]
+    return await statefulset is None
+
+
+def _removes(event: Event, instance: str) -> bool:
+    """A DELETE of the instance's StatefulSet, headless Service or one of its pods."""
+    return event.verb == "delete" and (
+        (event.resource in ("statefulsets", "services") and event.name == instance)
+        or (event.resource == "pods" and event.name.startswith(f"{instance}-")))
+
+
+def deletes(cp: ControlPlane, since: int, namespace: str, instance: str) -> list[int]:
+    """Positions (in the audit log from `since`) of the DELETEs of the instance's objects."""
+    return [i for i, e in enumerate(cp.audit.events(since, namespace=namespace)) if _removes(e, instance)]
+
+
+def check_order(cp: ControlPlane, namespace: str, user: str, d: Drained) -> None:
+    events = cp.audit.events(d.scaled, namespace=namespace)
+    # The membership listed the instance before the scale, and nothing else changed since: the
+    # operator's first write of it after the scale is the one that drops the instance.
+    writes = [i for i, e in enumerate(events) if e.user == user and e.write and e.resource == "configmaps"
+              and e.name == f"{GLM}-proxy" and e.code < 300]
+    removals = deletes(cp, d.scaled, namespace, d.instance)
+    assert writes and removals, (d.instance, writes, removals)
+    assert writes[0] < removals[0], (
+        f"{d.instance}: {events[removals[0]]} before the operator's membership write {events[writes[0]]}")
+    assert len(deletes(cp, d.released, namespace, d.instance)) == len(removals), (
+        f"{d.instance}: a DELETE while it carried the held requests")
+
+
+async def _scenario(cp: ControlPlane, namespace: str, op: OperatorProcess, user: str,
+                    workdir: pathlib.Path) -> None:
+    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    cp.create_weights_volume(namespace, str(weights_claim(doc)))
+    kubectl(cp.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc))
+    async with Kubelet(cp, namespace, GLM, workdir / "pods") as kubelet:
+        proxy = await kubelet.proxy()
+        load = Load(proxy.url, clients=CLIENTS)
+        s = Scenario(cp, namespace, cp.kubeconfig, op, kubelet, proxy, load)
+        await s.routed({P0}, {D0})
+        async with load:
+            await load.completed_after(0, 10)
+
+            await s.scale_up("decode", D1, {P0}, {D0, D1})
+            d1 = await kubelet.engine(D1)
+            streaming = d1.hold("stream")
+            await streaming.caught_at_least(1)
+            d1_drained = await drain(s, "decode", d1, [streaming], {P0}, {D0})
+
+            p1 = await s.scale_up("prefill", P1, {P0, P1}, {D0})
+            pulling = (await kubelet.engine(D0)).hold("answer", match=from_engine(P1))
+            await pulling.caught_at_least(1)
+            prefilling = p1.hold("answer")
+            await prefilling.caught_at_least(1)
+            p1_drained = await drain(s, "prefill", p1, [prefilling, pulling], {P0}, {D0})
+            await load.completed_after(load.mark(), 10)
+            await load.stop()
+
+    assert load.failures == [], load.failures[:10]
+    assert kubelet.errors() == []
+    for d in (d1_drained, p1_drained):
+        engine = d.engine
+        # Nothing begun after the proxy routed by the version without it reached it; at most what
+        # was in flight to it then arrived later.
+        assert not load.started_after(d.load_mark) & engine.ids, d.instance
+        assert len(engine.received) - d.received_then <= load_of(d.out, d.instance)[0], d.instance
+        check_order(cp, namespace, user, d)
+    pdrs = {r: cp.api("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/pdroles/{GLM}-{r}")
+            for r in ("prefill", "decode")}
+    assert {r: p["spec"]["replicas"] for r, p in pdrs.items()} == {"prefill": 1, "decode": 1}
+
+
+def test_scaling_under_load_drains_before_it_deletes(control_plane, namespace, release, start_operator,
+                                                     tmp_path):
+    op = start_operator("--drift-interval=2")
+    asyncio.run(_scenario(control_plane, namespace, op, release.user, tmp_path))

@@ -1,0 +1,241 @@
+"""A loopback pod network for kwok, and a kubelet emulator that runs what the pods of one
+PDDeployment would run, each on its pod's IP: the real `pd-proxy` and fake vLLM engines.
+
+Why: scaling under load on the real control plane needs the processes where the API says the pods
+are. The operator asks each proxy pod `GET http://<podIP>:<port>/pd/state` before it deletes an
+instance, the proxy reaches the engines by their pods' DNS names, and a client reaches the proxy
+pod; so pod IPs must be addresses this machine serves, and pod names must resolve to them.
+
+The network: kwok hands a pod an IP from its node's spec.podCIDR when the node has one
+(sigs.k8s.io/kwok: pkg/kwok/controllers/pod_controller.go @ v0.8.0, funcPodIPWith), and the
+controller-manager here runs without nodeipam (support/cluster.py), so nothing replaces it.
+`loopback(pool)` gives each node of a pool a /24 of 127.0.0.0/8, which Linux routes to the
+loopback interface without any setup: every pod IP can be bound and dialled here.
+
+The kubelet (`Kubelet`), for the pods of one PDDeployment, following the API (polled):
+- a proxy pod: its container's own command and port, with what only a pod has put back in: its
+  ConfigMap volumes (each key a file of the pod's own directory, replaced atomically when the
+  ConfigMap changes, as the kubelet swaps a projected volume), its own address for the wildcard
+  (all pods share loopback, so each binds its IP) and pod DNS (support/poddns.py answers pod names
+  from a file kept here as CoreDNS answers them from the API: pods of a headless Service);
+- the leader pod (pod-index 0) of a prefill or decode instance: a FakeEngine named as the
+  instance (its StatefulSet), on the pod's IP and its container's `http` port;
+- a pod that is deleted: what ran for it is killed (SIGKILL, connections reset), so a deletion
+  while a request is in flight there fails that request.
+kwok marks every pod Ready at once, so readiness says nothing about what runs here: wait for the
+process (`engine()`, `proxy()`), never for the pod's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+from pd_operator.api.types import ROLES
+from pd_operator.render.labels import DEPLOYMENT, POD_INDEX_LABEL, ROLE
+from pd_operator.render.proxy import COMPONENT as PROXY
+from support.cluster import ApiError, ControlPlane, NodePool
+from support.fakevllm import WAIT_S, FakeEngine, ProxyProcess, project, until
+
+WILDCARD = "0.0.0.0"
+POD_DNS = Path(__file__).with_name("poddns.py")
+SYNC_S = 0.2
+
+
+def loopback(pool: NodePool) -> NodePool:
+    """`pool` with a /24 of loopback addresses per node, 127.<n>.<node>.0/24; `n` is random so that
+    runs sharing this machine rarely share addresses (ports on them are fixed by the pods)."""
+    n = random.Random(os.getpid() ^ time.monotonic_ns()).randrange(16, 255)
+    return dataclasses.replace(pool, pod_cidrs=tuple(f"127.{n}.{i}.0/24" for i in range(pool.count)))
+
+
+def _labels(obj: dict) -> dict[str, str]:
+    return dict(obj["metadata"].get("labels") or {})
+
+
+def _ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _http_port(container: dict) -> int:
+    (port,) = [p["containerPort"] for p in container.get("ports") or [] if p.get("name") == "http"]
+    return int(port)
+
+
+def _owner(pod: dict, kind: str) -> str:
+    (name,) = [o["name"] for o in pod["metadata"].get("ownerReferences") or [] if o["kind"] == kind]
+    return str(name)
+
+
+def pod_dns(namespace: str, pods: list[dict], services: list[dict]) -> dict[str, str]:
+    """The pod names CoreDNS answers: `<hostname>.<subdomain>.<namespace>.svc` of each pod with an IP
+    that a headless Service named like its subdomain selects (ready, or the Service publishes
+    not-ready addresses)."""
+    headless = {s["metadata"]["name"]: s["spec"] for s in services if s["spec"].get("clusterIP") == "None"}
+    out = {}
+    for pod in pods:
+        spec, ip = pod["spec"], pod["status"].get("podIP")
+        service = headless.get(spec.get("subdomain", ""))
+        if not (ip and spec.get("hostname") and service):
+            continue
+        selected = (service.get("selector") or {}).items() <= _labels(pod).items()
+        if selected and (service.get("publishNotReadyAddresses") or _ready(pod)):
+            out[f"{spec['hostname']}.{spec['subdomain']}.{namespace}.svc"] = ip
+    return out
+
+
+class Kubelet:
+    """Runs what the pods of PDDeployment `deployment` in `namespace` would run (module docstring),
+    while inside `async with`."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, deployment: str, workdir: Path) -> None:
+        self.cp, self.namespace, self.deployment = cp, namespace, deployment
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.hosts = workdir / "pod-dns.json"
+        project(self.hosts, "{}")
+        self.engines: dict[str, FakeEngine] = {}
+        """Pod uid -> the engine running for it."""
+        self.proxies: dict[str, ProxyProcess] = {}
+        self.started: list[FakeEngine] = []
+        """Every engine started, the killed ones too (what they received, their errors)."""
+        self._task: asyncio.Task | None = None
+        self._failure: BaseException | None = None
+
+    async def __aenter__(self) -> Kubelet:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*(e.stop() for e in self.engines.values()),
+                             *(p.stop() for p in self.proxies.values()))
+        if self._failure is not None and exc[0] is None:
+            raise self._failure
+
+    # --- what the test reads ------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise AssertionError(f"the kubelet emulator failed: {self._failure!r}") from self._failure
+
+    def running(self, instance: str) -> FakeEngine | None:
+        self._check()
+        return next((e for e in self.engines.values() if e.name == instance), None)
+
+    async def engine(self, instance: str) -> FakeEngine:
+        """The engine running for instance `instance`'s leader pod (waits for it to start)."""
+        return await until(f"an engine for {instance}", lambda: self.running(instance), WAIT_S * 2)
+
+    async def proxy(self) -> ProxyProcess:
+        """The proxy pod's process (waits for one; there must be exactly one)."""
+        def one() -> ProxyProcess | None:
+            self._check()
+            assert len(self.proxies) <= 1, f"{len(self.proxies)} proxy pods"
+            return next(iter(self.proxies.values()), None)
+        return await until("the proxy pod's process", one, WAIT_S * 2)
+
+    def errors(self) -> list[str]:
+        """Protocol violations and failed KV pulls any engine saw."""
+        return [e for engine in self.started for e in engine.errors]
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    observed = await asyncio.to_thread(self._observe)
+                except (ApiError, OSError) as err:  # the API server is busy: the next round sees it
+                    print(f"kubelet emulator: {err}", file=sys.stderr)
+                else:
+                    await self._sync(*observed)
+                await asyncio.sleep(SYNC_S)
+        except Exception as err:  # handed to the test by _check()
+            self._failure = err
+
+    def _list(self, resource: str, selector: str = "") -> list[dict]:
+        query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
+        return list(self.cp.api("GET", f"/api/v1/namespaces/{self.namespace}/{resource}{query}")["items"])
+
+    def _observe(self) -> tuple[list[dict], list[dict], dict[str, dict]]:
+        pods = self._list("pods", f"{DEPLOYMENT}={self.deployment}")
+        services = self._list("services")
+        config_maps = {c["metadata"]["name"]: c for c in self._list("configmaps")}
+        return pods, services, config_maps
+
+    async def _sync(self, pods: list[dict], services: list[dict], config_maps: dict[str, dict]) -> None:
+        live = {p["metadata"]["uid"]: p for p in pods
+                if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")}
+        # Gone first: kwok may hand a deleted pod's IP to the next pod at once.
+        for uid in [u for u in self.engines if u not in live]:
+            await self.engines.pop(uid).kill()
+        for uid in [u for u in self.proxies if u not in live]:
+            self.proxies.pop(uid).kill()
+        project_if_changed(self.hosts, json.dumps(pod_dns(self.namespace, list(live.values()), services)))
+        for uid, pod in live.items():
+            role = _labels(pod).get(ROLE)
+            if role == PROXY:
+                await self._proxy_pod(uid, pod, config_maps)
+            elif role in ROLES and _labels(pod).get(POD_INDEX_LABEL) == "0" and uid not in self.engines:
+                (container,) = [c for c in pod["spec"]["containers"] if c.get("ports")
+                                and any(p.get("name") == "http" for p in c["ports"])]
+                engine = FakeEngine(_owner(pod, "StatefulSet"), role, host=pod["status"]["podIP"],
+                                    port=_http_port(container))
+                await engine.start()
+                self.engines[uid] = engine
+                self.started.append(engine)
+
+    async def _proxy_pod(self, uid: str, pod: dict, config_maps: dict[str, dict]) -> None:
+        name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
+        (container,) = pod["spec"]["containers"]
+        by_volume = {v["name"]: v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
+                     if "configMap" in v}
+        mounts = {m["mountPath"]: self.workdir / name / m["name"]
+                  for m in container.get("volumeMounts") or [] if m["name"] in by_volume}
+        volumes = {directory: by_volume[directory.name] for directory in mounts.values()}
+        if uid not in self.proxies and any(c not in config_maps for c in volumes.values()):
+            return  # the kubelet cannot mount the volume yet: the container does not start
+        for directory, config_map in volumes.items():
+            if config_map in config_maps:
+                project_config_map(directory, config_maps[config_map])
+        if uid in self.proxies:
+            return
+        argv = [_in_pod(a, ip, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
+        process = ProxyProcess([sys.executable, str(POD_DNS), str(self.hosts), *argv], ip,
+                               _http_port(container), self.workdir / name / "proxy.log")
+        await process.start()
+        self.proxies[uid] = process
+
+
+def _in_pod(arg: str, ip: str, mounts: dict[str, Path]) -> str:
+    """A container argument as it works here: the wildcard is the pod's own address, and a path
+    under a volume's mount is the same path in the pod's directory."""
+    if arg == WILDCARD:
+        return ip
+    for mount, directory in mounts.items():
+        if arg == mount or arg.startswith(mount.rstrip("/") + "/"):
+            return str(directory) + arg[len(mount.rstrip("/")):]
+    return arg
+
+
+def project_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        project(path, text)
+
+
+def project_config_map(directory: Path, config_map: dict) -> None:
+    """Each key of the ConfigMap a file of `directory`, replaced atomically when it changed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for key, text in (config_map.get("data") or {}).items():
+        project_if_changed(directory / key, text)
