@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import urllib.parse
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -52,14 +53,14 @@ RECHECKS = 2
 
 
 @pytest.fixture(scope="module")
-def control_plane(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     """This module's own control plane: its nodes hand pods loopback IPs (support/podnet.py)."""
     cp = ControlPlane(nodes=[loopback(DEFAULT_NODES[0])]).start()
     yield cp
     cp.stop(keep=keep_workdir(request))
 
 
-def from_engine(name: str):  # type: ignore[no-untyped-def]
+def from_engine(name: str) -> Callable[[dict], bool]:
     """A decode request whose KV comes from the prefill instance `name`."""
     return lambda body: body["kv_transfer_params"]["remote_engine_id"] == name
 
@@ -143,44 +144,41 @@ async def drain(s: Scenario, role: str, engine: FakeEngine, holds: list[Hold],
     """`kubectl scale` a role down to what remains while `holds` keep requests on `engine`: the
     instance stays while they are held, and goes once they are released."""
     instance = engine.name
+
+    async def entry() -> dict | None:
+        return (await s.draining()).get(instance)
+
+    async def rechecked() -> bool:
+        return await s.reconciles() >= seen + RECHECKS
+
+    async def deleted() -> bool:
+        return await s.statefulset(instance) is None
+
     scaled = s.cp.audit.mark()
     await s.scale(role, prefill, decode)
     out = await s.routed(prefill, decode)
     load_mark, received_then = s.load.mark(), len(engine.received)
+    assert await s.statefulset(instance), f"{instance} deleted by the time the proxy routes without it"
     assert load_of(out, instance) != (0, 0), f"{instance} carries the held requests: {out}"
-    entry = await until(f"status.draining to name {instance}",
-                        lambda: _named(s.draining(), instance), TIMEOUT_S)
-    assert entry["role"] == role and entry["since"] and entry["waitingFor"], entry
+    draining = await until(f"status.draining to name {instance}", entry, TIMEOUT_S)
+    assert draining["role"] == role and draining["since"] and draining["waitingFor"], draining
     # The operator looks again while the proxy routes by the new version and the instance is loaded.
     seen = await s.reconciles()
-    await until(f"{RECHECKS} reconciles", lambda: _at_least(s.reconciles(), seen + RECHECKS), TIMEOUT_S)
+    await until(f"{RECHECKS} reconciles", rechecked, TIMEOUT_S)
     assert await s.statefulset(instance), f"{instance}'s StatefulSet is deleted while it carries a request"
-    assert instance in await s.draining()
+    assert await entry(), f"status.draining no longer names {instance}"
     assert all(h.waiting for h in holds), "the held requests are still held"
     released = s.cp.audit.mark()
     for hold in holds:
         hold.release()
-    await until(f"{instance}'s StatefulSet deleted", lambda: _gone(s.statefulset(instance)), TIMEOUT_S)
-    await until(f"status.draining without {instance}",
-                lambda: _without(s.draining(), instance), TIMEOUT_S)
+    await until(f"{instance}'s StatefulSet deleted", deleted, TIMEOUT_S)
+    await until(f"status.draining without {instance}", lambda: _not(entry()), TIMEOUT_S)
     await until(f"the engine of {instance} stopped", lambda: s.kubelet.running(instance) is None, TIMEOUT_S)
     return Drained(instance, engine, scaled, released, out, load_mark, received_then)
 
 
-async def _named(draining, instance: str) -> dict | None:  # type: ignore[no-untyped-def]
-    return (await draining).get(instance)
-
-
-async def _without(draining, instance: str) -> bool:  # type: ignore[no-untyped-def]
-    return instance not in await draining
-
-
-async def _at_least(value, floor: float) -> bool:  # type: ignore[no-untyped-def]
-    return bool(await value >= floor)
-
-
-async def _gone(statefulset) -> bool:  # type: ignore[no-untyped-def]
-    return await statefulset is None
+async def _not(value: Awaitable[object]) -> bool:
+    return not await value
 
 
 def _removes(event: Event, instance: str) -> bool:

@@ -177,3 +177,33 @@ async def _no_members_and_bad_files(tmp_path) -> None:
 
 def test_without_members_the_proxy_answers_503_and_bad_files_keep_the_last_good_membership(tmp_path):
     asyncio.run(_no_members_and_bad_files(tmp_path))
+
+
+async def _killed_with_requests_in_flight(tmp_path) -> None:
+    p0, p1, d0, d1 = await started(
+        FakeEngine("glm-flash-prefill-0", "prefill"), FakeEngine("glm-flash-prefill-1", "prefill"),
+        FakeEngine("glm-flash-decode-0", "decode"), FakeEngine("glm-flash-decode-1", "decode"))
+    membership = tmp_path / "upstreams.json"
+    swap(membership, document([p0.upstream, p1.upstream], [d0.upstream, d1.upstream]))
+    try:
+        async with ProxyProcess.on_loopback(membership, tmp_path / "proxy.log") as proxy, \
+                Load(proxy.url, clients=CLIENTS) as load:
+            streaming = d1.hold("stream")
+            pulling = d0.hold("answer", match=from_engine(p1.name))
+            await streaming.caught_at_least(1)
+            await pulling.caught_at_least(1)
+            await d1.kill()
+            await p1.kill()
+            pulling.release()
+            await until("the two held requests to fail", lambda: len(load.failures) >= 2)
+            await load.stop()
+    finally:
+        await asyncio.gather(*(e.stop() for e in (p0, p1, d0, d1)))
+    assert any("does not end with [DONE]" in f for f in load.failures), load.failures
+    assert any(f"KV pull from {p1.name} failed" in e for e in d0.errors), d0.errors
+
+
+def test_an_instance_killed_with_requests_in_flight_fails_them(tmp_path):
+    """What deleting an instance too early does (and what support/podnet.py does to a deleted
+    pod's engine): a decode stream is cut, and a request prefilled there cannot pull its KV."""
+    asyncio.run(_killed_with_requests_in_flight(tmp_path))
