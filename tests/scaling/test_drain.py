@@ -31,12 +31,10 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from pd_operator.api.types import GROUP, VERSION
-from pd_operator.membership import Membership, ProxyState
-from pd_operator.render.proxy import members
+from pd_operator.membership import ProxyState
 from support.audit import Event
 from support.cluster import DEFAULT_NODES, ControlPlane
-from support.fakevllm import FakeEngine, Hold, Load, ProxyProcess, load_of, until
+from support.fakevllm import FakeEngine, Hold, Load, load_of, until
 from support.fixtures import keep_workdir
 from support.installed import ROOT, OperatorProcess, example, get_pdd, weights_claim
 from support.kube import kubectl
@@ -69,30 +67,15 @@ def from_engine(name: str) -> Callable[[dict], bool]:
 class Scenario:
     cp: ControlPlane
     namespace: str
-    kubeconfig: pathlib.Path
     op: OperatorProcess
     kubelet: Kubelet
-    proxy: ProxyProcess
     load: Load
 
     async def api(self, path: str) -> dict:
         return dict(await asyncio.to_thread(self.cp.api, "GET", path))
 
     async def kubectl(self, *args: str) -> None:
-        await asyncio.to_thread(kubectl, self.kubeconfig, *args, "-n", self.namespace)
-
-    async def membership(self) -> Membership | None:
-        return members(await self.api(f"/api/v1/namespaces/{self.namespace}/configmaps/{GLM}-proxy"))
-
-    async def routed(self, prefill: set[str], decode: set[str]) -> ProxyState:
-        """Wait until the ConfigMap lists exactly these instances and the proxy routes by it."""
-        async def listed() -> Membership | None:
-            found = await self.membership()
-            names = found and ({u.name for u in found.prefill}, {u.name for u in found.decode})
-            return found if names == (prefill, decode) else None
-        found = await until(f"the membership prefill {sorted(prefill)}, decode {sorted(decode)}", listed,
-                            TIMEOUT_S)
-        return await self.proxy.wait_version(found.version)
+        await asyncio.to_thread(kubectl, self.cp.kubeconfig, *args, "-n", self.namespace)
 
     async def statefulset(self, name: str) -> dict | None:
         """The instance's StatefulSet, unless it is gone or being deleted."""
@@ -117,7 +100,7 @@ class Scenario:
     async def scale_up(self, role: str, instance: str, prefill: set[str], decode: set[str]) -> FakeEngine:
         """`kubectl scale` a role up by one: the new instance is routed to and gets requests."""
         await self.scale(role, prefill, decode)
-        await self.routed(prefill, decode)
+        await self.kubelet.routed(prefill, decode)
         engine = await self.kubelet.engine(instance)
         await until(f"{instance} to get a request", lambda: engine.received, TIMEOUT_S)
         return engine
@@ -156,7 +139,7 @@ async def drain(s: Scenario, role: str, engine: FakeEngine, holds: list[Hold],
 
     scaled = s.cp.audit.mark()
     await s.scale(role, prefill, decode)
-    out = await s.routed(prefill, decode)
+    out = await s.kubelet.routed(prefill, decode)
     load_mark, received_then = s.load.mark(), len(engine.received)
     assert await s.statefulset(instance), f"{instance} deleted by the time the proxy routes without it"
     assert load_of(out, instance) != (0, 0), f"{instance} carries the held requests: {out}"
@@ -213,15 +196,13 @@ async def _scenario(cp: ControlPlane, namespace: str, op: OperatorProcess, user:
     cp.create_weights_volume(namespace, str(weights_claim(doc)))
     kubectl(cp.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc))
     async with Kubelet(cp, namespace, GLM, workdir / "pods") as kubelet:
-        proxy = await kubelet.proxy()
-        load = Load(proxy.url, clients=CLIENTS)
-        s = Scenario(cp, namespace, cp.kubeconfig, op, kubelet, proxy, load)
-        await s.routed({P0}, {D0})
+        load = Load((await kubelet.proxy()).url, clients=CLIENTS)
+        s = Scenario(cp, namespace, op, kubelet, load)
+        await kubelet.routed({P0}, {D0})
         async with load:
             await load.completed_after(0, 10)
 
-            await s.scale_up("decode", D1, {P0}, {D0, D1})
-            d1 = await kubelet.engine(D1)
+            d1 = await s.scale_up("decode", D1, {P0}, {D0, D1})
             streaming = d1.hold("stream")
             await streaming.caught_at_least(1)
             d1_drained = await drain(s, "decode", d1, [streaming], {P0}, {D0})
@@ -244,9 +225,6 @@ async def _scenario(cp: ControlPlane, namespace: str, op: OperatorProcess, user:
         assert not load.started_after(d.load_mark) & engine.ids, d.instance
         assert len(engine.received) - d.received_then <= load_of(d.out, d.instance)[0], d.instance
         check_order(cp, namespace, user, d)
-    pdrs = {r: cp.api("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/pdroles/{GLM}-{r}")
-            for r in ("prefill", "decode")}
-    assert {r: p["spec"]["replicas"] for r, p in pdrs.items()} == {"prefill": 1, "decode": 1}
 
 
 def test_scaling_under_load_drains_before_it_deletes(control_plane, namespace, release, start_operator,

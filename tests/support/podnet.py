@@ -39,8 +39,10 @@ import urllib.parse
 from pathlib import Path
 
 from pd_operator.api.types import ROLES
+from pd_operator.membership import Membership, ProxyState
 from pd_operator.render.labels import DEPLOYMENT, POD_INDEX_LABEL, ROLE
 from pd_operator.render.proxy import COMPONENT as PROXY
+from pd_operator.render.proxy import members
 from support.cluster import ApiError, ControlPlane, NodePool
 from support.fakevllm import WAIT_S, FakeEngine, ProxyProcess, project, until
 
@@ -144,6 +146,22 @@ class Kubelet:
             assert len(self.proxies) <= 1, f"{len(self.proxies)} proxy pods"
             return next(iter(self.proxies.values()), None)
         return await until("the proxy pod's process", one, WAIT_S * 2)
+
+    async def membership(self) -> Membership | None:
+        """The membership in the deployment's proxy ConfigMap (None: none that parses)."""
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps/{self.deployment}-proxy"
+        return members(await asyncio.to_thread(self.cp.api, "GET", path))
+
+    async def routed(self, prefill: set[str], decode: set[str], timeout: float = WAIT_S * 4) -> ProxyState:
+        """Wait until the proxy ConfigMap lists exactly these instances and the proxy pod routes by
+        it; the proxy's state then."""
+        async def listed() -> Membership | None:
+            found = await self.membership()
+            names = found and ({u.name for u in found.prefill}, {u.name for u in found.decode})
+            return found if names == (prefill, decode) else None
+        found = await until(f"the membership prefill {sorted(prefill)}, decode {sorted(decode)}", listed,
+                            timeout)
+        return await (await self.proxy()).wait_version(found.version)
 
     def errors(self) -> list[str]:
         """Protocol violations and failed KV pulls any engine saw."""
