@@ -53,7 +53,7 @@ KV_PULL_PATH = "/fake-kv/"
 """Where a fake prefill serves a request's blocks (the real pull is Mooncake's, not HTTP)."""
 
 
-async def until(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+async def until(what: str, check: Callable[[], Any], timeout: float = WAIT_S, interval: float = 0.02) -> Any:
     """Poll `check` until it is truthy (a deadline for waiting, never an assertion on time). A
     check may return an awaitable (e.g. `asyncio.to_thread(...)` of a blocking API call): its result
     counts."""
@@ -66,7 +66,7 @@ async def until(what: str, check: Callable[[], Any], timeout: float = WAIT_S) ->
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(interval)
 
 
 class Hold:

@@ -49,6 +49,8 @@ from support.fakevllm import WAIT_S, FakeEngine, ProxyProcess, project, until
 WILDCARD = "0.0.0.0"
 POD_DNS = Path(__file__).with_name("poddns.py")
 SYNC_S = 0.2
+API_POLL_S = 0.1
+"""How often to ask the API server when waiting for what it holds."""
 
 
 def loopback(pool: NodePool) -> NodePool:
@@ -160,7 +162,7 @@ class Kubelet:
             names = found and ({u.name for u in found.prefill}, {u.name for u in found.decode})
             return found if names == (prefill, decode) else None
         found = await until(f"the membership prefill {sorted(prefill)}, decode {sorted(decode)}", listed,
-                            timeout)
+                            timeout, API_POLL_S)
         return await (await self.proxy()).wait_version(found.version)
 
     def errors(self) -> list[str]:
