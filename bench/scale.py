@@ -57,7 +57,8 @@ TIMEOUT_S = 600.0
 def bare_statefulset(namespace: str) -> dict:
     labels = {"app": BARE}
     container = {"name": "pause", "image": "registry.k8s.io/pause:3.10"}
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": BARE, "namespace": namespace},
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": BARE, "namespace": namespace},
             "spec": {"replicas": 1, "serviceName": BARE, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}}}
 
