@@ -88,13 +88,13 @@ class Run:
 
     async def ready(self, namespace: str) -> bool:
         found = await self.get(f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{BARE}")
-        return bool(found) and found.get("status", {}).get("readyReplicas") == found["spec"]["replicas"]
+        return found is not None and found.get("status", {}).get("readyReplicas") == found["spec"]["replicas"]
 
     async def timed(self, what: str, act: list[str], namespace: str, done: Callable[[], Awaitable[object]]
                     ) -> float:
         """Seconds from running `kubectl ACT` to `done` holding."""
         started = time.monotonic()
-        await asyncio.to_thread(kubectl, self.cp.kubeconfig, *act, "-n", namespace)
+        await asyncio.to_thread(lambda: kubectl(self.cp.kubeconfig, *act, "-n", namespace))
         await until(what, done, TIMEOUT_S, API_POLL_S)
         return time.monotonic() - started
 
@@ -103,7 +103,7 @@ class Run:
 
         async def ready() -> bool:
             found = await self.get(pod)
-            return bool(found) and any(c["type"] == "Ready" and c["status"] == "True"
+            return found is not None and any(c["type"] == "Ready" and c["status"] == "True"
                                        for c in found.get("status", {}).get("conditions", []))
 
         async def gone() -> bool:

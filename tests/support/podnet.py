@@ -150,9 +150,14 @@ class Kubelet:
         return await until("the proxy pod's process", one, WAIT_S * 2)
 
     async def membership(self) -> Membership | None:
-        """The membership in the deployment's proxy ConfigMap (None: none that parses)."""
+        """The membership in the deployment's proxy ConfigMap (None: no ConfigMap, or none that parses)."""
         path = f"/api/v1/namespaces/{self.namespace}/configmaps/{self.deployment}-proxy"
-        return members(await asyncio.to_thread(self.cp.api, "GET", path))
+        try:
+            return members(await asyncio.to_thread(self.cp.api, "GET", path))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
 
     async def routed(self, prefill: set[str], decode: set[str], timeout: float = WAIT_S * 4) -> ProxyState:
         """Wait until the proxy ConfigMap lists exactly these instances and the proxy pod routes by
