@@ -40,7 +40,7 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from support.cluster import DEFAULT_NODES, ApiError, ControlPlane  # noqa: E402
+from support.cluster import DEFAULT_NODES, ControlPlane  # noqa: E402
 from support.fakevllm import Load, until  # noqa: E402
 from support.installed import ROOT, example, helm_install, helm_uninstall, weights_claim  # noqa: E402
 from support.kube import kubectl  # noqa: E402
@@ -79,12 +79,7 @@ class Run:
         self.cp = cp
 
     async def get(self, path: str) -> dict | None:
-        try:
-            return dict(await asyncio.to_thread(self.cp.api, "GET", path))
-        except ApiError as err:
-            if err.status == 404:
-                return None
-            raise
+        return await asyncio.to_thread(self.cp.find, path)
 
     async def ready(self, namespace: str) -> bool:
         found = await self.get(f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{BARE}")

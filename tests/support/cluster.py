@@ -530,14 +530,17 @@ class ControlPlane:
         raw = self._raw(method, path, data, token=token, content_type=content_type)
         return json.loads(raw) if raw else None
 
-    def exists(self, path: str) -> bool:
+    def find(self, path: str) -> Any:
+        """The object at `path` (admin GET), None when there is none (404)."""
         try:
-            self.api("GET", path)
-            return True
+            return self.api("GET", path)
         except ApiError as err:
             if err.status == 404:
-                return False
+                return None
             raise
+
+    def exists(self, path: str) -> bool:
+        return self.find(path) is not None
 
     def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
         with contextlib.suppress(ApiError):

@@ -152,12 +152,8 @@ class Kubelet:
     async def membership(self) -> Membership | None:
         """The membership in the deployment's proxy ConfigMap (None: no ConfigMap, or none that parses)."""
         path = f"/api/v1/namespaces/{self.namespace}/configmaps/{self.deployment}-proxy"
-        try:
-            return members(await asyncio.to_thread(self.cp.api, "GET", path))
-        except ApiError as err:
-            if err.status == 404:
-                return None
-            raise
+        config_map = await asyncio.to_thread(self.cp.find, path)
+        return members(config_map) if config_map else None
 
     async def routed(self, prefill: set[str], decode: set[str], timeout: float = WAIT_S * 4) -> ProxyState:
         """Wait until the proxy ConfigMap lists exactly these instances and the proxy pod routes by
@@ -236,14 +232,14 @@ class Kubelet:
                 project_config_map(directory, config_maps[config_map])
         if uid in self.proxies:
             return
-        argv = [_in_pod(a, ip, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
+        argv = [in_pod(a, ip, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
         process = ProxyProcess([sys.executable, str(POD_DNS), str(self.hosts), *argv], ip,
                                _http_port(container), self.workdir / name / "proxy.log")
         await process.start()
         self.proxies[uid] = process
 
 
-def _in_pod(arg: str, ip: str, mounts: dict[str, Path]) -> str:
+def in_pod(arg: str, ip: str, mounts: dict[str, Path]) -> str:
     """A container argument as it works here: the wildcard is the pod's own address, and a path
     under a volume's mount is the same path in the pod's directory."""
     if arg == WILDCARD:
