@@ -68,6 +68,7 @@ class Scenario:
     cp: ControlPlane
     namespace: str
     op: OperatorProcess
+    op_user: str
     kubelet: Kubelet
     load: Load
 
@@ -98,11 +99,20 @@ class Scenario:
         await self.kubectl("scale", "pdrole", f"{GLM}-{role}", f"--replicas={count}")
 
     async def scale_up(self, role: str, instance: str, prefill: set[str], decode: set[str]) -> FakeEngine:
-        """`kubectl scale` a role up by one: the new instance is routed to and gets requests."""
+        """`kubectl scale` a role up by one: the new instance is routed to, once Ready, and gets
+        requests."""
+        scaled = self.cp.audit.mark()
         await self.scale(role, prefill, decode)
         await self.kubelet.routed(prefill, decode)
         engine = await self.kubelet.engine(instance)
         await until(f"{instance} to get a request", lambda: engine.received, TIMEOUT_S)
+        # kwok makes a pod Ready (all its containers, kv-link too) in one status write.
+        events = self.cp.audit.events(scaled, namespace=self.namespace)
+        ready = [i for i, e in enumerate(events) if e.resource == "pods/status" and e.write and e.code < 300
+                 and e.name.startswith(f"{instance}-")]
+        writes = membership_writes(events, self.op_user)
+        assert ready and writes and ready[0] < writes[0], (
+            f"{instance} entered the membership ({writes[:1]}) before its pod was Ready ({ready[:1]})")
         return engine
 
 
@@ -176,12 +186,17 @@ def deletes(cp: ControlPlane, since: int, namespace: str, instance: str) -> list
     return [i for i, e in enumerate(cp.audit.events(since, namespace=namespace)) if _removes(e, instance)]
 
 
+def membership_writes(events: list[Event], user: str) -> list[int]:
+    """Positions of the operator's writes of the proxy's membership ConfigMap."""
+    return [i for i, e in enumerate(events) if e.user == user and e.write and e.resource == "configmaps"
+            and e.name == f"{GLM}-proxy" and e.code < 300]
+
+
 def check_order(cp: ControlPlane, namespace: str, user: str, d: Drained) -> None:
     events = cp.audit.events(d.scaled, namespace=namespace)
     # The membership listed the instance before the scale, and nothing else changed since: the
     # operator's first write of it after the scale is the one that drops the instance.
-    writes = [i for i, e in enumerate(events) if e.user == user and e.write and e.resource == "configmaps"
-              and e.name == f"{GLM}-proxy" and e.code < 300]
+    writes = membership_writes(events, user)
     removals = deletes(cp, d.scaled, namespace, d.instance)
     assert writes and removals, (d.instance, writes, removals)
     assert writes[0] < removals[0], (
@@ -197,7 +212,7 @@ async def _scenario(cp: ControlPlane, namespace: str, op: OperatorProcess, user:
     kubectl(cp.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc))
     async with Kubelet(cp, namespace, GLM, workdir / "pods") as kubelet:
         load = Load((await kubelet.proxy()).url, clients=CLIENTS)
-        s = Scenario(cp, namespace, op, kubelet, load)
+        s = Scenario(cp, namespace, op, user, kubelet, load)
         await kubelet.routed({P0}, {D0})
         async with load:
             await load.completed_after(0, 10)
