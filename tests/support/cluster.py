@@ -58,7 +58,11 @@ MODULE = ROOT / "tools" / "testcluster"
 BUILD = MODULE / "build.sh"
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
-POD_CIDR = "10.128.0.1/14"  # kwok hands out fake pod IPs from here (its default /24 runs out at 254 pods)
+# kwok hands out fake pod IPs from here (its default /24 runs out at 254 pods). Loopback addresses
+# (any 127.x answers on Linux without setup), so a pod's IP behaves as a real one with nothing
+# listening: a connection is refused at once (the operator's drain reads proxy pods; see
+# controller/drain.py), and a test can run a real process "in" a pod by binding to its IP.
+POD_CIDR = "127.128.0.1/14"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # kwok's own stages (sigs.k8s.io/kwok: kustomize/stage @ the version in go.mod): nodes become Ready

@@ -319,6 +319,16 @@ class RatioBounds(ApiModel):
     """At most this many prefill instances per decode instance: prefill is held at decode x this."""
 
 
+class DrainSpec(ApiModel):
+    """How long a removed instance may drain before it is deleted anyway (controller/drain.py). A
+    removed prefill instance waits at most spec.kvTransfer.timeouts.abortRequestSeconds: prefill frees
+    a request's KV blocks by then whether decode pulled them or not."""
+
+    decode_seconds: int = Field(default=300, ge=0, le=86_400)
+    """A removed decode instance is deleted once its running requests finished, or this long after
+    it left the proxy."""
+
+
 class ScalingSpec(ApiModel):
     """Bounds on the instance counts the roles' PDRoles ask for. A count outside them is held at the
     bound (condition ScalingLimited says which and what to change); the PDRole keeps what was asked.
@@ -327,6 +337,7 @@ class ScalingSpec(ApiModel):
     prefill: RoleBounds = Field(default_factory=RoleBounds)
     decode: RoleBounds = Field(default_factory=RoleBounds)
     ratio: RatioBounds = Field(default_factory=RatioBounds)
+    drain: DrainSpec = Field(default_factory=DrainSpec)
 
     def role(self, role: str) -> RoleBounds:
         return self.prefill if role == "prefill" else self.decode
@@ -487,6 +498,24 @@ class KVLinkStatus(ApiModel):
     """Why the link does not work, from the probe."""
 
 
+RoleName = Literal["prefill", "decode"]
+
+
+class DrainingStatus(ApiModel):
+    """An instance removed by a scale-down that is kept until nothing needs it (controller/drain.py)."""
+
+    name: str
+    """The instance (its StatefulSet)."""
+    role: RoleName
+    since: str
+    """When it left the proxy's membership."""
+    delete_by: str
+    """When it is deleted even if something still holds it (the role's drain bound)."""
+    waiting_for: str
+    """What still holds it: a proxy pod not yet routing by the new membership, requests in flight,
+    requests whose KV decode has still to pull."""
+
+
 class PDDeploymentStatus(ApiModel):
     model_config = ApiModel.model_config | {"extra": "allow"}
     observed_generation: int | None = None
@@ -498,6 +527,9 @@ class PDDeploymentStatus(ApiModel):
     """Per decode/prefill instance pair: whether the proxy may route over it."""
     proxy_endpoint: str | None = None
     """`host:port` of the proxy Service inside the cluster."""
+    draining: list[DrainingStatus] = Field(default_factory=list)
+    """Instances removed by a scale-down that still drain (they left the proxy and are deleted once
+    nothing needs them)."""
 
 
 class PDDeployment(ApiModel):
@@ -528,7 +560,7 @@ ROLES: tuple[Literal["prefill"], Literal["decode"]] = ("prefill", "decode")
 class PDRoleSpec(ApiModel):
     deployment: DNSLabel
     """The PDDeployment this role belongs to (set by the operator)."""
-    role: Literal["prefill", "decode"]
+    role: RoleName
     """Which of its roles (set by the operator)."""
     replicas: int = Field(ge=0, le=MAX_INSTANCES)
     """Instances the role should run: the target of `kubectl scale` and HPAs (the scale subresource).

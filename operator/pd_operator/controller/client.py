@@ -1,4 +1,5 @@
-"""The only module that talks to the Kubernetes API.
+"""The only module that talks to the Kubernetes API, and the one place the operator dials a pod:
+a proxy pod's state while a removed instance drains (controller/drain.py).
 
 It uses the official `kubernetes` client's ApiClient for transport (auth, TLS and kubeconfig or
 in-cluster config, the same library kopf logs in with) but sends plain JSON to explicit paths:
@@ -24,9 +25,11 @@ import kubernetes
 import urllib3
 
 from pd_operator.api.types import API_VERSION, GROUP, PLURAL, ROLE_KIND, ROLE_PLURAL, VERSION
+from pd_operator.membership import STATE_PATH, ProxyState, parse_state
 
 FIELD_MANAGER = "pd-operator"
 TIMEOUT_S = 30
+PROXY_STATE_TIMEOUT_S = 3.0
 
 Need = tuple[str, str, str]
 """(verb, API group, resource)."""
@@ -111,6 +114,15 @@ class ApiError(Exception):
         return self.status is None or self.status in (409, 429) or self.status >= 500
 
 
+class ProxyUnreachable(Exception):
+    """A proxy pod's state could not be read (message: why). `refused`: the pod's address answered
+    that nothing listens on the port, so no proxy process runs there to carry a request."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
 class NotServed(ApiError):
     """The API server does not serve a child's kind (its API group is off or its CRD is missing), so
     the child cannot be applied; `manifest` is the child."""
@@ -136,6 +148,7 @@ def resource_of(obj: dict) -> str:
 class Client:
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.api = api
+        self._pods = urllib3.PoolManager(num_pools=4, maxsize=2)
 
     def _request(self, verb: str, api_version: str, plural: str, method: str, path: str, *,
                  query: list[tuple[str, str]] | None = None, body: Any = None,
@@ -302,6 +315,25 @@ class Client:
                 return None
             raise
         return data
+
+    # -- the proxy's state ----------------------------------------------------------------------------
+
+    def read_proxy_state(self, pod_ip: str, port: int) -> ProxyState:
+        """A proxy pod's answer at STATE_PATH, dialled directly (the NetworkPolicy does not select the
+        proxy, and the answer changes too fast to go through the API). Raises ProxyUnreachable."""
+        host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+        try:
+            response = self._pods.request("GET", f"http://{host}:{port}{STATE_PATH}",
+                                          timeout=PROXY_STATE_TIMEOUT_S, retries=False)
+        except urllib3.exceptions.HTTPError as err:
+            refused = isinstance(err.__cause__, ConnectionRefusedError)
+            raise ProxyUnreachable(f"{type(err).__name__}: {err}", refused=refused) from None
+        if response.status != 200:
+            raise ProxyUnreachable(f"HTTP {response.status}")
+        try:
+            return parse_state(json.loads(response.data))
+        except ValueError as err:
+            raise ProxyUnreachable(f"unexpected answer: {err}") from None
 
     # -- events ---------------------------------------------------------------------------------------
 

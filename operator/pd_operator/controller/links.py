@@ -4,7 +4,7 @@ Every decode pod runs `pd-kv-probe gate` (render/kv_probe.py) in its `kv-link` c
 readinessProbe passes only while the gate's last round pulled and verified the test KV of every
 prefill instance. So the verdict travels the way Kubernetes already carries readiness: the kubelet
 probes the container and writes `containerStatuses[kv-link].ready`, and the operator reads it from
-the pods it watches anyway. The operator never dials a pod (it may run outside the pod network,
+the pods it watches anyway. The operator dials no serving pod (it may run outside the pod network,
 and the NetworkPolicy need not admit it). The figures of a link (latency, Gbps) are the gate's last
 round, which it prints as one JSON line; the operator reads that line through the API server
 (`pods/log`, tailLines 1) only when a link changes state, so a steady deployment costs no request.

@@ -3,29 +3,32 @@ drift timer, a child's change) runs the same steps, so the outcome never depends
 
 validate -> (invalid: status + event, children untouched) -> the instance counts the roles'
 PDRoles ask for, held at spec.scaling's bounds (controller/roles.py, scaling.py) -> render those ->
-gate the proxy during a KV layout roll -> plan against the observed children -> apply what changed
-(owner reference included, so apply adopts; a missing PDRole is created with its count, a changed
-spec.<role>.replicas forwarded) -> prune what the spec no longer wants -> group restarts -> status
-of the PDRoles and the PDDeployment (written only when it changed) -> events on significant
-transitions.
+gate the proxy (instances not Ready or not linked, a KV layout roll) -> plan against the observed
+children -> hold the instances a scale-down removed until they drained (controller/drain.py) ->
+apply what changed (owner reference included, so apply adopts; a missing PDRole is created with its
+count, a changed spec.<role>.replicas forwarded) -> prune what the spec no longer wants -> group
+restarts -> status of the PDRoles and the PDDeployment (written only when it changed) -> events on
+significant transitions.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from pd_operator import scaling
 from pd_operator.api.types import ROLES
-from pd_operator.controller import links, restarts, roles, rollout
+from pd_operator.controller import drain, links, restarts, roles, rollout
 from pd_operator.controller import status as status_mod
-from pd_operator.controller.client import ApiError, Client, NotServed
+from pd_operator.controller.client import ApiError, Client, NotServed, ProxyUnreachable
 from pd_operator.controller.planner import Plan, is_owned_by, key, plan, stamp
-from pd_operator.controller.pods import label
+from pd_operator.controller.pods import is_terminating, label
 from pd_operator.names import Names
 from pd_operator.render import render
 from pd_operator.render.labels import INSTANCE, ROLE
+from pd_operator.render.proxy import COMPONENT as PROXY
+from pd_operator.render.proxy import members as proxy_members
 from pd_operator.validate import Validation, validate, with_instances
 
 logger = logging.getLogger(__name__)
@@ -44,6 +47,9 @@ class Outcome:
     status_written: bool = False
     ready: bool = False
     kv_compatible: bool = False
+    requeue_after: float | None = None
+    """Seconds until this object should be reconciled again even if nothing changes (an instance
+    drains); None: when something changes, or at the drift interval."""
 
 
 def manifest_of(body: dict) -> dict:
@@ -97,6 +103,63 @@ def _apply(client: Client, namespace: str, the_plan: Plan, children: list[dict],
         current.pop(key(obj), None)
         outcome.pruned.append(obj)
     return list(current.values())
+
+
+def _read_proxies(client: Client, validation: Validation, pods: list[dict]) -> list[drain.ProxyRead] | None:
+    """Every live proxy pod's state (None: no proxy routes to the instances)."""
+    dep = validation.deployment
+    assert dep is not None
+    if not dep.spec.proxy.enabled:
+        return None
+    reads = []
+    for pod in pods:
+        ip = (pod.get("status") or {}).get("podIP")
+        if label(pod, ROLE) != PROXY or is_terminating(pod) or not ip \
+                or (pod.get("status") or {}).get("phase") != "Running":
+            continue  # a proxy pod not running yet loads the current membership when it starts
+        name = pod["metadata"]["name"]
+        try:
+            reads.append(drain.ProxyRead(name, client.read_proxy_state(ip, dep.spec.proxy.port)))
+        except ProxyUnreachable as err:
+            if not err.refused:  # refused: no proxy process listens there, so it carries nothing
+                reads.append(drain.ProxyRead(name, None, str(err)))
+    return reads
+
+
+def _drains(client: Client, validation: Validation, body: dict, desired: list[dict], children: list[dict],
+            pods: list[dict], now: datetime) -> list[drain.Drain]:
+    """The drain of every instance a scale-down removed (see controller/drain.py)."""
+    dep = validation.deployment
+    assert dep is not None
+    leaving = drain.departing(children, body["metadata"]["uid"],
+                              {role: dep.role(role).replicas for role in ROLES})
+    if not leaving:
+        return []
+    routes = [m for m in desired if m["kind"] == "ConfigMap"
+              and m["metadata"]["name"] == Names(dep.name, dep.namespace).proxy_membership]
+    written = proxy_members(routes[0]) if routes else None
+    previous = (body.get("status") or {}).get("draining") or []
+    return drain.drains(dep, leaving, previous, _read_proxies(client, validation, pods),
+                        written.version if written else None, now)
+
+
+def _report_drained(client: Client, body: dict, validation: Validation, drains: list[drain.Drain],
+                    pruned: list[dict]) -> None:
+    dep = validation.deployment
+    assert dep is not None
+    gone = {o["metadata"]["name"] for o in pruned if o["kind"] == "StatefulSet"}
+    for d in drains:
+        if d.name not in gone:
+            continue
+        if d.timed_out:
+            client.post_event(body, "Warning", "DrainTimedOut",
+                              f"Deleted {d.role} instance {d.name}: its drain bound "
+                              f"({int(drain.bound(dep, d.role).total_seconds())} s) passed while it may "
+                              "still have held requests.")
+        else:
+            client.post_event(body, "Normal", "Drained",
+                              f"Deleted {d.role} instance {d.name}: it left the proxy and no request "
+                              "needs it any more.")
 
 
 def _group_restarts(client: Client, body: dict, children: list[dict], pods: list[dict], now: datetime,
@@ -209,18 +272,24 @@ def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict]
     assert bounded is not None
     desired, rolling = _desired(validation, body, pods)
     the_plan = plan(desired, children, meta["uid"])
+    drains = _drains(client, validation, body, desired, children, pods, now)
+    the_plan = replace(the_plan, prune=[o for o in the_plan.prune if not drain.held(o, drains)])
     try:
         children = _apply(client, ns, the_plan, children, asks, outcome)
     except NotServed as err:
         _report_not_served(client, body, validation, children, pods, err, now, outcome)
         raise
+    _report_drained(client, body, validation, drains, outcome.pruned)
+    draining = [d for d in drains if not d.done]
+    if draining:
+        outcome.requeue_after = drain.RECHECK_S
     decisions = _group_restarts(client, body, children, pods, now, outcome)
     gone = {pod for d in decisions if d.action == "restart" for pod in d.pods}
     pods = [p for p in pods if p["metadata"]["name"] not in gone]
     observed = status_mod.Observed(children=children, pods=pods, foreign=the_plan.foreign,
                                    blocked=the_plan.blocked, rolling=rolling, restarts=decisions,
                                    links=_kv_links(client, validation, pods, body.get("status") or {}),
-                                   scaling=bounded)
+                                   scaling=bounded, draining=[d.status() for d in draining])
     _write_role_statuses(client, validation, observed, meta["uid"], now, outcome)
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted:

@@ -1,5 +1,8 @@
-"""The proxy's gates: route to a decode instance only over a proven KV link, and never pair
-prefill and decode pods of different KV layouts. Pure.
+"""The proxy's gates: route only to instances that can serve, to a decode instance only over a
+proven KV link, and never pair prefill and decode pods of different KV layouts. Pure.
+
+Ready: an instance joins the membership once all its pods exist and are Ready on the wanted KV
+layout (a new instance of a scale-up, one whose rank restarts), and leaves it while one is not.
 
 KV link: the proxy lists only decode instances whose pods all report a working link to every
 prefill instance (controller/links.py); a decode instance whose link breaks leaves the list, and
@@ -58,11 +61,10 @@ def gate(desired: list[dict], pods: list[dict], names: Names, expected_pods: dic
          replicas: dict[str, int], layout_hash: str) -> tuple[list[dict], bool]:
     """(the desired manifests with the proxy gated, whether a layout roll is in progress)."""
     rolling = is_rolling(pods, layout_hash)
-    allowed = {"prefill": set(range(replicas["prefill"])),
-               "decode": linked_instances(pods, expected_pods["decode"], replicas["decode"])}
-    if rolling:
-        ready = ready_instances(pods, expected_pods, layout_hash)
-        allowed = {role: allowed[role] & ready[role] for role in ROLES}
+    ready = ready_instances(pods, expected_pods, layout_hash)
+    linked = linked_instances(pods, expected_pods["decode"], replicas["decode"])
+    allowed = {"prefill": ready["prefill"] & set(range(replicas["prefill"])),
+               "decode": ready["decode"] & linked}
     if all(allowed[role] == set(range(replicas[role])) for role in ROLES):
         return desired, rolling
     out = [restrict(m, names, allowed)

@@ -134,6 +134,9 @@ class Runner:
                 for uid in seen_failed:
                     self._failed.get(key, {}).pop(uid, None)
                 self.metrics.observe(namespace, name, outcome.ready, outcome.kv_compatible)
+                if outcome.requeue_after is not None:
+                    asyncio.get_running_loop().call_later(outcome.requeue_after, self.poke, namespace, name,
+                                                          "requeue")
                 return outcome
             except InvalidSpec:
                 result = "invalid"

@@ -110,6 +110,8 @@ class Observed:
     unserved_error: str = ""
     scaling: Bounded | None = None
     """The roles' requested and effective instance counts (None: every role runs its spec's count)."""
+    draining: list[dict] | None = None
+    """status.draining as controller/drain.py made it (None: not computed, keep the previous)."""
 
 
 @dataclass(frozen=True)
@@ -223,8 +225,9 @@ def _proxy_condition(dep: PDDeployment, observed: Observed) -> _Cond:
     listed = proxy_members(routes) if routes is not None else None
     if listed is not None and (missing := [role for role in ROLES if not listed.role(role)]):
         return _Cond("ProxyReady", False, "NoUpstreams",
-                     f"The proxy has no {' and no '.join(missing)} instance it may route to yet (a decode "
-                     "instance needs a working KV link first); it answers 503 until it has.")
+                     f"The proxy has no {' and no '.join(missing)} instance it may route to yet (an instance "
+                     "joins once all its pods are Ready, a decode instance once its KV link works too); "
+                     "it answers 503 until it has.")
     ready, want = _deployment_ready(_child(observed, "Deployment", f"{dep.name}-proxy"))
     if ready >= want:
         return _Cond("ProxyReady", True, "ProxyAvailable", f"{ready} proxy pods are ready.")
@@ -385,6 +388,10 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
                        "segmentTokens": report.segment_tokens, "hash": layout_hash(validation)}
     if observed.links is not None:
         out["kvLinks"] = observed.links
+    if observed.draining:
+        out["draining"] = observed.draining
+    elif observed.draining is not None:
+        out.pop("draining", None)
     if dep.spec.proxy.enabled:
         out["proxyEndpoint"] = f"{dep.name}-proxy.{dep.namespace}.svc:{dep.spec.proxy.port}"
     else:

@@ -24,8 +24,10 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -48,6 +50,21 @@ COMPLETIONS = ("/v1/completions", "/v1/chat/completions")
 MODELS_TIMEOUT_S = 5.0
 UPSTREAM_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 _UNREAD = object()
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """An upstream's answer of 400 or more: a 4xx goes to the client as it is, a 5xx is
+    tried again on another member."""
+
+    status: int
+    body: bytes
+    content_type: str | None
+
+    @classmethod
+    async def read(cls, resp: aiohttp.ClientResponse) -> ErrorAnswer:
+        return cls(resp.status, await resp.read(), resp.headers.get("Content-Type"))
 
 
 def error(status: int, message: str, type_: str) -> web.Response:
@@ -182,72 +199,64 @@ class Proxy:
         finally:
             self.active -= 1
 
-    async def _next(self, role: str, tried: set[str], attempt: int) -> Upstream | None:
-        upstream = self.balancer.pick(role, tried)
-        if upstream is not None and upstream.name in tried:  # every member failed once: back off
-            await asyncio.sleep(self.retry_delay * 2 ** (attempt - 1))
-        return upstream
-
     async def _prefill(self, path: str, body: dict, headers: dict[str, str]
                        ) -> tuple[Upstream, dict] | web.Response:
-        tried: set[str] = set()
-        last = error(503, "no prefill instance to route to", "no_upstream")
-        for attempt in range(self.attempts):
-            upstream = await self._next("prefill", tried, attempt)
-            if upstream is None:
-                break
-            tried.add(upstream.name)
-            with self.balancer.serving(upstream, "prefill"):
-                try:
-                    async with self.session.post(upstream.url + path, json=prefill_request(body),
-                                                 headers=headers) as resp:
-                        data = await resp.read()
-                        if resp.status < 400:
-                            answer = json.loads(data)
-                            if not isinstance(answer, dict):
-                                raise ValueError("the answer is not a JSON object")
-                            return upstream, answer
-                        last = forwarded(resp.status, data, resp.headers.get("Content-Type"))
-                        if resp.status < 500:
-                            return last
-                        why = f"HTTP {resp.status}"
-                except (*UPSTREAM_ERRORS, ValueError) as err:
-                    why = f"{type(err).__name__}: {err}"
-                    last = error(502, f"prefill instance {upstream.name} failed: {why}", "upstream_error")
-            log.warning("prefill call to %s failed (attempt %d of %d): %s", upstream.name, attempt + 1,
-                        self.attempts, why)
-        return last
+        async def call(upstream: Upstream) -> tuple[Upstream, dict] | ErrorAnswer:
+            async with self.session.post(upstream.url + path, json=prefill_request(body),
+                                         headers=headers) as resp:
+                if resp.status >= 400:
+                    return await ErrorAnswer.read(resp)
+                answer = json.loads(await resp.read())
+            if not isinstance(answer, dict):
+                raise ValueError("the answer is not a JSON object")
+            return upstream, answer
+        # An answer that is not a JSON object is that instance's failure too: try another.
+        return await self._with_retries("prefill", call, (*UPSTREAM_ERRORS, ValueError))
 
     async def _decode(self, request: web.Request, path: str, body: dict, headers: dict[str, str],
                       cached: int, awaiting: Awaiting) -> web.StreamResponse:
-        tried: set[str] = set()
         stream = bool(body.get("stream", False))
-        last = error(503, "no decode instance to route to", "no_upstream")
+
+        async def call(upstream: Upstream) -> web.StreamResponse | ErrorAnswer:
+            async with self.session.post(upstream.url + path, json=body, headers=headers) as resp:
+                if resp.status >= 400:
+                    return await ErrorAnswer.read(resp)
+                first = await resp.content.readany()
+                awaiting.done()  # decode has its first token: it pulled the KV
+                if not stream:
+                    data = patch_answer(first + await resp.read(), cached)
+                    return forwarded(resp.status, data, resp.headers.get("Content-Type"))
+                return await self._relay(request, resp, upstream, first, cached)
+        return await self._with_retries("decode", call, UPSTREAM_ERRORS)
+
+    async def _with_retries(self, role: str, call: Callable[[Upstream], Awaitable[Result | ErrorAnswer]],
+                            retry_on: tuple[type[Exception], ...]) -> Result | web.Response:
+        """Run `call` on members of `role` until it gives a result or a 4xx, at most `self.attempts`
+        times. Each attempt goes to a member not tried yet for this request (once every member was,
+        after a doubling delay) and counts as in flight on it; a 5xx or an exception in `retry_on`
+        is logged and tried again. When the attempts run out, the client gets the last failure."""
+        tried: set[str] = set()
+        last = error(503, f"no {role} instance to route to", "no_upstream")
         for attempt in range(self.attempts):
-            upstream = await self._next("decode", tried, attempt)
+            upstream = self.balancer.pick(role, tried)
             if upstream is None:
                 break
+            if upstream.name in tried:  # every member failed once: back off
+                await asyncio.sleep(self.retry_delay * 2 ** (attempt - 1))
             tried.add(upstream.name)
-            with self.balancer.serving(upstream, "decode"):
+            with self.balancer.serving(upstream, role):
                 try:
-                    async with self.session.post(upstream.url + path, json=body, headers=headers) as resp:
-                        content_type = resp.headers.get("Content-Type")
-                        if resp.status >= 400:
-                            last = forwarded(resp.status, await resp.read(), content_type)
-                            if resp.status < 500:
-                                return last
-                            why = f"HTTP {resp.status}"
-                        else:
-                            first = await resp.content.readany()
-                            awaiting.done()  # decode has its first token: it pulled the KV
-                            if not stream:
-                                data = patch_answer(first + await resp.read(), cached)
-                                return forwarded(resp.status, data, content_type)
-                            return await self._relay(request, resp, upstream, first, cached)
-                except UPSTREAM_ERRORS as err:
+                    result = await call(upstream)
+                    if not isinstance(result, ErrorAnswer):
+                        return result
+                    last = forwarded(result.status, result.body, result.content_type)
+                    if result.status < 500:
+                        return last
+                    why = f"HTTP {result.status}"
+                except retry_on as err:
                     why = f"{type(err).__name__}: {err}"
-                    last = error(502, f"decode instance {upstream.name} failed: {why}", "upstream_error")
-            log.warning("decode call to %s failed (attempt %d of %d): %s", upstream.name, attempt + 1,
+                    last = error(502, f"{role} instance {upstream.name} failed: {why}", "upstream_error")
+            log.warning("%s call to %s failed (attempt %d of %d): %s", role, upstream.name, attempt + 1,
                         self.attempts, why)
         return last
 

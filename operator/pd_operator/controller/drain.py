@@ -1,0 +1,153 @@
+"""Graceful scale-down: an instance the roles no longer want leaves the proxy first and goes only
+once nothing still needs it. Pure: the reconcile passes what it observed and read.
+
+Why: a decode instance deleted while it streams drops those requests; a prefill instance deleted
+while a decode instance has still to pull a request's KV blocks from it breaks that transfer
+(vllm-ascend keeps the blocks until decode pulled them or VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT
+passed: vllm-project/vllm-ascend: vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py
+@ v0.30.0rc2). So removal is two-phase:
+
+1. The membership ConfigMap is rendered without the instance (render/proxy.py), and the instance's
+   StatefulSet, headless Service and PodGroup are kept although the spec no longer wants them.
+2. They are deleted when every live proxy pod answers its state (membership.STATE_PATH) with the
+   version the operator wrote (so no new request can reach the instance) and carries nothing more
+   on it: decode, no request in flight; prefill, none in flight and none awaiting decode's pull. Or
+   when the role's bound has passed since the drain began: decode spec.scaling.drain.decodeSeconds,
+   prefill spec.kvTransfer.timeouts.abortRequestSeconds (after which prefill has freed the blocks
+   anyway). A proxy pod whose state cannot be read holds the drain until the bound: unknown is not
+   idle.
+
+The drain's start is kept in status.draining (`since`), the one record that survives an operator
+restart; a lost status restarts the clock, which only waits longer. A drained instance is deleted
+by the reconcile's prune; one that the roles want again before that simply stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pd_operator.api.types import ROLES, DrainingStatus, PDDeployment, RoleName
+from pd_operator.controller.planner import is_owned_by
+from pd_operator.controller.pods import is_terminating, label
+from pd_operator.membership import ProxyState
+from pd_operator.render.labels import INSTANCE, ROLE
+
+RECHECK_S = 2.0
+"""How soon the reconcile looks again while an instance drains (proxies re-read their membership
+when the kubelet updates the mounted file, which takes up to a minute)."""
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+Instance = tuple[RoleName, int]
+"""(role, index)."""
+
+
+@dataclass(frozen=True)
+class ProxyRead:
+    """One live proxy pod's answer at STATE_PATH, or why there is none."""
+
+    pod: str
+    state: ProxyState | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Drain:
+    name: str
+    """The instance (its StatefulSet's name)."""
+    role: RoleName
+    index: int
+    since: datetime
+    deadline: datetime
+    waiting_for: tuple[str, ...]
+    """What still holds it (empty: nothing)."""
+    timed_out: bool = False
+    """It goes because its bound passed, not because nothing holds it."""
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting_for
+
+    def status(self) -> dict:
+        """Its entry in status.draining."""
+        return DrainingStatus(name=self.name, role=self.role, since=self.since.strftime(TIME_FORMAT),
+                              delete_by=self.deadline.strftime(TIME_FORMAT),
+                              waiting_for="; ".join(self.waiting_for)).to_wire()
+
+
+def instance_of(obj: dict) -> Instance | None:
+    index = label(obj, INSTANCE)
+    for role in ROLES:
+        if label(obj, ROLE) == role and index is not None and index.isdigit():
+            return role, int(index)
+    return None
+
+
+def departing(children: Iterable[dict], owner_uid: str, counts: dict[str, int]) -> dict[Instance, str]:
+    """Instances with an owned, live StatefulSet that the effective counts no longer include, by
+    (role, index) -> the StatefulSet's name."""
+    out = {}
+    for obj in children:
+        inst = instance_of(obj)
+        if (obj["kind"] == "StatefulSet" and inst is not None and inst[1] >= counts[inst[0]]
+                and is_owned_by(obj, owner_uid) and not is_terminating(obj)):
+            out[inst] = obj["metadata"]["name"]
+    return out
+
+
+def bound(dep: PDDeployment, role: str) -> timedelta:
+    if role == "decode":
+        return timedelta(seconds=dep.spec.scaling.drain.decode_seconds)
+    return timedelta(seconds=dep.spec.kv_transfer.timeouts.abort_request_seconds)
+
+
+def _since(previous: Iterable[dict], name: str, now: datetime) -> datetime:
+    for entry in previous:
+        if entry.get("name") == name:
+            try:
+                return datetime.strptime(str(entry.get("since")), TIME_FORMAT).replace(tzinfo=now.tzinfo)
+            except ValueError:
+                break
+    return now
+
+
+def _load(name: str, role: str, read: ProxyRead, version: str) -> str | None:
+    """What `read` says still holds instance `name` (None: nothing)."""
+    if read.state is None:
+        return f"proxy pod {read.pod}'s state cannot be read ({read.error})"
+    if read.state.version != version:
+        return (f"proxy pod {read.pod} routes by membership {read.state.version or 'none'}, "
+                f"not yet {version}")
+    load = read.state.upstreams.get(name)
+    if load is None:
+        return None
+    held = [f"{load.inflight} in flight"] if load.inflight else []
+    if role == "prefill" and load.awaiting_decode:
+        held.append(f"{load.awaiting_decode} awaiting decode's KV pull")
+    return f"{' and '.join(held)} through proxy pod {read.pod}" if held else None
+
+
+def drains(dep: PDDeployment, leaving: dict[Instance, str], previous: Iterable[dict],
+           reads: list[ProxyRead] | None, version: str | None, now: datetime) -> list[Drain]:
+    """The drain of every departing instance. `reads` is None when no proxy routes to the instances
+    (spec.proxy.enabled false): nothing of ours sends them requests, so they go at once. `version`
+    is the membership version just written."""
+    previous = list(previous)
+    out = []
+    for (role, index), name in sorted(leaving.items()):
+        since = _since(previous, name, now)
+        deadline = since + bound(dep, role)
+        waits: list[str] = []
+        if reads is not None and now < deadline:
+            assert version is not None, "a proxy that is enabled has a membership"
+            waits = [w for read in reads if (w := _load(name, role, read, version))]
+        out.append(Drain(name, role, index, since, deadline, tuple(waits),
+                         timed_out=reads is not None and now >= deadline))
+    return out
+
+
+def held(obj: dict, drains_: Iterable[Drain]) -> bool:
+    """Whether a child the spec no longer wants belongs to an instance still draining."""
+    inst = instance_of(obj)
+    return inst is not None and any((d.role, d.index) == inst and not d.done for d in drains_)

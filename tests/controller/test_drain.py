@@ -1,0 +1,118 @@
+"""The drain of instances a scale-down removed (controller/drain.py): which instances depart, what
+holds each, when the bound lets it go, and that only a draining instance's children are kept. Pure."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from controller_helpers import OWNER_UID, desired, validated
+
+from pd_operator.controller import drain
+from pd_operator.controller.drain import ProxyRead
+from pd_operator.membership import ProxyState, UpstreamLoad
+
+NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
+V_NEW = "aaaaaaaaaaaa"
+V_OLD = "bbbbbbbbbbbb"
+DECODE_1 = "glm-flash-decode-1"
+PREFILL_1 = "glm-flash-prefill-1"
+
+
+def _dep(**changes):
+    v = validated(**changes)
+    assert v.deployment is not None
+    return v.deployment
+
+
+def _leaving():
+    return {("decode", 1): DECODE_1, ("prefill", 1): PREFILL_1}
+
+
+def _state(version: str | None, **loads: tuple[str, int, int]) -> ProxyState:
+    return ProxyState(version, {name.replace("_", "-"): UpstreamLoad(*load) for name, load in loads.items()})
+
+
+def _by_name(drains):
+    return {d.name: d for d in drains}
+
+
+def test_departing_is_the_owned_statefulsets_beyond_the_counts():
+    children = desired(validated(prefill__replicas=2, decode__replicas=3))
+    assert drain.departing(children, OWNER_UID, {"prefill": 2, "decode": 1}) == {
+        ("decode", 1): "glm-flash-decode-1", ("decode", 2): "glm-flash-decode-2"}
+    assert drain.departing(children, "someone-else", {"prefill": 0, "decode": 0}) == {}
+    terminating = [dict(c, metadata={**c["metadata"], "deletionTimestamp": "2026-12-04T00:00:00Z"})
+                   for c in children]
+    assert drain.departing(terminating, OWNER_UID, {"prefill": 0, "decode": 0}) == {}
+
+
+@pytest.mark.parametrize(("read", "holds_decode", "holds_prefill"), [
+    # every proxy routes by the new membership and carries nothing on them: both go
+    (ProxyRead("p", _state(V_NEW)), None, None),
+    # a proxy that still routes by the old membership may send them new requests
+    (ProxyRead("p", _state(V_OLD)), "routes by membership", "routes by membership"),
+    (ProxyRead("p", _state(None)), "routes by membership none", "routes by membership none"),
+    # decode is held by requests in flight; prefill by those and by KV decode has still to pull
+    (ProxyRead("p", _state(V_NEW, glm_flash_decode_1=("decode", 2, 0))), "2 in flight", None),
+    (ProxyRead("p", _state(V_NEW, glm_flash_prefill_1=("prefill", 0, 3))), None, "3 awaiting decode"),
+    (ProxyRead("p", _state(V_NEW, glm_flash_prefill_1=("prefill", 1, 0))), None, "1 in flight"),
+    (ProxyRead("p", _state(V_NEW, glm_flash_decode_1=("decode", 0, 0))), None, None),
+    # unknown is not idle
+    (ProxyRead("p", None, "ConnectTimeoutError"), "cannot be read (ConnectTimeoutError)",
+     "cannot be read (ConnectTimeoutError)"),
+])
+def test_what_holds_an_instance(read, holds_decode, holds_prefill):
+    got = _by_name(drain.drains(_dep(), _leaving(), [], [read], V_NEW, NOW))
+    for name, holds in ((DECODE_1, holds_decode), (PREFILL_1, holds_prefill)):
+        d = got[name]
+        if holds is None:
+            assert d.done and not d.timed_out, d
+        else:
+            assert not d.done and holds in "; ".join(d.waiting_for), d
+            assert "proxy pod p" in d.status()["waitingFor"]
+
+
+def test_every_proxy_pod_counts():
+    reads = [ProxyRead("p0", _state(V_NEW)),
+             ProxyRead("p1", _state(V_NEW, glm_flash_decode_1=("decode", 1, 0)))]
+    d = _by_name(drain.drains(_dep(), _leaving(), [], reads, V_NEW, NOW))[DECODE_1]
+    assert not d.done and d.waiting_for == ("1 in flight through proxy pod p1",)
+
+
+def test_no_proxy_or_no_live_proxy_pod_lets_them_go_at_once():
+    for reads in (None, []):
+        version = V_NEW if reads is not None else None
+        assert all(d.done and not d.timed_out
+                   for d in drain.drains(_dep(), _leaving(), [], reads, version, NOW))
+
+
+def test_the_bound_is_per_role_and_counts_from_the_recorded_start():
+    dep = _dep(scaling={"drain": {"decodeSeconds": 60}},
+               kvTransfer={"timeouts": {"abortRequestSeconds": 120}})
+    stuck = [ProxyRead("p", _state(V_NEW, glm_flash_decode_1=("decode", 1, 0),
+                                   glm_flash_prefill_1=("prefill", 0, 1)))]
+    start = NOW - timedelta(seconds=90)
+    previous = [{"name": DECODE_1, "since": start.strftime(drain.TIME_FORMAT)},
+                {"name": PREFILL_1, "since": start.strftime(drain.TIME_FORMAT)}]
+    got = _by_name(drain.drains(dep, _leaving(), previous, stuck, V_NEW, NOW))
+    assert got[DECODE_1].done and got[DECODE_1].timed_out  # 90 s >= 60 s
+    assert not got[PREFILL_1].done  # 90 s < 120 s
+    assert got[PREFILL_1].status()["since"] == "2026-12-04T11:58:30Z"
+    assert got[PREFILL_1].status()["deleteBy"] == "2026-12-04T12:00:30Z"
+    later = _by_name(drain.drains(dep, _leaving(), previous, stuck, V_NEW, NOW + timedelta(seconds=30)))
+    assert later[PREFILL_1].done and later[PREFILL_1].timed_out
+
+
+def test_a_new_drain_starts_now():
+    d = _by_name(drain.drains(_dep(), _leaving(), [{"name": "other", "since": "2020-01-01T00:00:00Z"}],
+                              [ProxyRead("p", _state(V_OLD))], V_NEW, NOW))[DECODE_1]
+    assert d.since == NOW and d.deadline == NOW + timedelta(seconds=300)
+
+
+def test_only_a_draining_instances_children_are_held():
+    children = desired(validated(prefill__replicas=2, decode__replicas=2))
+    busy = ProxyRead("p", _state(V_NEW, glm_flash_decode_1=("decode", 1, 0)))
+    drains = drain.drains(_dep(), _leaving(), [], [busy], V_NEW, NOW)
+    held = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in children if drain.held(c, drains))
+    assert held == ["Service/glm-flash-decode-1", "StatefulSet/glm-flash-decode-1"]
