@@ -15,8 +15,8 @@ controller on a 2 s resync.
 
 Nodes: `NodePool`s of kwok nodes advertising NPUs (DEFAULT_NODES: `huawei.com/Ascend910: 8` and
 `huawei.com/ascend-1980: 16` labelled `accelerator: ascend-a3`, which the DeepSeek example
-selects). Pod IPs are fake; nothing may dial them, unless the nodes carry loopback pod CIDRs
-(support/podnet.py), where the test runs what the pods would.
+selects). Pod IPs are loopback addresses where nothing listens (POD_CIDR), or from a node's own
+pod CIDR when its pool gives one (support/podnet.py runs what the pods would there).
 
 Ports are picked below the ephemeral range (32768+): a port found free with bind(0) can be taken
 by an outgoing connection before the server binds it. A component that still loses its port to

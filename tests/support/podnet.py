@@ -54,9 +54,11 @@ API_POLL_S = 0.1
 
 
 def loopback(pool: NodePool) -> NodePool:
-    """`pool` with a /24 of loopback addresses per node, 127.<n>.<node>.0/24; `n` is random so that
-    runs sharing this machine rarely share addresses (ports on them are fixed by the pods)."""
-    n = random.Random(os.getpid() ^ time.monotonic_ns()).randrange(16, 255)
+    """`pool` with a /24 of loopback addresses per node, 127.<n>.<node>.0/24. `n` is random, and below
+    the default pod CIDR (support/cluster.py POD_CIDR, 127.128.0.0/14) that every control plane on
+    this machine hands out alike, so that pods of runs sharing the machine rarely share an address
+    (the ports on it are the pods'): no other run's operator reads this run's proxy pods."""
+    n = random.Random(os.getpid() ^ time.monotonic_ns()).randrange(16, 128)
     return dataclasses.replace(pool, pod_cidrs=tuple(f"127.{n}.{i}.0/24" for i in range(pool.count)))
 
 
