@@ -126,7 +126,10 @@ class Kubelet:
         await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.gather(*(e.stop() for e in self.engines.values()),
                              *(p.stop() for p in self.proxies.values()))
-        if self._failure is not None and exc[0] is None:
+        if exc[0] is not None:
+            for log in sorted(self.workdir.glob("*/proxy.log")):
+                print(f"--- {log} ---\n{log.read_text()[-20000:]}")
+        elif self._failure is not None:
             raise self._failure
 
     # --- what the test reads ------------------------------------------------------------------------
@@ -235,6 +238,7 @@ class Kubelet:
         if uid in self.proxies:
             return
         argv = [in_pod(a, ip, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
+        (self.workdir / name).mkdir(parents=True, exist_ok=True)
         process = ProxyProcess([sys.executable, str(POD_DNS), str(self.hosts), *argv], ip,
                                _http_port(container), self.workdir / name / "proxy.log")
         await process.start()
