@@ -127,6 +127,7 @@ bench: install tools testcluster
 	$(PY) bench/plan.py
 	$(PY) bench/transfer.py
 	$(PY) bench/reconcile.py
+	$(PY) bench/scale.py
 
 bench-transfer: install
 	$(PY) bench/transfer.py
