@@ -139,11 +139,6 @@ SCENARIOS = {
     "decode-whole-answer-breaks-after-first-bytes": Scenario((OK,), (CUT,), False, 502, GATEWAY, (OK,),
                                                              (CUT,)),
 }
-KNOWN_WRONG = {
-    "decode-whole-answer-breaks-after-first-bytes":
-        "pd-proxy retries a whole (not streamed) decode answer that broke after its first bytes, "
-        "though it counts decode's KV pull as done at that first byte",
-}
 
 
 @dataclass
@@ -297,8 +292,6 @@ async def _run(scenario: Scenario, tmp_path: Path) -> None:
     assert [e for engine in engines.values() for e in engine.errors] == []
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=[pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_WRONG[name])]
-                 if name in KNOWN_WRONG else []) for name in SCENARIOS])
+@pytest.mark.parametrize("name", list(SCENARIOS))
 def test_an_engine_failure_reaches_the_client_as_a_client_of_vllm_expects(name, tmp_path):
     asyncio.run(_run(SCENARIOS[name], tmp_path))
