@@ -109,6 +109,36 @@ def test_the_pods_of_an_instance_share_a_domain(control_plane, namespace, start_
     assert _no_rewrites(cp, op, release.user, namespace) == []
 
 
+def test_a_new_pod_count_under_the_gang_replaces_the_instance_whole(control_plane, namespace, start_operator):
+    """kube-scheduler's PodGroup is immutable, so a new pod count is a new PodGroup; a rolling update
+    one pod at a time would leave the first new pod waiting for a group that never fills."""
+    cp = control_plane
+    start_operator()
+    doc = _doc(namespace, dataParallelSize=4)  # one decode instance of 2 pods
+    doc["spec"]["scheduling"] = {"gang": "kubernetes"}
+    doc["spec"]["placement"] = {"domainLabel": DOMAIN, "gangTopology": True}
+    apply(cp, doc)
+    serve(cp, namespace)
+    assert _bound(cp, namespace, "glm-flash") == [True, True]
+
+    doc["spec"]["decode"]["dataParallelSize"] = 6  # 3 pods: only sp-b holds them
+    apply(cp, doc)
+
+    def whole_on_the_new_group() -> bool:
+        decode = pods(cp, namespace, f"pd.serving.dev/deployment=glm-flash,{ROLE}=decode")
+        groups = {(p["spec"].get("schedulingGroup") or {}).get("podGroupName") for p in decode}
+        return len(decode) == 3 and len(groups) == 1 and all(p["spec"].get("nodeName") for p in decode)
+    wait_for("3 decode pods of one PodGroup, all bound", whole_on_the_new_group)
+    wait_cond(cp, namespace, "DecodeReady", ("True", "InstancesReady"))
+    where = _domains(cp)
+    assert {where[n] for n in _instances(cp, namespace, "decode", "glm-flash")["0"]} == {"sp-b"}
+    def min_counts() -> list[int]:
+        groups = listed(cp, KUBE_PODGROUPS, "podgroups", namespace, f"{ROLE}=decode")
+        return [g["spec"]["schedulingPolicy"]["gang"]["minCount"] for g in groups
+                if not g["metadata"].get("deletionTimestamp")]
+    wait_for("the old PodGroup pruned", lambda: min_counts() == [3])
+
+
 def _bound(cp: ControlPlane, namespace: str, name: str) -> list[bool]:
     instances = _instances(cp, namespace, "decode", name)
     return sorted(bool(node) for nodes in instances.values() for node in nodes)

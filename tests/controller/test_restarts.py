@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from controller_helpers import pod
 
-from pd_operator.controller.restarts import HISTORY, LIMIT, WINDOW, decide
+from pd_operator.controller.restarts import HISTORY, LIMIT, REVISION, WINDOW, decide
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LABELS = {"pd.serving.dev/role": "decode", "pd.serving.dev/instance": "0"}
@@ -73,3 +73,29 @@ def test_old_restarts_fall_out_of_the_window():
 def test_a_garbled_history_does_not_block_restarts():
     d = decide(_sts(2, "yesterday,,not-a-time"), _group(2, p0={"restarts": 1}), NOW)
     assert d.action == "restart"
+
+
+def _revised(sts: dict, update: str, revisions: list[str]) -> tuple[dict, list[dict]]:
+    """`sts` with status.updateRevision `update`, and its pods on `revisions` (by ordinal)."""
+    group = _group(len(revisions))
+    for p, revision in zip(group, revisions, strict=True):
+        p["metadata"]["labels"] = {**p["metadata"]["labels"], REVISION: revision}
+    return {**sts, "status": {"updateRevision": update}}, group
+
+
+@pytest.mark.parametrize(("revisions", "replaced"), [
+    (["old", "old", "new"], ("glm-decode-0-0", "glm-decode-0-1")),  # the roll began: the rest go together
+    (["old", "old", "old"], ()),  # not begun: the StatefulSet controller takes the first step
+    (["new", "new", "new"], ()),  # done
+])
+def test_a_begun_roll_replaces_the_rest_of_the_instance(revisions, replaced):
+    sts, group = _revised(_sts(3), "new", revisions)
+    decision = decide(sts, group, NOW)
+    assert (decision.action, decision.pods) == (("replace", replaced) if replaced else ("none", ()))
+    assert decision.history == ()  # no restart budget spent
+
+
+def test_a_failed_rank_restarts_rather_than_replaces():
+    sts, group = _revised(_sts(2), "new", ["old", "new"])
+    group[1]["status"]["containerStatuses"][0]["restartCount"] = 1
+    assert decide(sts, group, NOW).action == "restart"

@@ -11,12 +11,11 @@ request begun after the proxy reported the version without it, and what it still
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from pd_operator.membership import Upstream, document
-from support.fakevllm import HOST, FakeEngine, Load, ProxyProcess, load_of, started, swap, until
+from support.fakevllm import FakeEngine, Load, ProxyProcess, load_of, refusing_url, started, swap, until
 
 pytestmark = pytest.mark.scaling
 
@@ -97,19 +96,11 @@ def test_membership_changes_under_load_fail_no_request(tmp_path):
     asyncio.run(_scale_under_load(tmp_path))
 
 
-def _refusing_url() -> str:
-    """A loopback URL nothing listens on (connections are refused)."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
-    return f"http://{HOST}:{port}"
-
-
 async def _members_that_refuse(tmp_path) -> None:
     p0, d0 = await started(FakeEngine("glm-flash-prefill-0", "prefill"),
                            FakeEngine("glm-flash-decode-0", "decode"))
-    dead_p = Upstream("glm-flash-prefill-1", _refusing_url())
-    dead_d = Upstream("glm-flash-decode-1", _refusing_url())
+    dead_p = Upstream("glm-flash-prefill-1", refusing_url())
+    dead_d = Upstream("glm-flash-decode-1", refusing_url())
     membership = tmp_path / "upstreams.json"
     version = swap(membership, document([p0.upstream, dead_p], [d0.upstream, dead_d]))
     try:

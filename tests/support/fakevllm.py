@@ -10,9 +10,12 @@
   engine they name (an HTTP stand-in for the Mooncake pull: each prefilled request's blocks can be
   pulled once, and a pull from an engine that is gone fails the request, as a real decode's would),
   then answers with `chunks` tokens, as server-sent events when streaming.
-Each engine records what it received (by X-Request-Id) and any protocol violation, and can hold
-requests at a point until the test releases them (`Hold`: asyncio events, no sleeps). `kill()`
-stops an engine as a killed process stops: connections reset, requests in flight cut.
+Each engine records what it received (by X-Request-Id, in one order across engines) and any
+protocol violation, and can hold requests at a point until the test releases them (`Hold`: asyncio
+events, no sleeps). For the proxy's error paths an engine can instead give every request one
+`Canned` answer (an error as vLLM sends it, or a body no engine sends), or drop the connection in
+the middle of its answer (`cut`); `refusing_url()` is an upstream that refuses connections.
+`kill()` stops an engine as a killed process stops: connections reset, requests in flight cut.
 
 `Load` runs a few concurrent clients (streaming and not, completions and chat) and checks every
 answer; `started_after(mark)` names the requests a client began after a point of the test.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import json
 import os
 import socket
@@ -96,11 +100,43 @@ class Hold:
         self._released.set()
 
 
+_ARRIVALS = itertools.count()
+
+
 @dataclass
 class Received:
     request_id: str
     path: str
     body: dict
+    order: int = field(default_factory=lambda: next(_ARRIVALS))
+    """When it arrived, comparable across every engine of the process."""
+
+
+@dataclass(frozen=True)
+class Canned:
+    """An answer an engine gives every request instead of its own."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+def vllm_error(status: int, message: str) -> Canned:
+    """An error as vLLM's OpenAI server answers it: JSON `ErrorResponse`, the HTTP status in
+    error.code (vllm-project/vllm: vllm/entrypoints/serve/exception_handling/error_response.py and
+    vllm/entrypoints/openai/completion/api_router.py @ v0.34.0)."""
+    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+    error = {"message": message, "type": kind.get(status, "InternalServerError"), "param": None,
+             "code": status}
+    return Canned(status, json.dumps({"error": error}).encode())
+
+
+def refusing_url() -> str:
+    """A loopback URL nothing listens on (connections are refused)."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    return f"http://{HOST}:{port}"
 
 
 @dataclass
@@ -112,8 +148,13 @@ class FakeEngine:
     errors: list[str] = field(default_factory=list)
     holds: dict[str, Hold] = field(default_factory=dict)
     """Points: "answer" (prefill: before it answers; decode: after the response headers, before
-    it pulls the KV and sends the first token) and "stream" (decode, streaming: after the first
-    token)."""
+    it pulls the KV and sends the first token), "stream" (decode, streaming: after the first token)
+    and "cut" (see `cut`)."""
+    canned: Canned | None = None
+    """Every request gets this answer instead (after it is recorded, with no protocol check)."""
+    cut: bool = False
+    """Decode: send the first token (streaming) or half the whole answer, wait at point "cut",
+    then drop the connection, as an engine pod that dies while answering."""
     host: str = HOST
     port: int = 0
     blocks: set[str] = field(default_factory=set)
@@ -144,7 +185,7 @@ class FakeEngine:
     async def start(self) -> FakeEngine:
         app = web.Application()
         for path in ("/v1/completions", "/v1/chat/completions"):
-            app.router.add_post(path, self._prefill if self.role == "prefill" else self._decode)
+            app.router.add_post(path, self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get(KV_PULL_PATH + "{request_id}", self._pulled)
         # A client that goes away cancels its request, as vLLM aborts it.
@@ -188,14 +229,24 @@ class FakeEngine:
         return web.json_response({"error": {"message": problem, "type": "BadRequestError", "code": 400}},
                                  status=400)
 
-    async def _receive(self, request: web.Request) -> tuple[str, dict]:
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         request_id = request.headers.get("X-Request-Id", "")
         self.received.append(Received(request_id, request.path, body))
-        return request_id, body
+        if self.canned:
+            return web.Response(status=self.canned.status, body=self.canned.body,
+                                headers={"Content-Type": self.canned.content_type})
+        answer = self._prefill if self.role == "prefill" else self._decode
+        return await answer(request, request_id, body)
 
-    async def _prefill(self, request: web.Request) -> web.Response:
-        request_id, body = await self._receive(request)
+    async def _drop(self, request: web.Request, out: web.StreamResponse, body: dict) -> web.StreamResponse:
+        """Wait at point "cut", then close the connection in the middle of `out`."""
+        await self._at("cut", body)
+        assert request.transport is not None
+        request.transport.close()
+        return out
+
+    async def _prefill(self, request: web.Request, request_id: str, body: dict) -> web.Response:
         problems = [f"{key}={body.get(key)!r}" for key, want in (("stream", False), ("max_tokens", 1),
                                                                  ("min_tokens", 1)) if body.get(key) != want]
         if body.get("kv_transfer_params") != PREFILL_PARAMS:
@@ -245,8 +296,7 @@ class FakeEngine:
         self.errors.append(problem)
         return problem
 
-    async def _decode(self, request: web.Request) -> web.StreamResponse:
-        request_id, body = await self._receive(request)
+    async def _decode(self, request: web.Request, request_id: str, body: dict) -> web.StreamResponse:
         params = body.get("kv_transfer_params") or {}
         problems = [f"{key}={params.get(key)!r}" for key, ok in (
             ("do_remote_prefill", lambda v: v is True), ("do_remote_decode", lambda v: v is False),
@@ -272,9 +322,16 @@ class FakeEngine:
             message = {"role": "assistant", "content": text}
             choice = ({"index": 0, "message": message, "finish_reason": "length"}
                       if chat else {"index": 0, "text": text, "finish_reason": "length"})
-            return web.json_response({"id": f"cmpl-{request_id}", "model": MODEL, "choices": [choice],
-                                      "object": "chat.completion" if chat else "text_completion",
-                                      "usage": usage})
+            whole = {"id": f"cmpl-{request_id}", "model": MODEL, "choices": [choice],
+                     "object": "chat.completion" if chat else "text_completion", "usage": usage}
+            if not self.cut:
+                return web.json_response(whole)
+            data = json.dumps(whole).encode()
+            out = web.StreamResponse(headers={"Content-Type": "application/json"})
+            out.content_length = len(data)
+            await out.prepare(request)
+            await out.write(data[:len(data) // 2])
+            return await self._drop(request, out, body)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await out.prepare(request)  # headers leave before the first token, as vLLM's do
 
@@ -295,6 +352,8 @@ class FakeEngine:
                                    "object": "chat.completion.chunk" if chat else "text_completion"}))
             if i == 0:
                 await self._at("stream", body)
+                if self.cut:
+                    return await self._drop(request, out, body)
         if (body.get("stream_options") or {}).get("include_usage"):
             await out.write(event({"id": f"cmpl-{request_id}", "model": MODEL, "choices": [],
                                    "usage": usage}))

@@ -172,10 +172,11 @@ def _group_restarts(client: Client, body: dict, children: list[dict], pods: list
         role, index = label(sts, ROLE), label(sts, INSTANCE)
         members = [p for p in pods if label(p, ROLE) == role and label(p, INSTANCE) == index]
         decision = restarts.decide(sts, members, now)
-        if decision.action == "restart":  # the Degraded=GroupRestart transition posts the event
+        if decision.action in ("restart", "replace"):
             ns = sts["metadata"]["namespace"]
-            annotated = client.annotate_stateful_set(ns, decision.instance, decision.annotations())
-            outcome.applied.append(annotated)
+            if decision.action == "restart":  # the Degraded=GroupRestart transition posts the event
+                annotated = client.annotate_stateful_set(ns, decision.instance, decision.annotations())
+                outcome.applied.append(annotated)
             for pod in members:
                 if pod["metadata"]["name"] in decision.pods:
                     client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
@@ -284,7 +285,7 @@ def reconcile(client: Client, body: dict, children: list[dict], pods: list[dict]
     if draining:
         outcome.requeue_after = drain.RECHECK_S
     decisions = _group_restarts(client, body, children, pods, now, outcome)
-    gone = {pod for d in decisions if d.action == "restart" for pod in d.pods}
+    gone = {pod for d in decisions if d.action in ("restart", "replace") for pod in d.pods}
     pods = [p for p in pods if p["metadata"]["name"] not in gone]
     observed = status_mod.Observed(children=children, pods=pods, foreign=the_plan.foreign,
                                    blocked=the_plan.blocked, rolling=rolling, restarts=decisions,

@@ -9,6 +9,15 @@ deleted and replaced by the StatefulSet controller at once; the runner passes it
 (runner.py), so its peers are restarted even when the index no longer shows it. Restarts are rate
 limited per instance; their times, and the uids of the pods the last one deleted (a lagging cache
 may still show them), live in annotations on the StatefulSet.
+
+A template change replaces an instance whole too. The StatefulSet controller rolls pods one at a
+time (k8s.io/kubernetes: pkg/controller/statefulset/stateful_set_control.go @ v1.36.3), but ranks of
+two revisions cannot form one engine, and under kube-scheduler's gang a new pod waits for the whole
+of its new PodGroup (render/scheduling.py), which the rolling update never creates: the roll would
+stop at its first pod. So once any pod of an instance runs the StatefulSet's update revision, the
+pods still on an older one are deleted together (`replace`); the controller recreates them at the
+update revision (newVersionedStatefulSetPod in stateful_set_utils.go @ v1.36.3, with the defaulted
+partition 0). Not rate limited: it follows a spec change, not a failure.
 """
 
 from __future__ import annotations
@@ -18,6 +27,9 @@ from datetime import datetime, timedelta
 
 from pd_operator.controller.pods import has_failed, is_terminating
 
+# The pod label naming its StatefulSet revision (k8s.io/api: apps/v1/types.go
+# ControllerRevisionHashLabelKey @ v0.36.3).
+REVISION = "controller-revision-hash"
 HISTORY = "pd.serving.dev/group-restarts"
 DELETED = "pd.serving.dev/group-restart-deleted"
 WINDOW = timedelta(minutes=10)
@@ -29,7 +41,8 @@ LIMIT = 3
 class Decision:
     instance: str
     action: str
-    """`restart` (delete `pods`), `limited` (should restart but the budget is spent) or `none`."""
+    """`restart` (delete `pods`), `limited` (should restart but the budget is spent), `replace`
+    (delete `pods`, the ranks left on an old revision) or `none`."""
     failed: tuple[str, ...] = ()
     pods: tuple[str, ...] = ()
     history: tuple[str, ...] = ()
@@ -65,7 +78,7 @@ def decide(stateful_set: dict, pods: list[dict], now: datetime) -> Decision:
     live = [p for p in pods if not is_terminating(p) and p["metadata"].get("uid") not in deleted]
     failed = tuple(sorted(p["metadata"]["name"] for p in live if has_failed(p)))
     if not failed:
-        return Decision(name, "none")
+        return _replace(stateful_set, live)
     history = recent_restarts(stateful_set, now)
     stamps = tuple(t.isoformat() for t in history)
     if len(history) >= LIMIT:
@@ -73,3 +86,16 @@ def decide(stateful_set: dict, pods: list[dict], now: datetime) -> Decision:
     live.sort(key=lambda p: p["metadata"]["name"])
     return Decision(name, "restart", failed, tuple(p["metadata"]["name"] for p in live),
                     (*stamps, now.isoformat()), tuple(p["metadata"]["uid"] for p in live))
+
+
+def _replace(stateful_set: dict, live: list[dict]) -> Decision:
+    """`replace` the ranks on an older revision once one runs the update revision, else `none`."""
+    name = stateful_set["metadata"]["name"]
+    update = (stateful_set.get("status") or {}).get("updateRevision")
+    revisions = {(p["metadata"].get("labels") or {}).get(REVISION) for p in live}
+    if not update or update not in revisions or len(revisions) < 2:
+        return Decision(name, "none")
+    stale = sorted((p for p in live if (p["metadata"].get("labels") or {}).get(REVISION) != update),
+                   key=lambda p: p["metadata"]["name"])
+    return Decision(name, "replace", pods=tuple(p["metadata"]["name"] for p in stale),
+                    deleted_uids=tuple(p["metadata"]["uid"] for p in stale))

@@ -224,7 +224,16 @@ class Proxy:
                 first = await resp.content.readany()
                 awaiting.done()  # decode has its first token: it pulled the KV
                 if not stream:
-                    data = patch_answer(first + await resp.read(), cached)
+                    try:
+                        rest = await resp.read()
+                    except UPSTREAM_ERRORS as err:
+                        # Not retried: prefill may have freed the blocks once decode pulled them, so
+                        # another decode instance could not pull them again.
+                        why = f"{type(err).__name__}: {err}"
+                        log.warning("decode call to %s broke after its first bytes: %s", upstream.name, why)
+                        return error(502, f"decode instance {upstream.name} failed after it began to answer: "
+                                          f"{why}", "upstream_error")
+                    data = patch_answer(first + rest, cached)
                     return forwarded(resp.status, data, resp.headers.get("Content-Type"))
                 return await self._relay(request, resp, upstream, first, cached)
         return await self._with_retries("decode", call, UPSTREAM_ERRORS)
