@@ -8,7 +8,16 @@ from controller_support import example
 
 from pd_operator.controller.restarts import Decision
 from pd_operator.controller.rollout import gate
-from pd_operator.controller.status import TYPES, Observed, conditions, layout_hash, shape, status, transitions
+from pd_operator.controller.status import (
+    TYPES,
+    Observed,
+    conditions,
+    layout_hash,
+    merge_patch,
+    shape,
+    status,
+    transitions,
+)
 from pd_operator.names import Names
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -280,3 +289,12 @@ def test_a_dropped_topology_constraint_is_reported():
     assert (got["status"], got["reason"]) == ("False", "GangUnavailable")
     assert "TopologyAwareWorkloadScheduling" in got["message"]
     assert _gang(v, _serving(v))["reason"] == "PodGroups"
+
+
+def test_a_key_the_new_status_drops_is_patched_to_null():
+    previous = {"observedGeneration": 1, "draining": [{"name": "glm-flash-decode-1"}],
+                "proxyEndpoint": "x:8000"}
+    new = {"observedGeneration": 2}
+    assert merge_patch(previous, new) == {"observedGeneration": 2, "draining": None,
+                                                      "proxyEndpoint": None}
+    assert merge_patch(new, new) == new

@@ -223,7 +223,7 @@ def _write_status(client: Client, body: dict, validation: Validation, observed: 
     outcome.kv_compatible = conditions.get("KVCompatible") == "True"
     if new == previous:
         return
-    client.patch_status(meta["namespace"], meta["name"], new)
+    client.patch_status(meta["namespace"], meta["name"], status_mod.merge_patch(previous, new))
     outcome.status_written = True
     for type_, reason, message in status_mod.transitions(previous.get("conditions") or [], new["conditions"]):
         client.post_event(body, type_, reason, message)

@@ -399,6 +399,13 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
     return out
 
 
+def merge_patch(previous: dict, new: dict) -> dict:
+    """The JSON merge patch (RFC 7396) that turns status `previous` into `new`: a key `new` no longer
+    has is sent as null, since a key merely missing from a merge patch keeps its stored value (a
+    drained instance would stay in status.draining)."""
+    return {**new, **{k: None for k in previous if k not in new}}
+
+
 SIGNIFICANT = {"KVCompatible", "Ready", "Degraded"}
 STARTING = {"InstancesNotReady", "ProxyNotReady", "NoUpstreams", "KVLinkNotReady"}
 """Ready=False reasons that only mean "not up yet": no event when an object starts with them."""
