@@ -115,3 +115,22 @@ def test_server_side_text_forms_of_numbers_are_not_drift():
     from pd_operator.controller.planner import holds
     assert holds({"limits": {"cpu": "8"}, "extra": 1}, {"limits": {"cpu": 8}})
     assert not holds({"args": ["a"]}, {"args": ["a", "b"]})
+
+
+def test_an_immutable_podgroup_missing_a_dropped_field_is_not_applied_again():
+    """kube-apiserver drops spec.schedulingConstraints when TopologyAwareWorkloadScheduling is off; a
+    PodGroup's spec is immutable, so applying it again could never add it back."""
+    v = validated(scheduling={"gang": "kubernetes"}, placement={"domainLabel": "example.com/pod",
+                                                               "gangTopology": True},
+                  decode__dataParallelSize=4)
+    want = desired(v)
+    observed = copy.deepcopy(want)
+    groups = [o for o in observed if o["kind"] == "PodGroup"]
+    assert groups and all("schedulingConstraints" in g["spec"] for g in groups)
+    for g in groups:
+        del g["spec"]["schedulingConstraints"]
+    assert plan(want, observed, OWNER_UID).apply == []
+    for g in groups:  # a PodGroup that is not the one last applied is applied
+        g["metadata"]["annotations"][APPLIED_HASH] = "0" * 16
+    assert _names(plan(want, observed, OWNER_UID).apply) == _names(
+        [m for m in want if m["kind"] == "PodGroup"])

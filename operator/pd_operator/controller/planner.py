@@ -12,6 +12,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from pd_operator.render.scheduling import IMMUTABLE_SPEC
+
 APPLIED_HASH = "pd.serving.dev/applied-hash"
 
 Key = tuple[str, str, str]
@@ -69,6 +71,13 @@ def holds(observed: object, desired: object) -> bool:
     return str(observed) == str(desired)
 
 
+def _immutable(manifest: dict) -> bool:
+    """A kind whose spec the API server never changes after creation: once applied (same hash), an
+    apply again cannot add what the server dropped (a field of a feature gate that is off), so it
+    would only repeat on every reconcile."""
+    return (manifest["apiVersion"], manifest["kind"]) in IMMUTABLE_SPEC
+
+
 @dataclass(frozen=True)
 class Plan:
     apply: list[dict] = field(default_factory=list)
@@ -93,7 +102,7 @@ def plan(desired: list[dict], observed: list[dict], owner_uid: str) -> Plan:
         if key(manifest) in foreign_keys:
             blocked.append(manifest)
         elif (current is not None and applied_hash(current) == applied_hash(manifest)
-              and holds(current, manifest)):
+              and (holds(current, manifest) or _immutable(manifest))):
             unchanged += 1
         else:
             apply.append(manifest)

@@ -42,6 +42,8 @@ NEEDS = {
     VOLCANO_API: "Volcano installed (its CRD podgroups.scheduling.volcano.sh and its scheduler)",
 }
 TOPOLOGY_GATE = "TopologyAwareWorkloadScheduling"
+IMMUTABLE_SPEC = {(KUBE_API, "PodGroup")}
+"""(apiVersion, kind) whose spec cannot change after creation (see the module docstring)."""
 DIGEST_CHARS = 8
 # Preferred terms: near prefill outweighs apart from the role's other instances, so with prefill in
 # one domain only, decode still joins it (KV moves within the domain) rather than spreading out.
