@@ -202,12 +202,41 @@ def test_probe_sidecars_read_the_pairing_the_engines_run(tmp_path):
             assert geo.decode.engine_block_size == validation.report.decode_layout.engine_block_size
 
 
-def test_decode_gates_check_every_prefill_instance_the_proxy_routes_to():
+def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp_path):
+    """The decode gate reads the proxy's membership (mounted where the proxy mounts it), so a prefill
+    instance the membership does not list yet (not Ready after a scale-up) is no peer; without the
+    proxy it links every prefill instance of the spec."""
+    from pd_operator.membership import KEY, MOUNT_DIR, document
     from pd_operator.ports import PROBE_PORT
-    from pd_operator.transfer.probe import prefill_peers
+    from pd_operator.render.proxy import membership_data
+    from pd_operator.transfer.probe import membership_peers, parser, prefill_peers
+
+    def gate_peers(sts: dict, pairing: dict) -> list[str]:
+        sidecar = sts["spec"]["template"]["spec"]["containers"][1]
+        volumes = {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
+        assert {m["name"] for m in sidecar["volumeMounts"]} <= volumes
+        args = parser().parse_args([a.replace(MOUNT_DIR, str(tmp_path)) for a in sidecar["command"][1:]])
+        if args.membership:
+            assert MOUNT_DIR in {m["mountPath"] for m in sidecar["volumeMounts"]}
+            return membership_peers(args.membership)
+        return prefill_peers(pairing)
 
     for example in VALID_EXAMPLES:
-        manifests = render(validate(load(example)))
+        doc = load(example)
+        doc["spec"]["prefill"]["replicas"] = 2
+        manifests = render(validate(doc))
         pairing = json.loads(config_map_data(manifests)["pairing.json"])
-        hosts = [urlsplit(u.url).hostname for u in proxy_membership(manifests).prefill]
-        assert prefill_peers(pairing) == [f"{h}:{PROBE_PORT}" for h in hosts]
+        routes = proxy_membership(manifests)
+        hosts = [f"{urlsplit(u.url).hostname}:{PROBE_PORT}" for u in routes.prefill]
+        assert len(hosts) == 2
+        gated = document(list(routes.prefill[:1]), list(routes.decode))
+        for members, want in ((document(list(routes.prefill), list(routes.decode)), hosts), (gated, hosts[:1])):
+            (tmp_path / KEY).write_text(membership_data(members)[KEY])
+            for sts in serving_sets(manifests):
+                if role_of(sts) == "decode":
+                    assert gate_peers(sts, pairing) == want, example
+
+        doc["spec"]["proxy"] = {"enabled": False}
+        for sts in serving_sets(render(validate(doc))):
+            if role_of(sts) == "decode":
+                assert gate_peers(sts, pairing) == hosts, example

@@ -2,18 +2,26 @@
 
 Prefill pods run `pd-kv-probe serve`: a test KV buffer laid out with this pairing's real engine
 block sizes, published on ports.PROBE_PORT. Decode pods run `pd-kv-probe gate`: every
-GATE_PERIOD seconds it pulls that buffer from every prefill instance through Mooncake and verifies
-every byte; its `/ready` answers 200 only while the last round linked every prefill instance. The
+GATE_PERIOD seconds it pulls that buffer from every prefill instance the proxy routes to and
+verifies every byte; its `/ready` answers 200 only while the last round linked each of them. The
 sidecar's readinessProbe reads it, so a decode pod is not Ready, and the operator does not route to
 its instance, until its KV link works (controller/links.py). Both sides take the pairing from the
 mounted serving ConfigMap (`--config`), so every model description gets a probe. It moves host
 memory over tcp with P2P handshakes: the NPU transport is exercised by the engine itself.
+
+Why the proxy's prefill members rather than every prefill instance of the spec: a prefill instance
+a scale-up adds takes minutes to load; were it a peer at once, every decode gate would fail its
+next round and every decode instance would leave the proxy until the new prefill served. The gate
+reads the proxy's membership ConfigMap (render/proxy.py), which lists a prefill instance once all
+its pods are Ready, so a decode instance links exactly the prefill instances it can be paired with.
+Without the proxy (spec.proxy.enabled false) the gate links every prefill instance of the spec.
 """
 
 from __future__ import annotations
 
+from pd_operator.membership import KEY, MOUNT_DIR
 from pd_operator.ports import HANDSHAKE_RPC, PROBE_PORT, PROBE_READY_PATH
-from pd_operator.render import serving_config
+from pd_operator.render import proxy, serving_config
 from pd_operator.render.context import Context
 
 PROBE_COMMAND = "pd-kv-probe"  # console script of this package, installed in the serving image
@@ -22,11 +30,21 @@ PORT_NAME = "kv-probe"
 GATE_PERIOD = 30
 
 
-def probe_argv(role: str) -> list[str]:
+def _gated_by_membership(ctx: Context, role: str) -> bool:
+    return role == "decode" and ctx.dep.spec.proxy.enabled
+
+
+def probe_argv(ctx: Context, role: str) -> list[str]:
     common = ["--config", serving_config.PAIRING_PATH, "--port", str(PROBE_PORT)]
     if role == "prefill":
         return [PROBE_COMMAND, "serve", *common]
-    return [PROBE_COMMAND, "gate", *common, "--every", str(GATE_PERIOD)]
+    members = ["--membership", f"{MOUNT_DIR}/{KEY}"] if _gated_by_membership(ctx, role) else []
+    return [PROBE_COMMAND, "gate", *common, *members, "--every", str(GATE_PERIOD)]
+
+
+def volumes(ctx: Context, role: str) -> list[dict]:
+    """Pod volumes the sidecar needs besides the serving ConfigMap (the pod mounts that anyway)."""
+    return [proxy.membership_volume(ctx)[0]] if _gated_by_membership(ctx, role) else []
 
 
 def readiness(role: str) -> dict:
@@ -43,13 +61,14 @@ def sidecar(ctx: Context, role: str) -> dict:
         "name": CONTAINER[role],
         "image": spec.image.name,
         "imagePullPolicy": spec.image.pull_policy,
-        "command": probe_argv(role),
+        "command": probe_argv(ctx, role),
         # The probe names its engine after POD_IP; its Mooncake RPC ports stay in the planned range.
         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "MC_MIN_RPC_PORT", "value": str(HANDSHAKE_RPC[0])},
                 {"name": "MC_MAX_RPC_PORT", "value": str(HANDSHAKE_RPC[1])}],
         "ports": [{"name": PORT_NAME, "containerPort": PROBE_PORT, "protocol": "TCP"}],
-        "volumeMounts": [serving_config.volume(ctx)[1]],
+        "volumeMounts": [serving_config.volume(ctx)[1],
+                         *([proxy.membership_volume(ctx)[1]] if _gated_by_membership(ctx, role) else [])],
         "readinessProbe": readiness(role),
         "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
         "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from pd_operator.api.types import HostMountsSpec, Resources
+from pd_operator.api.types import HostMountsSpec
 from pd_operator.ports import PROBE_RANGE, pod_ports
 from pd_operator.render import kv_probe, scheduling, serving_config
 from pd_operator.render.command import pod_command
@@ -13,6 +13,7 @@ from pd_operator.render.context import Context
 from pd_operator.render.env import container_env
 from pd_operator.render.labels import labels, selector
 from pd_operator.render.probes import probes
+from pd_operator.render.resources import resources
 
 # Host files the Ascend runtime needs inside the container, by node generation, with the device
 # plugin handing out the NPUs themselves (vllm-ascend: docs/source/installation.md and the
@@ -53,15 +54,6 @@ def container_ports(ctx: Context, role: str) -> list[dict]:
     for port, name in sorted(seen.items()):
         out.append({**({"name": name} if name else {}), "containerPort": port, "protocol": "TCP"})
     return out
-
-
-def resources(user: Resources, npu_name: str | None = None, npus: int = 0) -> dict:
-    """The user's resources with the NPU count of the shape set on both requests and limits
-    (extended resources must have requests equal to limits)."""
-    requests, limits = dict(user.requests), dict(user.limits)
-    if npu_name:
-        requests[npu_name] = limits[npu_name] = npus
-    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
 def host_paths(spec: HostMountsSpec) -> list[tuple[str, str]]:
@@ -135,7 +127,7 @@ def pod_template(ctx: Context, role: str, index: int) -> dict:
     volumes, mounts = _volumes(ctx, role)
     containers = [serving_container(ctx, role, index, mounts),
                   kv_probe.sidecar(ctx, role)]
-    spec: dict = {"containers": containers, "volumes": volumes,
+    spec: dict = {"containers": containers, "volumes": [*volumes, *kv_probe.volumes(ctx, role)],
                   "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS, **ctx.pull_secrets()}
     if side.host_network:
         spec |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}

@@ -15,7 +15,7 @@ from pd_operator.api.types import ROLES
 from pd_operator.membership import KEY, MOUNT_DIR, Membership, Upstream, parse_document
 from pd_operator.render.context import Context
 from pd_operator.render.labels import labels, metadata, selector
-from pd_operator.render.pod import resources
+from pd_operator.render.resources import resources
 
 COMPONENT = "proxy"
 HEALTH_PATH = "/healthcheck"
@@ -39,6 +39,15 @@ def membership_config_map(ctx: Context, allowed: dict[str, set[int]] | None = No
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": metadata(ctx, ctx.names.proxy_membership, COMPONENT),
             "data": membership_data(doc)}
+
+
+def membership_volume(ctx: Context) -> tuple[dict, dict]:
+    """(the pod volume, the container mount) of the membership ConfigMap: the proxy routes by it,
+    and the decode pods' KV-link gates link exactly the prefill instances it lists
+    (render/kv_probe.py). A whole-directory mount: the kubelet updates it in place (a subPath mount
+    never would)."""
+    return ({"name": VOLUME, "configMap": {"name": ctx.names.proxy_membership}},
+            {"name": VOLUME, "mountPath": MOUNT_DIR, "readOnly": True})
 
 
 def membership_data(doc: dict) -> dict[str, str]:
@@ -70,6 +79,7 @@ def service(ctx: Context) -> dict:
 def deployment(ctx: Context) -> dict:
     """The same for every instance count and gate: what to route to is in the ConfigMap."""
     spec = ctx.dep.spec
+    volume, mount = membership_volume(ctx)
     container = {
         "name": "proxy",
         "image": spec.proxy.image or spec.image.name,
@@ -79,12 +89,10 @@ def deployment(ctx: Context) -> dict:
         "readinessProbe": {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "periodSeconds": 10},
         "livenessProbe": {"httpGet": {"path": LIVE_PATH, "port": "http"}, "periodSeconds": 30,
                           "failureThreshold": 5},
-        # A whole-directory mount: the kubelet updates it in place (a subPath mount never would).
-        "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_DIR, "readOnly": True}],
+        "volumeMounts": [mount],
         "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
         **({"resources": r} if (r := resources(spec.proxy.resources)) else {}),
     }
-    volume = {"name": VOLUME, "configMap": {"name": ctx.names.proxy_membership}}
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": metadata(ctx, ctx.names.proxy, COMPONENT),
             "spec": {"replicas": spec.proxy.replicas,

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import yaml
@@ -42,6 +43,7 @@ from pd_operator.kv import presets
 from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
 from pd_operator.kv.simulate import UNWRITTEN, regions
 from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
+from pd_operator.membership import parse_document
 from pd_operator.names import Names
 from pd_operator.ports import PROBE_PORT, PROBE_READY_PATH
 from pd_operator.transfer import arena
@@ -292,6 +294,16 @@ def prefill_peers(doc: Any) -> list[str]:
     return [f"{names.pod_host('prefill', i, 0)}:{PROBE_PORT}" for i in range(replicas)]
 
 
+def membership_peers(path: str) -> list[str]:
+    """The probe endpoint of every prefill instance the proxy's membership file lists (the hosts
+    of its upstream URLs: the instances' leader pods)."""
+    try:
+        members = parse_document(read_manifest(path))
+    except ValueError as err:
+        raise InputError(f"{path}: {err}") from None
+    return [f"{urlsplit(u.url).hostname}:{PROBE_PORT}" for u in members.prefill]
+
+
 def gate_round(checker: Checker | None, peers: list[str], timeout: float, error: str | None = None) -> dict:
     """One round: linked only when there is a peer and every peer's check passed."""
     results = [checker.check(peer, timeout) for peer in peers] if checker else []
@@ -322,7 +334,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
             except EngineError as err:  # stay up and not ready: a restart would restart the group
                 error = str(err)
         try:
-            peers = args.peer or prefill_peers(read_manifest(args.config))
+            peers = args.peer or (membership_peers(args.membership) if args.membership
+                                  else prefill_peers(read_manifest(args.config)))
         except InputError as err:  # the mounted config is replaced in place; keep the last peers
             peers, error = [], str(err)
         result = gate_round(checker, peers, args.timeout, error)
@@ -370,7 +383,9 @@ def parser() -> argparse.ArgumentParser:
     gate.add_argument("--every", type=float, default=30.0, help="seconds between rounds")
     gate.add_argument("--peer", action="append", default=[],
                       help="host:port of a `pd-kv-probe serve` (repeatable); default: every prefill "
-                           "instance of --config")
+                           "instance --membership lists, else every one of --config")
+    gate.add_argument("--membership", help="the proxy's membership file (re-read every round): link the "
+                                           "prefill instances it routes to")
     gate.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a descriptor")
     gate.set_defaults(func=cmd_gate)
     return top
