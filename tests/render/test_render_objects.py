@@ -229,8 +229,9 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
         routes = proxy_membership(manifests)
         hosts = [f"{urlsplit(u.url).hostname}:{PROBE_PORT}" for u in routes.prefill]
         assert len(hosts) == 2
+        every = document(list(routes.prefill), list(routes.decode))
         gated = document(list(routes.prefill[:1]), list(routes.decode))
-        for members, want in ((document(list(routes.prefill), list(routes.decode)), hosts), (gated, hosts[:1])):
+        for members, want in ((every, hosts), (gated, hosts[:1])):
             (tmp_path / KEY).write_text(membership_data(members)[KEY])
             for sts in serving_sets(manifests):
                 if role_of(sts) == "decode":
