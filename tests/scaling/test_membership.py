@@ -18,7 +18,7 @@ from pd_operator.membership import (
     parse_state,
     state_document,
 )
-from pd_operator.proxy.balancer import Balancer
+from pd_operator.proxy.balancer import COOLDOWN_S, MAX_COOLDOWN_S, Balancer
 from pd_operator.proxy.protocol import EventFramer, decode_request, patch_answer, prefill_request
 
 P0, P1 = Upstream("d-prefill-0", "http://p0:8000"), Upstream("d-prefill-1", "http://p1:8000")
@@ -82,10 +82,31 @@ def test_the_state_answer_round_trips_and_a_malformed_one_names_the_field():
             parse_state(bad)
 
 
-def _balancer(prefill, decode) -> Balancer:
-    b = Balancer()
+def _balancer(prefill, decode, clock=None) -> Balancer:
+    b = Balancer(clock) if clock else Balancer()
     b.update(parse_document(document(prefill, decode)))
     return b
+
+
+def test_a_member_that_failed_rests_before_it_is_picked_first_again():
+    now = [100.0]
+    b = _balancer([P0, P1], [D0], clock=lambda: now[0])
+    b.failed(P0, "prefill")
+    assert {b.pick("prefill", set()).name for _ in range(4)} == {"d-prefill-1"}
+    assert b.pick("prefill", {"d-prefill-1"}) == P0  # resting, but the only member left to try
+    now[0] += COOLDOWN_S
+    assert {b.pick("prefill", set()).name for _ in range(4)} == {"d-prefill-0", "d-prefill-1"}
+    b.failed(P0, "prefill")  # the second failure in a row (no answer between): twice as long
+    now[0] += COOLDOWN_S
+    assert {b.pick("prefill", set()).name for _ in range(4)} == {"d-prefill-1"}
+    b.answered(P0, "prefill")  # an answer ends the rest
+    assert {b.pick("prefill", set()).name for _ in range(4)} == {"d-prefill-0", "d-prefill-1"}
+    for _ in range(20):
+        b.failed(P0, "prefill")
+    now[0] += MAX_COOLDOWN_S
+    assert {b.pick("prefill", set()).name for _ in range(4)} == {"d-prefill-0", "d-prefill-1"}
+    b.failed(D0, "decode")
+    assert b.pick("decode", set()) == D0  # every member rests: still served
 
 
 def test_least_in_flight_wins_and_ties_go_round_robin():

@@ -3,16 +3,27 @@
 Members come only from the current membership document; counts are kept by instance name and
 outlive membership, so an instance that left the document still shows what it carries until that
 is done (the operator drains it by these counts), after which its name is dropped.
+
+A member whose call just failed (a 5xx, a refused or timed-out connection) rests for a while:
+COOLDOWN_S, doubling with each failure in a row up to MAX_COOLDOWN_S, and cleared by its next
+answer. Without it "fewest in flight" would send most first attempts to a dead instance, which
+carries nothing, until the operator takes it out of the membership (its pods go not Ready, the
+kubelet projects the new file: up to a minute or more), each costing a retry or a connect timeout.
+A resting member is still picked when no other is left to try.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pd_operator.api.types import ROLES
 from pd_operator.membership import Membership, ProxyState, Upstream, UpstreamLoad
+
+COOLDOWN_S = 2.0
+MAX_COOLDOWN_S = 30.0
 
 
 @dataclass
@@ -20,16 +31,20 @@ class _Load:
     role: str
     inflight: int = 0
     awaiting_decode: int = 0
+    failures: int = 0
+    """Failed calls in a row."""
+    rests_until: float = 0.0
 
     def idle(self) -> bool:
         return self.inflight == 0 and self.awaiting_decode == 0
 
 
 class Balancer:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.membership: Membership | None = None
         self._loads: dict[str, _Load] = {}
         self._turn = dict.fromkeys(ROLES, 0)
+        self._clock = clock
 
     @property
     def version(self) -> str | None:
@@ -46,11 +61,14 @@ class Balancer:
 
     def pick(self, role: str, tried: set[str]) -> Upstream | None:
         """The member of `role` with the fewest requests in flight, preferring members not yet
-        `tried` for this request; ties go round robin. None: the role has no member."""
+        `tried` for this request and, among those, members not resting; ties go round robin. None:
+        the role has no member."""
         members = self.members(role)
         fresh = [u for u in members if u.name not in tried] or list(members)
         if not fresh:
             return None
+        now = self._clock()
+        fresh = [u for u in fresh if self._load(u.name, role).rests_until <= now] or fresh
         least = min(self._load(u.name, role).inflight for u in fresh)
         tied = [u for u in fresh if self._loads[u.name].inflight == least]
         self._turn[role] += 1
@@ -66,6 +84,17 @@ class Balancer:
         finally:
             load.inflight -= 1
             self._drop_idle()
+
+    def failed(self, upstream: Upstream, role: str) -> None:
+        """A call to `upstream` failed: it rests before it is picked first again."""
+        load = self._load(upstream.name, role)
+        load.failures += 1
+        load.rests_until = self._clock() + min(COOLDOWN_S * 2 ** (load.failures - 1), MAX_COOLDOWN_S)
+
+    def answered(self, upstream: Upstream, role: str) -> None:
+        """`upstream` answered (a result or the client's own error): it is well."""
+        load = self._load(upstream.name, role)
+        load.failures, load.rests_until = 0, 0.0
 
     def awaiting_decode(self, prefill: Upstream) -> Awaiting:
         """Count a finished prefill as holding blocks until `Awaiting.done()`."""

@@ -243,7 +243,8 @@ class Proxy:
         """Run `call` on members of `role` until it gives a result or a 4xx, at most `self.attempts`
         times. Each attempt goes to a member not tried yet for this request (once every member was,
         after a doubling delay) and counts as in flight on it; a 5xx or an exception in `retry_on`
-        is logged and tried again. When the attempts run out, the client gets the last failure."""
+        is logged and tried again, and that member rests (balancer.py). When the attempts run out,
+        the client gets the last failure."""
         tried: set[str] = set()
         last = error(503, f"no {role} instance to route to", "no_upstream")
         for attempt in range(self.attempts):
@@ -257,14 +258,17 @@ class Proxy:
                 try:
                     result = await call(upstream)
                     if not isinstance(result, ErrorAnswer):
+                        self.balancer.answered(upstream, role)
                         return result
                     last = forwarded(result.status, result.body, result.content_type)
                     if result.status < 500:
+                        self.balancer.answered(upstream, role)
                         return last
                     why = f"HTTP {result.status}"
                 except retry_on as err:
                     why = f"{type(err).__name__}: {err}"
                     last = error(502, f"{role} instance {upstream.name} failed: {why}", "upstream_error")
+                self.balancer.failed(upstream, role)
             log.warning("%s call to %s failed (attempt %d of %d): %s", role, upstream.name, attempt + 1,
                         self.attempts, why)
         return last
