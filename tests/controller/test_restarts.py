@@ -80,7 +80,7 @@ def _revised(sts: dict, update: str, revisions: list[str]) -> tuple[dict, list[d
     group = _group(len(revisions))
     for p, revision in zip(group, revisions, strict=True):
         p["metadata"]["labels"] = {**p["metadata"]["labels"], REVISION: revision}
-    return {**sts, "status": {"updateRevision": update}}, group
+    return {**sts, "status": {"currentRevision": "old", "updateRevision": update}}, group
 
 
 @pytest.mark.parametrize(("revisions", "replaced"), [
@@ -99,3 +99,10 @@ def test_a_failed_rank_restarts_rather_than_replaces():
     sts, group = _revised(_sts(2), "new", ["old", "new"])
     group[1]["status"]["containerStatuses"][0]["restartCount"] = 1
     assert decide(sts, group, NOW).action == "restart"
+
+
+def test_a_stale_view_of_the_statefulset_replaces_nothing():
+    """A pod of a revision the StatefulSet as seen does not know yet: the view lags the pods, and
+    its update revision is the old one; acting on it would delete the new pod."""
+    sts, group = _revised(_sts(3), "old", ["old", "old", "new"])
+    assert decide(sts, group, NOW).action == "none"

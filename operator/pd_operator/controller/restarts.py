@@ -91,10 +91,13 @@ def decide(stateful_set: dict, pods: list[dict], now: datetime) -> Decision:
 def _replace(stateful_set: dict, live: list[dict]) -> Decision:
     """`replace` the ranks on an older revision once one runs the update revision, else `none`."""
     name = stateful_set["metadata"]["name"]
-    update = (stateful_set.get("status") or {}).get("updateRevision")
+    status = stateful_set.get("status") or {}
+    update = status.get("updateRevision")
     revisions = {(p["metadata"].get("labels") or {}).get(REVISION) for p in live}
     if not update or update not in revisions or len(revisions) < 2:
         return Decision(name, "none")
+    if not revisions <= {update, status.get("currentRevision")}:
+        return Decision(name, "none")  # a pod newer than this view of the StatefulSet: it lags
     stale = sorted((p for p in live if (p["metadata"].get("labels") or {}).get(REVISION) != update),
                    key=lambda p: p["metadata"]["name"])
     return Decision(name, "replace", pods=tuple(p["metadata"]["name"] for p in stale),
