@@ -18,6 +18,7 @@ import yaml
 from pd_operator.api.types import GROUP, VERSION
 from pd_operator.controller.planner import holds
 from pd_operator.render import render
+from pd_operator.render.proxy import members
 from pd_operator.validate import validate
 from support.cluster import ApiError, ControlPlane, service_account_user, wait_for
 from support.installed import ROOT, example, weights_claim
@@ -71,6 +72,13 @@ def _decode_sets(cp: ControlPlane, namespace: str) -> set[str]:
     path = f"/apis/apps/v1/namespaces/{namespace}/statefulsets?labelSelector={selector}"
     items = cp.api("GET", path)["items"]
     return {s["metadata"]["name"] for s in items if not s["metadata"].get("deletionTimestamp")}
+
+
+def _routed_decode(cp: ControlPlane, namespace: str) -> set[str]:
+    """The decode instances the proxy's membership ConfigMap lists."""
+    config_map = _get(cp, f"/api/v1/namespaces/{namespace}/configmaps/{GLM}-proxy") or {}
+    routes = members(config_map) if config_map else None
+    return {u.name for u in routes.decode} if routes else set()
 
 
 def _hpa_condition(cp: ControlPlane, namespace: str, kind: str) -> tuple[str, str] | None:
@@ -166,6 +174,8 @@ def test_the_hpa_scales_decode_on_kv_cache_usage(control_plane, namespace, relea
     assert scale_writes and all(e.name == DECODE_ROLE and e.code == 200 for e in scale_writes)
     _wait("a second decode StatefulSet", lambda: _decode_sets(cp, namespace)
           == {f"{GLM}-decode-0", f"{GLM}-decode-1"}, cp, namespace)
+    _wait("the proxy routing to both", lambda: _routed_decode(cp, namespace)
+          == {f"{GLM}-decode-0", f"{GLM}-decode-1"}, cp, namespace)
     # The HPA asked for the role's pods through the PDRole's selector: one leader per instance.
     selectors = {a.selector for a in metrics_api.asked(KV_USAGE, namespace) if a.user == HPA_USER}
     assert selectors and all("apps.kubernetes.io/pod-index=0" in s and "pd.serving.dev/role=decode" in s
@@ -175,6 +185,7 @@ def test_the_hpa_scales_decode_on_kv_cache_usage(control_plane, namespace, relea
     metrics_api.set(namespace, KV_USAGE, 0.1)
     _wait("decode PDRole back at 1", lambda: _instances(cp, namespace) == 1, cp, namespace)
     _wait("one decode StatefulSet", lambda: _decode_sets(cp, namespace) == {f"{GLM}-decode-0"}, cp, namespace)
+    assert _routed_decode(cp, namespace) == {f"{GLM}-decode-0"}
     # Quantities and behavior are rendered as the API server stores them: nothing the operator
     # applied to the HPA read back as drift through the scale events' reconciles.
     hpa_writes = [str(e) for e in cp.audit.events(mark, user=release.user, namespace=namespace)
