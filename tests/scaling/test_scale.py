@@ -64,7 +64,7 @@ def _get_pdr(kubeconfig: pathlib.Path) -> dict[str, list[str]]:
     """`kubectl get pdr` as a user reads it: NAME -> the other columns."""
     lines = kubectl(kubeconfig, "get", "pdr").stdout.strip().splitlines()
     header = lines[0].split()
-    assert header == ["NAME", "DEPLOYMENT", "ROLE", "DESIRED", "CURRENT", "READY", "AGE"], header
+    assert header == ["NAME", "DEPLOYMENT", "ROLE", "DESIRED", "CURRENT", "READY", "DRAINING", "AGE"], header
     return {row.split()[0]: row.split()[1:6] for row in lines[1:]}
 
 

@@ -93,6 +93,12 @@ class Scenario:
         pdd = await asyncio.to_thread(get_pdd, self.cp, self.namespace, GLM)
         return {d["name"]: d for d in pdd.get("status", {}).get("draining") or []}
 
+    async def draining_count(self, role: str) -> int:
+        """The role's PDRole status.draining (`kubectl get pdr`'s DRAINING)."""
+        path = f"/apis/pd.serving.dev/v1alpha1/namespaces/{self.namespace}/pdroles/{GLM}-{role}"
+        pdr = await self.api(path)
+        return int((pdr.get("status") or {}).get("draining", 0))
+
     async def rechecks(self) -> float:
         return await asyncio.to_thread(self.op.metric, "pd_operator_reconcile_total", trigger="requeue")
 
@@ -168,18 +174,24 @@ async def drain(s: Scenario, role: str, engine: FakeEngine, holds: list[Hold],
     await until(f"{RECHECKS} drain re-checks", rechecked, TIMEOUT_S)
     assert await s.statefulset(instance), f"{instance}'s StatefulSet is deleted while it carries a request"
     assert await entry(), f"status.draining no longer names {instance}"
+    assert await s.draining_count(role) == 1, f"the {role} PDRole does not count {instance} as draining"
     assert all(h.waiting for h in holds), "the held requests are still held"
     released = s.cp.audit.mark()
     for hold in holds:
         hold.release()
     await until(f"{instance}'s StatefulSet deleted", deleted, TIMEOUT_S)
     await until(f"status.draining without {instance}", lambda: _not(entry()), TIMEOUT_S)
+    await until(f"the {role} PDRole draining none", lambda: _zero(s.draining_count(role)), TIMEOUT_S)
     await until(f"the engine of {instance} stopped", lambda: s.kubelet.running(instance) is None, TIMEOUT_S)
     return Drained(instance, engine, scaled, released, out, load_mark, received_then)
 
 
 async def _not(value: Awaitable[object]) -> bool:
     return not await value
+
+
+async def _zero(value: Awaitable[int]) -> bool:
+    return await value == 0
 
 
 def _removes(event: Event, instance: str) -> bool:

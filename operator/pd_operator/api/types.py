@@ -573,6 +573,9 @@ class PDRoleStatus(ApiModel):
     """Instances the operator runs: spec.replicas held at the PDDeployment's spec.scaling bounds."""
     ready_replicas: int = 0
     """Instances whose pods are all Ready on the wanted KV layout."""
+    draining: int = 0
+    """Instances a scale-down removed that still drain (left the proxy, deleted once nothing needs
+    them; the PDDeployment's status.draining names them)."""
     selector: str = ""
     """Label selector of one pod per instance (the leader, which serves vLLM's /metrics): what an HPA
     averages Pods metrics over."""

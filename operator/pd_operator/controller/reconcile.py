@@ -242,8 +242,10 @@ def _write_role_statuses(client: Client, validation: Validation, observed: statu
         if found is None or not is_owned_by(found, uid):
             continue
         previous = found.get("status") or {}
-        new = roles.status(dep, role, observed.scaling.effective[role], ready[role], holds.get(role),
-                           previous, found["metadata"].get("generation"), now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        draining = sum(1 for d in observed.draining or [] if d["role"] == role)
+        new = roles.status(dep, role, observed.scaling.effective[role], ready[role], draining,
+                           holds.get(role), previous, found["metadata"].get("generation"),
+                           now.strftime("%Y-%m-%dT%H:%M:%SZ"))
         if new != previous:
             outcome.applied.append(client.patch_role_status(dep.namespace, names.role(role), new))
 

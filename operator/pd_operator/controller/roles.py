@@ -111,8 +111,8 @@ def scaling_condition(hold: Hold | None, subject: str) -> tuple[bool, str, str]:
     return True, hold.bound, f"{subject}: {hold.message()}"
 
 
-def status(dep: PDDeployment, role: str, effective: int, ready: int, hold: Hold | None, previous: dict,
-           generation: int | None, now: str) -> dict:
+def status(dep: PDDeployment, role: str, effective: int, ready: int, draining: int, hold: Hold | None,
+           previous: dict, generation: int | None, now: str) -> dict:
     """The PDRole's whole status; the condition's lastTransitionTime moves only when its status does."""
     ok, reason, message = scaling_condition(hold, f"PDRole {Names(dep.name, dep.namespace).role(role)}")
     word = "True" if ok else "False"
@@ -120,5 +120,5 @@ def status(dep: PDDeployment, role: str, effective: int, ready: int, hold: Hold 
     since = prior.get("lastTransitionTime") if prior and prior.get("status") == word else None
     condition = {"type": SCALING_LIMITED, "status": word, "reason": reason, "message": message,
                  "observedGeneration": generation, "lastTransitionTime": since or now}
-    return {"replicas": effective, "readyReplicas": ready, "selector": leader_selector(dep.name, role),
-            "conditions": [condition]}
+    return {"replicas": effective, "readyReplicas": ready, "draining": draining,
+            "selector": leader_selector(dep.name, role), "conditions": [condition]}
