@@ -75,7 +75,11 @@ def _operator_role_writes(cp: ControlPlane, since: int, user: str, namespace: st
 
 
 def _settled_writes(cp: ControlPlane, op, user: str, namespace: str) -> list[str]:  # type: ignore[no-untyped-def]
-    """Every write by the operator across two drift reconciles of the settled object."""
+    """Every write by the operator across two drift reconciles of the settled object. Settled includes
+    a finished drain: the reconcile that deletes a drained instance's StatefulSet writes the status
+    without it (and the Drained event) just after, so a mark taken between the two would see them."""
+    _wait(cp, namespace, "no instance draining",
+          lambda: "draining" not in get_pdd(cp, namespace, GLM).get("status", {}))
     mark = cp.audit.mark()
 
     def drifts() -> float:
