@@ -67,17 +67,6 @@ def _doc(namespace: str, name: str = "glm-flash", **decode) -> dict:
     return doc
 
 
-def _no_rewrites(cp: ControlPlane, op, user: str, namespace: str) -> list[str]:
-    """Writes of PodGroups by the operator across two drift reconciles of an unchanged object."""
-    mark = cp.audit.mark()
-    def drifts() -> float:
-        return op.metric("pd_operator_reconcile_total", trigger="drift")
-    before = drifts()
-    wait_for("two drift reconciles", lambda: drifts() >= before + 2)
-    return [str(e) for e in cp.audit.events(mark, user=user, namespace=namespace, resource="podgroups")
-            if e.write]
-
-
 def test_the_pods_of_an_instance_share_a_domain(control_plane, namespace, start_operator, release):
     cp = control_plane
     op = start_operator("--drift-interval=2")
@@ -106,7 +95,7 @@ def test_the_pods_of_an_instance_share_a_domain(control_plane, namespace, start_
                  if c["type"] == "PodGroupScheduled"]
     assert scheduled and all(c["status"] == "True" for c in scheduled), scheduled
     # What the API server adds (disruptionMode, status) is not drift: no PodGroup is applied again.
-    assert _no_rewrites(cp, op, release.user, namespace) == []
+    assert op.writes_when_settled(cp, release.user, namespace, "podgroups") == []
 
 
 def test_a_new_pod_count_under_the_gang_replaces_the_instance_whole(control_plane, namespace, start_operator):
@@ -236,7 +225,7 @@ def test_volcano_podgroups_follow_volcanos_published_crd(control_plane, namespac
     assert template["metadata"]["annotations"][VOLCANO_GROUP] == "glm-flash-decode-0"
     assert template["spec"]["schedulerName"] == "volcano"
     assert op.running() and "Traceback" not in op.output()
-    assert _no_rewrites(cp, op, release.user, namespace) == []
+    assert op.writes_when_settled(cp, release.user, namespace, "podgroups") == []
 
     # Server-side, strictly: every rendered PodGroup is created as is; a misspelt or mistyped field is not.
     base = f"/apis/{VOLCANO_PODGROUPS}/namespaces/{namespace}/podgroups?fieldValidation=Strict"

@@ -8,11 +8,15 @@ pd-proxy's docstring and the README state them:
 - a 4xx is the request's own fault: it goes to the client as the engine sent it, not retried (the
   example retries every 4xx but 400; a 404 "model not found" is no better on another try);
 - a 5xx, a refused connection or an answer prefill cannot have sent (not a JSON object) is tried
-  again on a member not tried yet, up to --max-retries attempts; then the client gets the last
-  engine's error as it was, or the proxy's own 502 when no engine answered one;
-- once decode has sent bytes nothing is retried: decode has pulled prefill's KV by then, so another
-  decode would pull blocks prefill has released (the example proxy never retries after the first
-  chunk); a stream that breaks ends the client's stream.
+  again on a member not tried yet, up to --max-retries attempts per role; then the client gets the
+  last engine's error as it was, or the proxy's own 502 when no engine answered one;
+- a decode that refuses the connection got nothing: the same prefilled request goes to another
+  decode. A decode that fails after it got the request (a 5xx, a connection dropped before the
+  first byte) may have pulled the KV, and prefill frees pulled blocks: the request is prefilled
+  again for the next decode (the fake engines' blocks can be pulled once, so a decode sent the old
+  blocks would fail its pull, and that is checked: no engine records an error);
+- once decode has sent bytes nothing is retried: decode has pulled prefill's KV by then (the example
+  proxy never retries after the first chunk); a stream that breaks ends the client's stream.
 
 Each scenario runs its own proxy process and fake engines (support/fakevllm.py). A scenario with
 one misbehaving member among good ones sends requests until one was first routed to that member
@@ -63,6 +67,7 @@ NOT_JSON = "not JSON"
 ARRAY = "a JSON array"
 REFUSED = "refuses connections"
 CUT = "breaks after its first bytes"
+DIES = "dies after pulling the KV"
 
 # What the client gets.
 WHOLE = "the complete answer"
@@ -124,13 +129,19 @@ SCENARIOS = {
                                          (NOT_JSON,) * ATTEMPTS, ()),
     "prefill-answers-an-array": Scenario((ARRAY, OK), (OK,), True, 200, WHOLE, (ARRAY, OK), (OK,)),
     "decode-400-not-retried": Scenario((OK,), (E400, E400), True, 400, FORWARDED, (OK,), (E400,)),
-    "decode-503-on-every-member": Scenario((OK,), (E503, E503), True, 503, FORWARDED, (OK,),
+    # A decode 5xx may come after its pull: each decode attempt gets a new prefill.
+    "decode-503-on-every-member": Scenario((OK,), (E503, E503), True, 503, FORWARDED, (OK,) * ATTEMPTS,
                                            (E503,) * ATTEMPTS),
-    "decode-503-on-one-member": Scenario((OK,), (E503, OK), False, 200, WHOLE, (OK,), (E503, OK)),
-    "decode-503-on-one-member-streaming": Scenario((OK,), (E503, OK), True, 200, WHOLE, (OK,),
+    "decode-503-on-one-member": Scenario((OK,), (E503, OK), False, 200, WHOLE, (OK, OK), (E503, OK)),
+    "decode-503-on-one-member-streaming": Scenario((OK,), (E503, OK), True, 200, WHOLE, (OK, OK),
                                                    (E503, OK)),
-    "decode-502-on-every-member": Scenario((OK,), (E502, E502), False, 502, FORWARDED, (OK,),
+    "decode-502-on-every-member": Scenario((OK,), (E502, E502), False, 502, FORWARDED, (OK,) * ATTEMPTS,
                                            (E502,) * ATTEMPTS),
+    "decode-dies-after-pulling": Scenario((OK,), (DIES, OK), False, 200, WHOLE, (OK, OK), (DIES, OK)),
+    "decode-dies-after-pulling-streaming": Scenario((OK,), (DIES, OK), True, 200, WHOLE, (OK, OK),
+                                                    (DIES, OK)),
+    "decode-dies-after-pulling-on-every-member": Scenario((OK,), (DIES, DIES), False, 502, GATEWAY,
+                                                          (OK,) * ATTEMPTS, (DIES,) * ATTEMPTS),
     "prefill-member-refuses": Scenario((REFUSED, OK), (OK,), False, 200, WHOLE, (REFUSED, OK), (OK,)),
     "decode-member-refuses": Scenario((OK,), (REFUSED, OK), True, 200, WHOLE, (OK,), (REFUSED, OK)),
     "only-prefill-refuses": Scenario((REFUSED,), (OK,), False, 502, GATEWAY, (REFUSED,) * ATTEMPTS, ()),
@@ -197,8 +208,10 @@ class Run:
         cut.release()
 
     def _tries(self, role: str, request_id: str, failures: list[re.Match]) -> list[str]:
-        """The members of `role` tried for this request, in order: those the proxy logged as failed
-        (refusing members show only there), then the engine that answered, if any."""
+        """The members of `role` tried for this request, in order: the engines' calls in the order
+        they came, with the members the proxy logged as failed that refuse connections (they show
+        only there) in their logged places. In a scenario a role's failed calls come before those
+        answered: the logged failures of engines are its first calls, in the same order."""
         assert [int(f[3]) for f in failures] == list(range(1, len(failures) + 1))
         assert all(int(f[4]) == ATTEMPTS for f in failures)
         for failure in failures:
@@ -210,11 +223,9 @@ class Run:
                                             for r in e.received if r.request_id == request_id)
                  if name in names]
         failed = [f[2] for f in failures]
-        answered = calls[len([n for n in failed if n in self.engines]):]
-        assert len(answered) <= 1, f"{role}: calls {calls}, logged failures {failed}"
-        tries = failed + answered
-        assert [n for n in tries if n in self.engines] == calls, f"{role}: calls {calls}, logged {failed}"
-        return tries
+        reached = [n for n in failed if n in self.engines]
+        assert calls[:len(reached)] == reached, f"{role}: calls {calls}, logged failures {failed}"
+        return failed + calls[len(reached):]
 
     async def check(self, answer: Answer, tries: dict[str, tuple[str, ...]], status: int, kind: str,
                     version: str) -> None:
@@ -260,7 +271,8 @@ async def _run(scenario: Scenario, tmp_path: Path) -> None:
             name = f"glm-flash-{role}-{i}"
             behaviour[name] = b
             if b != REFUSED:
-                engines[name] = FakeEngine(name, role, CHUNKS, canned=canned(b, name), cut=b == CUT)
+                engines[name] = FakeEngine(name, role, CHUNKS, canned=canned(b, name), cut=b == CUT,
+                                           dies=b == DIES)
     await started(*engines.values())
     refusing = {name: Upstream(name, refusing_url()) for name, b in behaviour.items() if b == REFUSED}
     for role in ROLES:

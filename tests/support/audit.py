@@ -81,11 +81,18 @@ class AuditLog:
         self.path = path
 
     def mark(self) -> int:
-        """The log's current end: pass as `since` to read only what happens after now."""
+        """The log's current end: pass as `since` to read only what happens after now. The end of its
+        last complete line: a size read while a line is being written can fall inside it (the kernel
+        grows the file page by page), and that line is then counted as after the mark."""
         try:
-            return self.path.stat().st_size
+            with self.path.open("rb") as f:
+                size = f.seek(0, 2)
+                start = max(0, size - (1 << 20))
+                f.seek(start)
+                tail = f.read(size - start)
         except FileNotFoundError:
             return 0
+        return start + tail.rfind(b"\n") + 1
 
     def events(self, since: int = 0, *, user: str | None = None, verb: str | None = None,
                resource: str | None = None, namespace: str | None = None,

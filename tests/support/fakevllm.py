@@ -14,7 +14,8 @@ Each engine records what it received (by X-Request-Id, in one order across engin
 protocol violation, and can hold requests at a point until the test releases them (`Hold`: asyncio
 events, no sleeps). For the proxy's error paths an engine can instead give every request one
 `Canned` answer (an error as vLLM sends it, or a body no engine sends), or drop the connection in
-the middle of its answer (`cut`); `refusing_url()` is an upstream that refuses connections.
+the middle of its answer (`cut`) or right after it pulled the KV (`dies`); `refusing_url()` is an
+upstream that refuses connections.
 `kill()` stops an engine as a killed process stops: connections reset, requests in flight cut.
 
 `Load` runs a few concurrent clients (streaming and not, completions and chat) and checks every
@@ -155,6 +156,9 @@ class FakeEngine:
     cut: bool = False
     """Decode: send the first token (streaming) or half the whole answer, wait at point "cut",
     then drop the connection, as an engine pod that dies while answering."""
+    dies: bool = False
+    """Decode: pull the KV, then drop the connection before the first byte of the answer (the
+    headers too unless streaming), as an engine pod that dies right after the pull."""
     host: str = HOST
     port: int = 0
     blocks: set[str] = field(default_factory=set)
@@ -318,6 +322,8 @@ class FakeEngine:
             if pull_failed := await self._pull(params):
                 return web.json_response({"error": {"message": pull_failed, "type": "InternalServerError",
                                                     "code": 500}}, status=500)
+            if self.dies:
+                return await self._drop(request, web.StreamResponse(), body)
             text = "".join(tokens)
             message = {"role": "assistant", "content": text}
             choice = ({"index": 0, "message": message, "finish_reason": "length"}
@@ -344,6 +350,8 @@ class FakeEngine:
                                              "code": 500}}))
             await out.write_eof()
             return out
+        if self.dies:
+            return await self._drop(request, out, body)
         for i, token in enumerate(tokens):
             last = i == len(tokens) - 1
             choice = ({"index": 0, "delta": {"content": token}, "finish_reason": "length" if last else None}

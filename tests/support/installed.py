@@ -84,6 +84,22 @@ class OperatorProcess(Component):
                     total += sample.value
         return total
 
+    def writes_when_settled(self, cp: ControlPlane, user: str, namespace: str, resource: str | None = None,
+                            timeout: float = 180) -> list[str]:
+        """Every write by `user` in `namespace` (to `resource`, if given) across two drift reconciles.
+        The mark is taken after a first drift reconcile has ended: reconciles of an object run one at
+        a time, so whatever one in flight still wrote after the state a test waited for (the event
+        after a status patch, the status after a prune) lands before the mark."""
+        def drifts() -> float:
+            return self.metric("pd_operator_reconcile_total", trigger="drift")
+        first = drifts()
+        wait_for("a drift reconcile", lambda: drifts() > first, timeout)
+        mark = cp.audit.mark()
+        before = drifts()
+        wait_for("two drift reconciles", lambda: drifts() >= before + 2, timeout)
+        return [str(e) for e in cp.audit.events(mark, user=user, namespace=namespace, resource=resource)
+                if e.write]
+
     def wait_health(self, check: Callable[[dict[str, Any]], bool], what: str = "operator health",
                     timeout: float = 120) -> dict[str, Any]:
         """Wait until /healthz answers and `check` accepts it (fails at once if the process exits)."""

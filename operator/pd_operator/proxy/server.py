@@ -11,9 +11,17 @@ byte, not the response headers: a streaming answer's headers can leave before th
 scheduled the request, while any body byte follows the first token, which decode produces only
 after it pulled the KV.
 
-Retries: a call that fails before anything went to the client (connection error, or a 5xx answer)
-is tried again on another member of the role, up to --max-retries attempts; a 4xx answer is the
-request's own fault and goes to the client as it is.
+Retries: a call that fails before anything went to the client is tried again on another member
+of the role, up to --max-retries attempts per role; a 4xx answer is the request's own fault and goes
+to the client as it is. Prefill fails alone: a 5xx, a broken connection or a body that is not an
+answer is retried on another prefill member. A decode that could not be reached (the connection was
+never made) is retried with the same KV parameters. Any other decode failure (a 5xx, a connection
+that broke after the request went out, an answer ending before its first byte) may come after that
+decode pulled the KV, and prefill frees a request's blocks once pulled: another decode reading the
+same block ids could read blocks already given to another request (vllm-project/vllm-ascend:
+vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py @ v0.30.0rc2 pulls by the
+remote_block_ids it is sent). So the request is prefilled again, and the new blocks go to a decode
+member not tried yet. Once decode has sent bytes nothing is retried.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,6 +57,8 @@ HEALTH_PATH = "/healthcheck"
 COMPLETIONS = ("/v1/completions", "/v1/chat/completions")
 MODELS_TIMEOUT_S = 5.0
 UPSTREAM_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+"""No connection was made: the member received nothing of the request."""
 _UNREAD = object()
 Result = TypeVar("Result")
 
@@ -65,6 +75,27 @@ class ErrorAnswer:
     @classmethod
     async def read(cls, resp: aiohttp.ClientResponse) -> ErrorAnswer:
         return cls(resp.status, await resp.read(), resp.headers.get("Content-Type"))
+
+
+class Reprefill(Exception):
+    """Decode failed after it may have pulled the request's KV: prefill the request again."""
+
+    def __init__(self, answer: web.Response, why: str) -> None:
+        super().__init__(why)
+        self.answer, self.why = answer, why
+
+
+@dataclass
+class Tries:
+    """One request's attempts on one role: the members tried, and how many attempts went out."""
+
+    limit: int
+    members: set[str] = field(default_factory=set)
+    count: int = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.count >= self.limit
 
 
 def error(status: int, message: str, type_: str) -> web.Response:
@@ -185,17 +216,24 @@ class Proxy:
             body = {**body, "request_id": client_id}
         headers = self._headers(request, client_id or str(uuid.uuid4()))
         self.active += 1
+        decode = Tries(self.attempts)
         try:
-            prefilled = await self._prefill(path, body, headers)
-            if isinstance(prefilled, web.Response):
-                return prefilled
-            upstream, answer = prefilled
-            awaiting = self.balancer.awaiting_decode(upstream)
-            try:
-                return await self._decode(request, path, decode_request(body, answer), headers,
-                                          cached_tokens(answer), awaiting)
-            finally:
-                awaiting.done()
+            while True:
+                prefilled = await self._prefill(path, body, headers)
+                if isinstance(prefilled, web.Response):
+                    return prefilled
+                upstream, answer = prefilled
+                awaiting = self.balancer.awaiting_decode(upstream)
+                try:
+                    return await self._decode(request, path, decode_request(body, answer), headers,
+                                              cached_tokens(answer), awaiting, decode)
+                except Reprefill as failed:
+                    if decode.spent:
+                        return failed.answer
+                    log.info("prefilling request %s again: decode may have pulled the KV %s computed",
+                             headers["X-Request-Id"], upstream.name)
+                finally:
+                    awaiting.done()
         finally:
             self.active -= 1
 
@@ -214,49 +252,76 @@ class Proxy:
         return await self._with_retries("prefill", call, (*UPSTREAM_ERRORS, ValueError))
 
     async def _decode(self, request: web.Request, path: str, body: dict, headers: dict[str, str],
-                      cached: int, awaiting: Awaiting) -> web.StreamResponse:
+                      cached: int, awaiting: Awaiting, tries: Tries) -> web.StreamResponse:
+        """Decode's answer, from a member not in `tries` yet while there is one. Raises Reprefill."""
         stream = bool(body.get("stream", False))
 
         async def call(upstream: Upstream) -> web.StreamResponse | ErrorAnswer:
-            async with self.session.post(upstream.url + path, json=body, headers=headers) as resp:
-                if resp.status >= 400:
-                    return await ErrorAnswer.read(resp)
-                first = await resp.content.readany()
-                awaiting.done()  # decode has its first token: it pulled the KV
-                if not stream:
+            def again(why: str, answer: web.Response | None = None) -> Reprefill:
+                return Reprefill(answer or error(502, f"decode instance {upstream.name} failed: {why}",
+                                                 "upstream_error"), why)
+            try:
+                async with self.session.post(upstream.url + path, json=body, headers=headers) as resp:
+                    try:
+                        if resp.status >= 400:
+                            answer = await ErrorAnswer.read(resp)
+                            if answer.status < 500:
+                                return answer
+                            raise again(f"HTTP {answer.status}",
+                                        forwarded(answer.status, answer.body, answer.content_type))
+                        first = await resp.content.readany()
+                    except UPSTREAM_ERRORS as err:
+                        raise again(f"{type(err).__name__}: {err}") from err
+                    if not first:
+                        raise again("the answer ended before its first byte")
+                    awaiting.done()  # decode has its first token: it pulled the KV
+                    if stream:
+                        return await self._relay(request, resp, upstream, first, cached)
                     try:
                         rest = await resp.read()
                     except UPSTREAM_ERRORS as err:
-                        # Not retried: prefill may have freed the blocks once decode pulled them, so
-                        # another decode instance could not pull them again.
+                        # Not retried: bytes of the answer came, so decode had pulled the KV.
                         why = f"{type(err).__name__}: {err}"
                         log.warning("decode call to %s broke after its first bytes: %s", upstream.name, why)
                         return error(502, f"decode instance {upstream.name} failed after it began to answer: "
                                           f"{why}", "upstream_error")
-                    data = patch_answer(first + rest, cached)
-                    return forwarded(resp.status, data, resp.headers.get("Content-Type"))
-                return await self._relay(request, resp, upstream, first, cached)
-        return await self._with_retries("decode", call, UPSTREAM_ERRORS)
+                    return forwarded(resp.status, patch_answer(first + rest, cached),
+                                     resp.headers.get("Content-Type"))
+            except NOT_DELIVERED:
+                raise
+            except UPSTREAM_ERRORS as err:  # the request went out (or may have): decode may have pulled
+                raise again(f"{type(err).__name__}: {err}") from err
+        return await self._with_retries("decode", call, NOT_DELIVERED, tries)
 
     async def _with_retries(self, role: str, call: Callable[[Upstream], Awaitable[Result | ErrorAnswer]],
-                            retry_on: tuple[type[Exception], ...]) -> Result | web.Response:
-        """Run `call` on members of `role` until it gives a result or a 4xx, at most `self.attempts`
-        times. Each attempt goes to a member not tried yet for this request (once every member was,
-        after a doubling delay) and counts as in flight on it; a 5xx or an exception in `retry_on`
-        is logged and tried again, and that member rests (balancer.py). When the attempts run out,
-        the client gets the last failure."""
-        tried: set[str] = set()
+                            retry_on: tuple[type[Exception], ...], tries: Tries | None = None
+                            ) -> Result | web.Response:
+        """Run `call` on members of `role` until it gives a result or a 4xx, while `tries` (by default
+        `self.attempts` for this call alone) has attempts left. Each attempt goes to a member not
+        tried yet (once every member was, after a doubling delay) and counts as in flight on it; a
+        5xx or an exception in `retry_on` is logged and tried again, and that member rests
+        (balancer.py). A Reprefill from `call` is logged the same way and raised. When the
+        attempts run out, the client gets the last failure."""
+        tries = tries or Tries(self.attempts)
         last = error(503, f"no {role} instance to route to", "no_upstream")
-        for attempt in range(self.attempts):
-            upstream = self.balancer.pick(role, tried)
+        while not tries.spent:
+            upstream = self.balancer.pick(role, tries.members)
             if upstream is None:
                 break
-            if upstream.name in tried:  # every member failed once: back off
-                await asyncio.sleep(self.retry_delay * 2 ** (attempt - 1))
-            tried.add(upstream.name)
+            if upstream.name in tries.members:  # every member failed once: back off
+                await asyncio.sleep(self.retry_delay * 2 ** (tries.count - 1))
+            tries.members.add(upstream.name)
+            tries.count += 1
+            again: Reprefill | None = None
             with self.balancer.serving(upstream, role):
                 try:
                     result = await call(upstream)
+                except retry_on as err:
+                    why = f"{type(err).__name__}: {err}"
+                    last = error(502, f"{role} instance {upstream.name} failed: {why}", "upstream_error")
+                except Reprefill as err:
+                    why, again = err.why, err
+                else:
                     if not isinstance(result, ErrorAnswer):
                         self.balancer.answered(upstream, role)
                         return result
@@ -265,12 +330,11 @@ class Proxy:
                         self.balancer.answered(upstream, role)
                         return last
                     why = f"HTTP {result.status}"
-                except retry_on as err:
-                    why = f"{type(err).__name__}: {err}"
-                    last = error(502, f"{role} instance {upstream.name} failed: {why}", "upstream_error")
                 self.balancer.failed(upstream, role)
-            log.warning("%s call to %s failed (attempt %d of %d): %s", role, upstream.name, attempt + 1,
-                        self.attempts, why)
+            log.warning("%s call to %s failed (attempt %d of %d): %s", role, upstream.name, tries.count,
+                        tries.limit, why)
+            if again is not None:
+                raise again
         return last
 
     async def _relay(self, request: web.Request, resp: aiohttp.ClientResponse, upstream: Upstream,
