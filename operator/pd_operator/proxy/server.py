@@ -21,7 +21,10 @@ decode pulled the KV, and prefill frees a request's blocks once pulled: another 
 same block ids could read blocks already given to another request (vllm-project/vllm-ascend:
 vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py @ v0.30.0rc2 pulls by the
 remote_block_ids it is sent). So the request is prefilled again, and the new blocks go to a decode
-member not tried yet. Once decode has sent bytes nothing is retried.
+member not tried yet. It keeps its X-Request-Id: vLLM adds a random suffix to the id of each request
+an engine takes (vllm-project/vllm: vllm/v1/engine/input_processor.py @ v0.34.0,
+`assign_request_id`), so the first prefill's held blocks and the new ones stay apart. Once decode
+has sent bytes nothing is retried.
 """
 
 from __future__ import annotations
