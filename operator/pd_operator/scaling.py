@@ -22,7 +22,6 @@ MIN_REPLICAS = "MinReplicas"
 MAX_REPLICAS = "MaxReplicas"
 MIN_RATIO = "MinPrefillPerDecode"
 MAX_RATIO = "MaxPrefillPerDecode"
-BOUNDS = (MIN_REPLICAS, MAX_REPLICAS, MIN_RATIO, MAX_RATIO)
 
 
 @dataclass(frozen=True)

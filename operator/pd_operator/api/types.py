@@ -273,10 +273,6 @@ class RoleSpec(ApiModel):
     autoscaling: AutoscalingSpec | None = None
     """Scale the role on vLLM's serving metrics through an HPA."""
 
-    @property
-    def npus_per_instance(self) -> int:
-        return self.tensor_parallel_size * self.data_parallel_size * self.pipeline_parallel_size
-
 
 @cel("self.pipelineParallelSize == 1",
      "decode pipelineParallelSize must be 1: the Mooncake connector pulls KV into one stage")

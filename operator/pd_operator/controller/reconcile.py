@@ -44,7 +44,6 @@ class Outcome:
     """Children as the API server returned them from this reconcile's writes (applies, annotations)."""
     pruned: list[dict] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
-    status_written: bool = False
     ready: bool = False
     kv_compatible: bool = False
     requeue_after: float | None = None
@@ -224,7 +223,6 @@ def _write_status(client: Client, body: dict, validation: Validation, observed: 
     if new == previous:
         return
     client.patch_status(meta["namespace"], meta["name"], status_mod.merge_patch(previous, new))
-    outcome.status_written = True
     for type_, reason, message in status_mod.transitions(previous.get("conditions") or [], new["conditions"]):
         client.post_event(body, type_, reason, message)
 
