@@ -76,11 +76,6 @@ class Tally:
         assert self.rejected_with_path == self.rejected, self.summary()
 
 
-def error_paths(doc: Any) -> tuple[bool, list[str]]:
-    result = validate(doc)
-    return result.ok, [f.path for f in result.errors]
-
-
 def test_pdctl_validate(tmp_path):
     tally = Tally("pdctl validate")
     manifest = tmp_path / "pdd.yaml"

@@ -59,10 +59,6 @@ class Event:
         return str(self.raw.get("stage", ""))
 
     @property
-    def uri(self) -> str:
-        return str(self.raw.get("requestURI", ""))
-
-    @property
     def decision(self) -> str:
         """The authorizer's verdict: allow or forbid (empty for requests never authorized)."""
         return str((self.raw.get("annotations") or {}).get("authorization.k8s.io/decision", ""))
