@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import side_layout
 from pd_operator.kv.compat import check_pair
-from pd_operator.kv.plan import TransferPlan, plan_transfer
 from pd_operator.kv.side import Side
+from pd_operator.kv.transfer_plan import TransferPlan, plan_transfer
 
 PROMPT_TOKENS = 131_072
 REPEATS = 15

@@ -39,12 +39,12 @@ import yaml
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 from pd_operator.render import render  # noqa: E402
-from pd_operator.validate import validate  # noqa: E402
 from support.audit import Event  # noqa: E402
 from support.cluster import ControlPlane, wait_for  # noqa: E402
 from support.fleet import RECONCILES, conditions, fleet_doc, fleet_nodes, metric, pdd_path, rss_mb  # noqa: E402
 from support.installed import OperatorProcess, helm_install, helm_uninstall, weights_claim  # noqa: E402
 from support.kube import kubectl  # noqa: E402
+from support.specs import resolve
 
 OBJECTS = 100
 CONCURRENT = 20
@@ -71,7 +71,7 @@ def bare(cp: ControlPlane, count: int, workdir: pathlib.Path) -> float:
     namespace = "bench-bare"
     cp.create_namespace(namespace)
     cp.create_weights_volume(namespace, str(weights_claim(fleet_doc(0, namespace))))
-    manifests = [m for doc in _docs(count, namespace) for m in render(validate(doc))]
+    manifests = [m for doc in _docs(count, namespace) for m in render(resolve(doc))]
     workloads = sum(m["kind"] in ("StatefulSet", "Deployment") for m in manifests)
     path = workdir / "bare.yaml"
     path.write_text(yaml.safe_dump_all(manifests))

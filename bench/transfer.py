@@ -25,8 +25,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 from pd_operator.kv import presets  # noqa: E402
 from pd_operator.kv.blocksize import SideLayout, side_layout  # noqa: E402
-from pd_operator.kv.plan import TransferPlan, plan_transfer  # noqa: E402
 from pd_operator.kv.side import Side  # noqa: E402
+from pd_operator.kv.transfer_plan import TransferPlan, plan_transfer  # noqa: E402
 from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions  # noqa: E402
 from pd_operator.transfer.loopback import arena_bytes, requests  # noqa: E402
 from support.ranks import Pairing, RankWorker, span, start_workers  # noqa: E402

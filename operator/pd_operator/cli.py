@@ -20,13 +20,13 @@ from pd_operator.kv.blocksize import side_layout
 from pd_operator.kv.compat import ASCEND_KV_CACHE_DTYPES, DEFAULT_PROMPT_TOKENS, PairReport, check_pair
 from pd_operator.kv.hf_config import model_from_hf_config
 from pd_operator.kv.pages import LayoutError
-from pd_operator.kv.plan import plan_transfer
 from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, PLATFORMS, Side
 from pd_operator.kv.summary import report_json, report_table
-from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
-from pd_operator.render import NotRenderable, render
+from pd_operator.kv.transfer_plan import plan_transfer
+from pd_operator.render import render
 from pd_operator.render.yaml_text import to_yaml
-from pd_operator.validate import validate
+from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
+from pd_operator.spec.validate import validate
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
 
@@ -198,12 +198,11 @@ def cmd_render(args: argparse.Namespace) -> int:
             for f in result.errors:
                 print(f"{args.file}: {f.line()}", file=sys.stderr)
             return EXIT_FINDINGS
-        try:
-            manifests += render(result)
-        except NotRenderable as err:  # e.g. hfConfigMap: only the controller can read the ConfigMap
-            print(f"{args.file}: cannot render: {err}; "
+        if result.resolved is None:  # e.g. hfConfigMap: only the controller can read the ConfigMap
+            print(f"{args.file}: cannot render: the KV layout is not resolved; "
                   f"{' '.join(f.message for f in result.warnings)}".rstrip("; "), file=sys.stderr)
             return EXIT_FINDINGS
+        manifests += render(result.resolved)
     if args.output == "json":
         print(json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}, indent=2))
     else:

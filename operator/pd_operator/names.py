@@ -51,7 +51,7 @@ class Names:
 
     @property
     def proxy_membership(self) -> str:
-        """The ConfigMap the proxy pods mount: the upstreams they route to (pd_operator.membership)."""
+        """The ConfigMap the proxy pods mount: the upstreams they route to (pd_operator.proxy.membership)."""
         return f"{self.deployment}-proxy"
 
     @property

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pd_operator import images
 from pd_operator.cli import main
 from pd_operator.kv import presets
 from pd_operator.render import render
-from pd_operator.validate import validate
+from pd_operator.serving_image import capabilities
+from pd_operator.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 GLM = yaml.safe_load((ROOT / "examples/glm-5.3-flash-tp8-dp2tp4.yaml").read_text())
@@ -40,7 +40,7 @@ def codes(doc: dict) -> list[tuple[str, str]]:
 def runner(doc: dict) -> set[str]:
     validation = validate(doc)
     assert validation.ok, [f.line() for f in validation.errors]
-    return {e["value"] for m in render(validation) if m["kind"] == "StatefulSet"
+    return {e["value"] for m in render(validation.resolved) if m["kind"] == "StatefulSet"
             for e in m["spec"]["template"]["spec"]["containers"][0]["env"]
             if e["name"] == "VLLM_USE_V2_MODEL_RUNNER"}
 
@@ -55,7 +55,7 @@ def runner(doc: dict) -> set[str]:
     ("quay.io/ascend/vllm-ascend:glm-5.3-flash-a3", None),
 ])
 def test_release_of_tag(tag, version):
-    assert images.release_of_tag(tag) == version
+    assert capabilities.release_of_tag(tag) == version
 
 
 def test_glm_on_a_stock_023_image_is_refused_by_pdctl_validate(tmp_path, capsys):
@@ -99,9 +99,9 @@ def test_model_runner_is_rendered_from_the_image_and_the_model():
 
 
 def test_glm_next_is_recognised_by_its_compressed_indexer():
-    assert images.family_of(presets.get("glm-5.3-flash")) == images.GLM_NEXT
+    assert capabilities.family_of(presets.get("glm-5.3-flash")) == capabilities.GLM_NEXT
     for other in ("deepseek-v3.2", "qwen3-next-80b-a3b", "llama-3.1-8b"):
-        assert images.family_of(presets.get(other)) is None
+        assert capabilities.family_of(presets.get(other)) is None
 
 
 def with_cache_dtype(doc: dict, dtype: str) -> dict:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pd_operator.findings import CATALOG
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 GLM = yaml.safe_load((ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml").read_text())
@@ -37,7 +37,7 @@ def test_example_is_valid_and_resolved():
     assert result.ok, [f.line() for f in result.errors]
     assert result.report.prefill_layout.engine_block_size == 640
     assert result.report.decode_layout.engine_block_size == 1152
-    assert result.pod_plans["decode"].dp_local == 2 and result.pod_plans["decode"].pods == 1
+    assert result.shapes["decode"].dp_local == 2 and result.shapes["decode"].pods == 1
 
 
 @pytest.mark.parametrize(("changes", "code", "path"), [

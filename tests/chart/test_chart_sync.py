@@ -1,5 +1,5 @@
 """The chart's generated copies match their sources, and the rendered RBAC grants exactly
-pd_operator.rbac.RULES (plus kopf's framework rules) in the right scope for each mode."""
+pd_operator.controller.permissions.RULES (plus kopf's framework rules) in the right scope for each mode."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 from chart_render import CHART, REPO, find, one, rendered, run_helm
 
-from pd_operator.rbac import RULES, WEBHOOK_RULES
+from pd_operator.controller.permissions import RULES, WEBHOOK_RULES
 from pd_operator.tools import chart_sync
 
 # (apiGroup, resource, verb) triples kopf itself needs, by mode; nothing else may be granted.

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from pd_operator.render import render
-from pd_operator.validate import validate
 from support import demo
+from support.specs import resolve
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def test_demo_installs_applies_and_reaches_ready(capsys):
     assert header.split() == ["NAME", *(c["name"].upper() for c in columns)]
     assert row.split()[:6] == ["glm-flash", "1xTP8", "1xDP2xTP4", "True", "True", "Serving"]
     children = [line.split() for line in lines if line.endswith(" glm-flash") and len(line.split()) == 3]
-    rendered = render(validate(yaml.safe_load((EXAMPLES / "glm-5.3-flash-tp8-dp2tp4.yaml").read_text())))
+    rendered = render(resolve(yaml.safe_load((EXAMPLES / "glm-5.3-flash-tp8-dp2tp4.yaml").read_text())))
     assert len(children) == len(rendered)
     assert {c[0] for c in children} >= {"StatefulSet", "Deployment", "Service"}
     pods = [line.split() for line in lines if line.startswith("glm-flash-") and " Running " in line]

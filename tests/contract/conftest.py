@@ -12,13 +12,13 @@ RENDER_TESTS = str(Path(__file__).resolve().parents[1] / "render")
 if RENDER_TESTS not in sys.path:
     sys.path.append(RENDER_TESTS)
 
-from pd_operator.images import RELEASES  # noqa: E402
+from pd_operator.serving_image.capabilities import RELEASES  # noqa: E402
 from support import upstream  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=list(RELEASES))
 def version(request) -> str:
-    """Each vllm-ascend release the operator knows (pd_operator.images.RELEASES)."""
+    """Each vllm-ascend release the operator knows (pd_operator.serving_image.capabilities.RELEASES)."""
     return request.param
 
 

@@ -1,5 +1,5 @@
 """The contract tier: what the operator renders, checked against vllm-ascend's released source and
-the Mooncake libraries its images install, at every release pd_operator.images knows.
+the Mooncake libraries its images install, at every release pd_operator.serving_image.capabilities knows.
 
 Covered: every kv_connector we render is registered by that release's connector registry (and its
 module defines the class); every environment variable the operator sets is read by something in
@@ -29,13 +29,13 @@ from readers import Readers, pod_reads, unread
 from render_cases import EXAMPLES, ROOT, VALID_EXAMPLES, container, load, pod_argvs, rendered, serving_sets
 
 from pd_operator.api.types import KVTransferSpec, TimeoutSpec
-from pd_operator.image_check import introspect, module_path, registered_connectors
-from pd_operator.images import GLM_NEXT, PD_CONNECTORS, RELEASES, capabilities
-from pd_operator.owned import DEFAULT_ENV, OWNED_ENV
 from pd_operator.proxy import protocol
 from pd_operator.proxy.server import Proxy
 from pd_operator.render import render
-from pd_operator.validate import validate
+from pd_operator.serving_image.capabilities import GLM_NEXT, PD_CONNECTORS, RELEASES, capabilities
+from pd_operator.serving_image.installed import introspect, module_path, registered_connectors
+from pd_operator.spec.reserved import DEFAULT_ENV, OWNED_ENV
+from pd_operator.spec.validate import validate
 from support import upstream
 
 pytestmark = pytest.mark.contract
@@ -278,7 +278,7 @@ def rendered_timeouts(**timeouts: int) -> dict[str, str]:
     doc["spec"]["kvTransfer"]["timeouts"] = {fields[k].alias: v for k, v in timeouts.items()}
     validation = validate(doc)
     assert validation.ok, validation.errors
-    sts = serving_sets(render(validation))[0]
+    sts = serving_sets(render(validation.resolved))[0]
     return {e["name"]: e.get("value", "") for e in container(sts)["env"]}
 
 

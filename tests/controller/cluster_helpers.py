@@ -10,9 +10,9 @@ import urllib.parse
 import yaml
 from controller_support import ROOT, example
 
+from pd_operator.api.labels import DEPLOYMENT
 from pd_operator.api.types import PLURAL
-from pd_operator.controller.client import CHILD_KINDS
-from pd_operator.render.labels import DEPLOYMENT
+from pd_operator.render.kinds import CHILD_KINDS
 from pd_operator.render.proxy import members
 from support.cluster import ApiError, ControlPlane, wait_for
 from support.installed import condition, get_pdd, weights_claim

@@ -7,10 +7,10 @@ from typing import Any
 
 from controller_support import example
 
-from pd_operator.controller import roles
-from pd_operator.controller.planner import stamp
+from pd_operator.controller import pdroles
+from pd_operator.controller.diff import stamp
 from pd_operator.render import render
-from pd_operator.validate import Validation, validate
+from pd_operator.spec.validate import Validation, validate
 
 OWNER_UID = "0b1c2d3e-0000-4000-8000-000000000001"
 
@@ -35,7 +35,7 @@ def owner(validation: Validation) -> dict[str, Any]:
 
 def desired(validation: Validation) -> list[dict]:
     """The stamped manifests as the reconcile applies them (PDRoles without spec.replicas)."""
-    return [stamp(roles.applied_form(m), owner(validation)) for m in render(validation)]
+    return [stamp(pdroles.applied_form(m), owner(validation)) for m in render(validation.resolved)]
 
 
 def pods_of(manifests: list[dict], *, ready: bool = True, layout: str | None = None) -> list[dict]:

@@ -10,7 +10,7 @@ from controller_helpers import OWNER_UID, desired, validated
 
 from pd_operator.controller import drain
 from pd_operator.controller.drain import ProxyRead
-from pd_operator.membership import ProxyState, UpstreamLoad
+from pd_operator.proxy.membership import ProxyState, UpstreamLoad
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
 V_NEW = "aaaaaaaaaaaa"
@@ -21,8 +21,8 @@ PREFILL_1 = "glm-flash-prefill-1"
 
 def _dep(**changes):
     v = validated(**changes)
-    assert v.deployment is not None
-    return v.deployment
+    assert v.resolved is not None
+    return v.resolved
 
 
 def _leaving():

@@ -18,12 +18,12 @@ import pytest
 import yaml
 from cluster_helpers import apply, children, cond, glm, listed, pods, serve, wait_cond
 
-from pd_operator.controller.planner import holds
+from pd_operator.api.labels import INSTANCE, ROLE, VOLCANO_GROUP
+from pd_operator.controller.diff import holds
 from pd_operator.render import render
-from pd_operator.render.labels import INSTANCE, ROLE, VOLCANO_GROUP
-from pd_operator.validate import validate
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
 from support.installed import condition, get_pdd
+from support.specs import resolve
 from support.volcano import podgroup_crd
 
 pytestmark = [pytest.mark.integration, pytest.mark.scaling]
@@ -215,7 +215,7 @@ def test_volcano_podgroups_follow_volcanos_published_crd(control_plane, namespac
 
     crd = _install_volcano_crd(cp)
     wait_cond(cp, namespace, "GangScheduling", ("True", "PodGroups"))
-    rendered = [m for m in render(validate(doc)) if m["kind"] == "PodGroup"]
+    rendered = [m for m in render(resolve(doc)) if m["kind"] == "PodGroup"]
     assert sorted(m["metadata"]["name"] for m in rendered) == ["glm-flash-decode-0", "glm-flash-prefill-0"]
     stored = {g["metadata"]["name"]: g for g in listed(cp, VOLCANO_PODGROUPS, "podgroups", namespace)}
     for manifest in rendered:  # what the operator applied is stored whole: nothing pruned by the schema

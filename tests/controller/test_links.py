@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from controller_helpers import desired, link_down, pods_of, validated
-from test_rollout import _gate, _gated_only_the_membership, _names, _routes
+from test_gate import _gate, _gated_only_the_membership, _names, _routes
 
 from pd_operator.controller.links import link_status, linked_instances, parse_round
 from pd_operator.render import render
@@ -45,7 +45,7 @@ def test_no_linked_decode_instance_empties_decode_and_a_working_one_brings_it_ba
     assert _names(out, "decode") == []
     _gated_only_the_membership(v, out)
     out, _ = _gate(v, pods)
-    assert out == render(v)
+    assert out == render(v.resolved)
 
 
 def test_a_decode_pod_not_created_yet_is_not_routed_to():
@@ -63,29 +63,29 @@ def test_parse_round_takes_the_last_round_line():
 
 def test_link_status_reads_the_figures_only_when_a_link_changes():
     v = validated(prefill__replicas=2)
-    dep, pods = v.deployment, pods_of(desired(v))
+    dep, pods = v.resolved, pods_of(desired(v))
     reads: list[str] = []
 
     def read(pod: str) -> dict:
         reads.append(pod)
         return _round(True, 0, 1)
 
-    first = link_status(dep, pods, [], read, 1)
+    first = link_status(dep, pods, [], read)
     assert reads == ["glm-flash-decode-0-0"]
     assert first == [{"decode": "glm-flash-decode-0", "prefill": f"glm-flash-prefill-{p}", "linked": True,
                       "latencyMs": 2.5 + p, "gbps": 1.5} for p in (0, 1)]
-    assert link_status(dep, pods, first, read, 1) == first and len(reads) == 1  # steady: nothing read
+    assert link_status(dep, pods, first, read) == first and len(reads) == 1  # steady: nothing read
 
     def broken(pod: str) -> dict:
         reads.append(pod)
         return _round(False, 0, 1)
 
-    down = link_status(dep, _decode_down(pods, 0), first, broken, 1)
+    down = link_status(dep, _decode_down(pods, 0), first, broken)
     assert len(reads) == 2 and [e["linked"] for e in down] == [False, False]
     assert down[0]["message"] == "cannot fetch the descriptor"
 
 
 def test_link_status_without_figures_still_gives_the_state():
     v = validated()
-    entries = link_status(v.deployment, _decode_down(pods_of(desired(v)), 0), [], lambda pod: None, 1)
+    entries = link_status(v.resolved, _decode_down(pods_of(desired(v)), 0), [], lambda pod: None)
     assert entries == [{"decode": "glm-flash-decode-0", "prefill": "glm-flash-prefill-0", "linked": False}]

@@ -30,11 +30,10 @@ from cluster_helpers import (
 )
 from controller_support import example
 
+from pd_operator.api.labels import DEPLOYMENT, GROUP_RESTARTS, KV_LAYOUT, ROLE
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller.admission import UPDATE_NOTE
 from pd_operator.controller.links import LINK_CONTAINER
-from pd_operator.controller.restarts import HISTORY
-from pd_operator.render.labels import DEPLOYMENT, KV_LAYOUT, ROLE
 from support.cluster import ControlPlane, wait_for
 from support.faultproxy import FaultProxy
 from support.installed import condition, get_pdd
@@ -241,7 +240,7 @@ def test_failed_rank_restarts_its_whole_group(control_plane, namespace, release,
     assert not rewrites, "kwok rewrote the failed pod's status"
     assert cp.api("GET", prefill)["metadata"]["uid"] == prefill_uid
     sts = cp.api("GET", f"/apis/apps/v1/namespaces/{namespace}/statefulsets/glm-flash-decode-0")
-    assert len(sts["metadata"]["annotations"][HISTORY].split(",")) == 1
+    assert len(sts["metadata"]["annotations"][GROUP_RESTARTS].split(",")) == 1
     restarts = wait_for("the GroupRestart event", lambda: events(cp, namespace, "GroupRestart"))
     assert len(restarts) == 1 and "glm-flash-decode-0-1" in restarts[0]["message"]
     serve(cp, namespace)

@@ -1,4 +1,4 @@
-"""rbac.RULES (with WEBHOOK_RULES) and the API requests of controller/client.py match exactly,
+"""permissions.RULES (with WEBHOOK_RULES) and the API requests of controller/client.py match exactly,
 both ways.
 
 The declarations are found statically (the `@needs(...)` decorators in client.py's source), and
@@ -13,8 +13,8 @@ import inspect
 
 import pytest
 
-from pd_operator.controller import client
-from pd_operator.rbac import RULES, WEBHOOK_RULES
+from pd_operator.controller import client, permissions
+from pd_operator.controller.permissions import RULES, WEBHOOK_RULES
 
 
 def _rule_triples() -> set[tuple[str, str, str]]:
@@ -42,30 +42,30 @@ def test_every_requesting_method_declares_its_needs():
     methods = _decorated_methods()
     assert methods, "found no method sending requests: the AST walk is broken"
     assert all(methods.values()), [m for m, ok in methods.items() if not ok]
-    assert set(methods) == set(client.DECLARED)
+    assert set(methods) == set(permissions.DECLARED)
 
 
 def test_rules_cover_every_declared_request():
-    used = set().union(*client.DECLARED.values()) | client.FRAMEWORK
+    used = set().union(*permissions.DECLARED.values()) | permissions.FRAMEWORK
     missing = used - _rule_triples()
-    assert not missing, f"add to rbac.RULES: {sorted(missing)}"
+    assert not missing, f"add to permissions.RULES: {sorted(missing)}"
 
 
 def test_every_rule_is_used():
-    used = set().union(*client.DECLARED.values()) | client.FRAMEWORK
+    used = set().union(*permissions.DECLARED.values()) | permissions.FRAMEWORK
     unused = _rule_triples() - used
-    assert not unused, f"rbac.RULES grants what the operator never does: {sorted(unused)}"
+    assert not unused, f"permissions.RULES grants what the operator never does: {sorted(unused)}"
 
 
 def test_undeclared_request_is_refused_before_it_is_sent(monkeypatch):
-    monkeypatch.setattr(client, "DECLARED", dict(client.DECLARED))  # `sneaky` registers itself
+    monkeypatch.setattr(permissions, "DECLARED", dict(permissions.DECLARED))  # `sneaky` registers itself
     class Unused:
         def __getattr__(self, name):
             raise AssertionError("the request must not be sent")
 
     api = client.Client(Unused())  # type: ignore[arg-type]
 
-    @client.needs(("get", "", "pods"))
+    @permissions.needs(("get", "", "pods"))
     def sneaky() -> None:
         api._request("delete", "v1", "pods", "DELETE", "/api/v1/namespaces/x/pods/y")
 

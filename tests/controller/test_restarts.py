@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from controller_helpers import pod
 
-from pd_operator.controller.restarts import HISTORY, LIMIT, REVISION, WINDOW, decide
+from pd_operator.api.labels import GROUP_RESTARTS
+from pd_operator.controller.restarts import LIMIT, REVISION, WINDOW, decide
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LABELS = {"pd.serving.dev/role": "decode", "pd.serving.dev/instance": "0"}
@@ -15,7 +16,7 @@ LABELS = {"pd.serving.dev/role": "decode", "pd.serving.dev/instance": "0"}
 
 def _sts(replicas: int, history: list[datetime] | str = ()) -> dict:
     text = history if isinstance(history, str) else ",".join(t.isoformat() for t in history)
-    return {"metadata": {"name": "glm-decode-0", "annotations": {HISTORY: text} if text else {}},
+    return {"metadata": {"name": "glm-decode-0", "annotations": {GROUP_RESTARTS: text} if text else {}},
             "spec": {"replicas": replicas}}
 
 

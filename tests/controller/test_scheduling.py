@@ -11,7 +11,7 @@ import pytest
 from cluster_helpers import apply, cond, glm, pods, serve, wait_cond
 from controller_support import example
 
-from pd_operator.render.labels import INSTANCE, ROLE
+from pd_operator.api.labels import INSTANCE, ROLE
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
 from support.installed import get_pdd
 

@@ -6,19 +6,17 @@ import pytest
 from controller_helpers import desired, link_down, pods_of, validated, with_status
 from controller_support import example
 
+from pd_operator.controller import gate
 from pd_operator.controller.restarts import Decision
-from pd_operator.controller.rollout import gate
 from pd_operator.controller.status import (
     TYPES,
     Observed,
     conditions,
-    layout_hash,
     merge_patch,
     shape,
     status,
     transitions,
 )
-from pd_operator.names import Names
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -66,12 +64,11 @@ def test_a_proxy_without_a_decode_instance_to_route_to_reports_no_upstreams():
     """The gate empties decode in the proxy's membership ConfigMap; the proxy Deployment stays up
     (its pods not Ready: /healthcheck fails without members) and ProxyReady says why."""
     v = validated()
-    dep, observed = v.deployment, _link_down(v)
-    gated, _ = gate(desired(v), observed.pods, Names(dep.name, dep.namespace),
-                    {r: v.pod_plans[r].pods for r in ("prefill", "decode")},
-                    {r: dep.role(r).replicas for r in ("prefill", "decode")}, layout_hash(v))
-    children = with_status(gated, ready_replicas=0)
-    got = {c["type"]: c for c in conditions(v, Observed(children=children, pods=observed.pods), [], 1, T0)}
+    observed = _link_down(v)
+    routable, _ = gate.routable(v.resolved, observed.pods)
+    children = with_status(desired(v), ready_replicas=0)
+    gated = Observed(children=children, pods=observed.pods, routable=routable)
+    got = {c["type"]: c for c in conditions(v, gated, [], 1, T0)}
     assert (got["ProxyReady"]["status"], got["ProxyReady"]["reason"]) == ("False", "NoUpstreams")
     assert "no decode instance" in got["ProxyReady"]["message"]
     # Ungated (every instance listed), the same unready proxy is just not ready yet.

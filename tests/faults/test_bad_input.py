@@ -31,7 +31,7 @@ from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller.reconcile import manifest_of
 from pd_operator.controller.webhook import WEBHOOK_ID, WEBHOOK_NAME
 from pd_operator.render import render
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
 from support.cluster import ApiError, ControlPlane, namespace_name
 from support.fleet import FLEET_EXAMPLE
 from support.installed import OperatorProcess, example, helm_install, helm_uninstall
@@ -122,8 +122,8 @@ def test_validate_and_render_as_the_controller_calls_them():
         body.setdefault("kind", None)
         started = time.perf_counter()
         result = validate(manifest_of(body), read_config_map=read_config_map)
-        if result.ok:
-            render(result)
+        if result.resolved is not None:
+            render(result.resolved)
         tally.timed(time.perf_counter() - started)
         if not result.ok:
             tally.reject(bool(result.errors) and all(f.path for f in result.errors))

@@ -19,8 +19,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from pd_operator.image_check import COMMIT_FILE
-from pd_operator.images import RELEASES, SEED_PULL_REQUEST, release_of_tag
+from pd_operator.serving_image.capabilities import RELEASES, SEED_PULL_REQUEST, release_of_tag
+from pd_operator.serving_image.installed import COMMIT_FILE
 from support.vllm_ascend_tree import write_tree
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,9 +196,9 @@ def test_serving_image_builds_vllm_ascend_from_the_seed_ref():
         'test -n "${VLLM_ASCEND_COMMIT}"',
         'git fetch -q --depth 1 "${VLLM_ASCEND_REPO}" "${VLLM_ASCEND_REF}"',
         '[ "${fetched}" = "${VLLM_ASCEND_COMMIT}" ]',
-        f"python3 -m pd_operator.image_check {FETCHED_CHECKOUT} --require-seed",
+        f"python3 -m pd_operator.serving_image.installed {FETCHED_CHECKOUT} --require-seed",
         f"pip install --no-cache-dir -e {FETCHED_CHECKOUT}",
-        "python3 -m pd_operator.image_check --installed --require-seed",
+        "python3 -m pd_operator.serving_image.installed --installed --require-seed",
         f'echo "${{VLLM_ASCEND_COMMIT}}" > {COMMIT_FILE}')]
     assert order == sorted(order), "fetch, verify the commit, check the seed, build, check again, record"
     (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_REF" not in r]
@@ -219,7 +219,8 @@ def test_build_script_resolves_the_ref_and_passes_the_commit():
 
 def image_check(root: Path) -> subprocess.CompletedProcess:
     """The build-time check exactly as the Dockerfile runs it, on a stand-in source tree."""
-    return subprocess.run([sys.executable, "-m", "pd_operator.image_check", str(root), "--require-seed"],
+    return subprocess.run([sys.executable, "-m", "pd_operator.serving_image.installed", str(root),
+                           "--require-seed"],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -241,7 +242,8 @@ def test_build_time_check_of_the_installed_vllm_ascend(tmp_path):
     def installed(path: Path | None) -> subprocess.CompletedProcess:
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(
             str(p) for p in (path, ROOT / "operator") if p)}
-        command = [sys.executable, "-m", "pd_operator.image_check", "--installed", "--require-seed"]
+        command = [sys.executable, "-m", "pd_operator.serving_image.installed", "--installed",
+                   "--require-seed"]
         return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
 
     seed = write_tree(tmp_path / "seed")

@@ -1,4 +1,4 @@
-"""The serving pod's preflight checks, pure (pd_operator.preflight), and `pd-preflight` run for real:
+"""The serving pod's preflight checks, pure (pd_operator.preflight.checks), and `pd-preflight` run for real:
 its handling of a missing config or command, and of the image it finds installed (a stand-in
 vllm-ascend source tree on its import path). The rendered pods' commands run through it for real in
 tests/render/test_pod_preflight.py."""
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from pd_operator.findings import CATALOG
-from pd_operator.image_check import Installed, introspect
-from pd_operator.images import capabilities
-from pd_operator.preflight import PreflightConfig, parse_config, preflight
-from pd_operator.preflight_cli import visible_npus
+from pd_operator.preflight.checks import PreflightConfig, parse_config, preflight
+from pd_operator.preflight.cli import visible_npus
+from pd_operator.serving_image.capabilities import capabilities
+from pd_operator.serving_image.installed import Installed, introspect
 from support.vllm_ascend_tree import write_tree
 
 # GLM-5.3-Flash decode of a P=TP8 -> D=DP2xTP4 pairing on a seed image: 1152-token blocks here, 640
@@ -144,7 +144,7 @@ def pd_preflight(*args: str, vllm_ascend: Path | None = None) -> subprocess.Comp
     """Run pd-preflight with `vllm_ascend` (a source tree) on its import path, as the image has it."""
     env = {**os.environ, "ASCEND_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
            "PYTHONPATH": str(vllm_ascend) if vllm_ascend else ""}
-    return subprocess.run([sys.executable, "-m", "pd_operator.preflight_cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pd_operator.preflight.cli", *args], capture_output=True,
                           text=True, env=env, timeout=60)
 
 

@@ -18,9 +18,9 @@ from pd_operator.kv import presets
 from pd_operator.kv.blocksize import side_layout
 from pd_operator.kv.compat import check_pair
 from pd_operator.kv.model import ModelKV
-from pd_operator.kv.plan import TransferPlan, blocks_needed, plan_transfer
 from pd_operator.kv.side import Side
 from pd_operator.kv.simulate import pool_sizes, regions, run_reference
+from pd_operator.kv.transfer_plan import TransferPlan, blocks_needed, plan_transfer
 
 TPS = (1, 2, 4, 8, 16)
 PROPERTY = settings(max_examples=40, deadline=None,

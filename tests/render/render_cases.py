@@ -20,10 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from pd_operator.membership import KEY, Membership, parse_document
+from pd_operator.proxy.membership import KEY, Membership, parse_document
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
-from pd_operator.validate import Validation, validate
+from pd_operator.spec.validate import Validation, validate
+from support.specs import resolve
 from support.vllm_ascend_tree import write_tree
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def validated(path: Path) -> Validation:
 
 
 def rendered(path: Path) -> list[dict]:
-    return render(validated(path))
+    return render(resolve(load(path)))
 
 
 def of_kind(manifests: list[dict], kind: str) -> list[dict]:

@@ -17,11 +17,11 @@ from render_cases import container, flag, of_kind, pod_argvs, proxy_membership, 
 
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import ROLE_KIND, PDRole
-from pd_operator.membership import KEY, MOUNT_DIR, Upstream
 from pd_operator.names import Names
-from pd_operator.owned import OWNED_ENV
-from pd_operator.ports import PROBE_PORT, pod_ports
-from pd_operator.validate import Validation
+from pd_operator.proxy.membership import KEY, MOUNT_DIR, Upstream
+from pd_operator.spec.ports import PROBE_PORT, pod_ports
+from pd_operator.spec.reserved import OWNED_ENV
+from pd_operator.spec.validate import Validation
 
 KV_TRANSFER_FIELDS = {
     "kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size", "kv_role", "kv_rank",
@@ -57,7 +57,7 @@ def check_kv_transfer_config(config: dict, role: str, validation: Validation) ->
 
 
 def _plan_ports(validation: Validation, role: str) -> set[int]:
-    spec, plan = validation.deployment.spec, validation.pod_plans[role]
+    spec, plan = validation.deployment.spec, validation.shapes[role]
     return {p for o in range(plan.pods)
             for r in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, o)
             for p in range(r.start, r.end)}
@@ -68,7 +68,7 @@ def check_pods(validation: Validation, manifests: list[dict], work: Path) -> Non
     names = Names(dep.name, dep.namespace)
     engine_ids = []
     for sts, ordinal, argv in pod_argvs(manifests, work):
-        role, plan = role_of(sts), validation.pod_plans[role_of(sts)]
+        role, plan = role_of(sts), validation.shapes[role_of(sts)]
         index = int(sts["metadata"]["labels"]["pd.serving.dev/instance"])
         side = dep.role(role)
         layout = validation.report.prefill_layout if role == "prefill" else validation.report.decode_layout
@@ -106,7 +106,7 @@ def check_containers(validation: Validation, manifests: list[dict]) -> None:
         assert not [n for n, c in Counter(names).items() if c > 1], names
         owned = {n for n in names if n in OWNED_ENV}
         assert set(OWNED_ENV) <= owned
-        npus = validation.pod_plans[role].npus_per_pod
+        npus = validation.shapes[role].npus_per_pod
         npu = validation.deployment.role(role).npu_resource_name
         assert cont["resources"]["limits"][npu] == cont["resources"]["requests"][npu] == npus
         assert not cont["securityContext"]["privileged"]

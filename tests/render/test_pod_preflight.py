@@ -3,7 +3,7 @@ see are laid out (render_cases.run_pod), a recorder stands in for `vllm`, and th
 exec it with exactly the rendered argv, and refuse, naming the finding, a pod whose argv, NPU
 grant or image was tampered with.
 
-The image is what `pd-preflight` finds installed (pd_operator.image_check reads its source and
+The image is what `pd-preflight` finds installed (pd_operator.serving_image.installed reads its source and
 preflight.check_image judges it against the rendered claim); here a stand-in vllm-ascend source tree
 is laid out on PYTHONPATH, as the serving image has it installed.
 """
@@ -17,7 +17,7 @@ import pytest
 from render_cases import VALID_EXAMPLES, container, load, role_of, run_pod, serving_sets
 
 from pd_operator.render import render
-from pd_operator.validate import validate
+from support.specs import resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 MULTI_POD = next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek"))
@@ -25,7 +25,7 @@ EX_CONFIG = 78
 
 
 def _manifests(example) -> list[dict]:
-    return render(validate(load(example)))
+    return render(resolve(load(example)))
 
 
 def _decode(manifests: list[dict]) -> dict:

@@ -8,13 +8,12 @@ import copy
 import pytest
 from render_cases import VALID_EXAMPLES, load, of_kind, serving_sets
 
+from pd_operator.api.labels import DEPLOYMENT, HOSTNAME, INSTANCE, ROLE, VOLCANO_GROUP
 from pd_operator.render import render
-from pd_operator.render.labels import DEPLOYMENT, INSTANCE, ROLE, VOLCANO_GROUP
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 DOMAIN = "example.com/super-pod"
-HOSTNAME = "kubernetes.io/hostname"
 NPU = "huawei.com/Ascend910"
 
 
@@ -33,7 +32,7 @@ def multi_pod(gang: str = "none", **placement) -> dict:
 def rendered(doc: dict) -> list[dict]:
     validation = validate(doc)
     assert validation.ok, [f.line() for f in validation.errors]
-    return render(validation)
+    return render(validation.resolved)
 
 
 def statefulset(manifests: list[dict], name: str) -> dict:

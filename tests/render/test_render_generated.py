@@ -13,7 +13,7 @@ from render_cases import ROOT
 from render_checks import check_all
 
 from pd_operator.render import render
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
 
 # celpy raises the recursion limit when it first builds its parser; do that before hypothesis runs
 # (hypothesis warns when the limit changes under it).
@@ -72,7 +72,7 @@ def test_generated_valid_specs_render_correctly(doc):
     validation = validate(doc)
     assume(validation.ok)
     with tempfile.TemporaryDirectory() as work:
-        check_all(validation, render(validation), Path(work))
+        check_all(validation, render(validation.resolved), Path(work))
 
 
 json_values = st.recursive(
@@ -91,5 +91,5 @@ def test_random_specs_give_findings_with_paths(spec, data):
     assert not validation.ok or validation.deployment is not None
     for finding in validation.errors:
         assert finding.path and finding.message
-    if validation.ok and validation.report is not None:
-        render(validation)
+    if validation.resolved is not None:
+        render(validation.resolved)

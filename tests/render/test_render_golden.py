@@ -10,7 +10,7 @@ from render_cases import VALID_EXAMPLES, rendered
 
 from pd_operator.render import render
 from pd_operator.render.yaml_text import to_yaml
-from pd_operator.validate import validate
+from support.specs import resolve
 
 GOLDEN = VALID_EXAMPLES[0].parents[1] / "tests" / "render" / "golden"
 
@@ -35,7 +35,7 @@ def test_every_golden_file_has_its_example():
 
 def test_render_is_deterministic_and_does_not_alias():
     doc = yaml.safe_load(VALID_EXAMPLES[0].read_text())
-    first, second = render(validate(doc)), render(validate(doc))
+    first, second = render(resolve(doc)), render(resolve(doc))
     assert first == second
     assert "&id" not in to_yaml(first)  # no YAML anchors: no sub-object is shared
     first[0]["metadata"]["labels"]["x"] = "y"

@@ -27,17 +27,17 @@ from render_cases import (
 )
 from render_checks import check_all
 
-from pd_operator.render import kv_layout_hash, render
+from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
-from pd_operator.render.context import Context
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
+from support.specs import resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 MULTI_POD = next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek"))
 
 
 def layout_hash(doc: dict) -> str:
-    return kv_layout_hash(Context.of(validate(doc)))
+    return resolve(doc).layout_hash
 
 
 def changed(path: str, value) -> dict:
@@ -52,7 +52,7 @@ def changed(path: str, value) -> dict:
 
 def test_kv_layout_hash_is_on_both_roles_and_follows_what_must_match():
     base = layout_hash(load(GLM))
-    manifests = render(validate(load(GLM)))
+    manifests = render(resolve(load(GLM)))
     for obj in [*serving_sets(manifests), *of_kind(manifests, "Service")[:2]]:
         assert obj["metadata"]["labels"]["pd.serving.dev/kv-layout"] == base
     assert layout_hash(changed("spec.prefill.blockSize", 1280)) != base      # engine block 640 -> 1280
@@ -65,7 +65,7 @@ def test_kv_layout_hash_is_on_both_roles_and_follows_what_must_match():
 
 
 def test_labels_and_selectors():
-    manifests = render(validate(load(GLM)))
+    manifests = render(resolve(load(GLM)))
     for m in manifests:
         labels = m["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "pd-operator"
@@ -87,7 +87,7 @@ def test_labels_and_selectors():
 
 
 def test_apply_order():
-    kinds = [m["kind"] for m in render(validate(load(GLM)))]
+    kinds = [m["kind"] for m in render(resolve(load(GLM)))]
     order = ["PDRole", "ConfigMap", "Service", "StatefulSet", "Deployment", "NetworkPolicy",
              "PodDisruptionBudget"]
     assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == order
@@ -95,7 +95,7 @@ def test_apply_order():
 
 def test_owned_env_is_not_duplicated_by_user_defaults():
     doc = changed("spec.decode.env", [{"name": "OMP_NUM_THREADS", "value": "8"}])
-    decode = container(serving_sets(render(validate(doc)))[1])
+    decode = container(serving_sets(render(resolve(doc)))[1])
     assert [e for e in decode["env"] if e["name"] == "OMP_NUM_THREADS"] == [
         {"name": "OMP_NUM_THREADS", "value": "8"}]
 
@@ -117,7 +117,7 @@ def _run_probe(cont: dict, ordinal: int, ports: dict[str, int]) -> int:
 
 
 def test_multi_pod_probe_checks_http_on_the_leader_and_the_kv_port_elsewhere():
-    sts = next(s for s in serving_sets(render(validate(load(MULTI_POD)))) if s["spec"]["replicas"] > 1)
+    sts = next(s for s in serving_sets(render(resolve(load(MULTI_POD)))) if s["spec"]["replicas"] > 1)
     cont = container(sts)
     http_port, kv_port = cont["readinessProbe"]["exec"]["command"][3:5]
     assert (http_port, kv_port) == ("8000", "36008")  # decode rank 2 (pod 1) of TP4: 36000 + 2 * 4
@@ -143,7 +143,7 @@ def test_pods_of_a_multi_pod_instance_repel_each_other_and_keep_the_users_affini
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}
     doc["spec"]["decode"]["affinity"] = {"nodeAffinity": node_affinity}
     doc["spec"]["prefill"]["affinity"] = {"nodeAffinity": node_affinity}
-    for sts in serving_sets(render(validate(doc))):
+    for sts in serving_sets(render(resolve(doc))):
         affinity = sts["spec"]["template"]["spec"]["affinity"]
         assert affinity["nodeAffinity"] == node_affinity
         labels = sts["spec"]["template"]["metadata"]["labels"]
@@ -178,7 +178,7 @@ def _edit_kv(cont: dict, change) -> None:
 @pytest.mark.parametrize("breakage", BREAKAGES, ids=str)
 def test_checks_catch_a_broken_render(breakage, tmp_path):
     validation = validate(load(GLM))
-    manifests = copy.deepcopy(render(validation))
+    manifests = copy.deepcopy(render(validation.resolved))
     BREAKAGES[breakage](container(serving_sets(manifests)[1]))
     with pytest.raises(AssertionError):
         check_all(validation, manifests, tmp_path)
@@ -190,7 +190,7 @@ def test_probe_sidecars_read_the_pairing_the_engines_run(tmp_path):
 
     for example in VALID_EXAMPLES:
         validation = validate(load(example))
-        manifests = render(validation)
+        manifests = render(validation.resolved)
         for key, text in config_map_data(manifests).items():
             (tmp_path / key).write_text(text)
         for sts in serving_sets(manifests):
@@ -206,9 +206,9 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
     """The decode gate reads the proxy's membership (mounted where the proxy mounts it), so a prefill
     instance the membership does not list yet (not Ready after a scale-up) is no peer; without the
     proxy it links every prefill instance of the spec."""
-    from pd_operator.membership import KEY, MOUNT_DIR, document
-    from pd_operator.ports import PROBE_PORT
+    from pd_operator.proxy.membership import KEY, MOUNT_DIR, document
     from pd_operator.render.proxy import membership_data
+    from pd_operator.spec.ports import PROBE_PORT
     from pd_operator.transfer.probe import membership_peers, parser, prefill_peers
 
     def gate_peers(sts: dict, pairing: dict) -> list[str]:
@@ -224,7 +224,7 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
     for example in VALID_EXAMPLES:
         doc = load(example)
         doc["spec"]["prefill"]["replicas"] = 2
-        manifests = render(validate(doc))
+        manifests = render(resolve(doc))
         pairing = json.loads(config_map_data(manifests)["pairing.json"])
         routes = proxy_membership(manifests)
         hosts = [f"{urlsplit(u.url).hostname}:{PROBE_PORT}" for u in routes.prefill]
@@ -238,6 +238,6 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
                     assert gate_peers(sts, pairing) == want, example
 
         doc["spec"]["proxy"] = {"enabled": False}
-        for sts in serving_sets(render(validate(doc))):
+        for sts in serving_sets(render(resolve(doc))):
             if role_of(sts) == "decode":
                 assert gate_peers(sts, pairing) == hosts, example

@@ -7,10 +7,9 @@ import json
 
 from render_cases import VALID_EXAMPLES, load, of_kind, proxy_membership, role_of
 
-from pd_operator.membership import KEY, document, parse_document
+from pd_operator.proxy.membership import KEY, document, parse_document
 from pd_operator.render import proxy, render
-from pd_operator.render.context import Context
-from pd_operator.validate import validate
+from support.specs import resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 
@@ -18,7 +17,7 @@ GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 def _scaled(prefill: int, decode: int) -> list[dict]:
     doc = load(GLM)
     doc["spec"]["prefill"]["replicas"], doc["spec"]["decode"]["replicas"] = prefill, decode
-    return render(validate(doc))
+    return render(resolve(doc))
 
 
 def _proxy_deployment(manifests: list[dict]) -> dict:
@@ -38,9 +37,9 @@ def test_an_instance_count_changes_the_membership_and_not_the_proxy_deployment()
 
 
 def test_the_membership_config_map_lists_the_allowed_instances():
-    ctx = Context.of(validate(load(GLM)))
+    ctx = resolve(load(GLM))
     every = proxy.membership_config_map(ctx)
-    assert every == next(m for m in render(validate(load(GLM))) if m["kind"] == "ConfigMap"
+    assert every == next(m for m in render(resolve(load(GLM))) if m["kind"] == "ConfigMap"
                          and m["metadata"]["name"] == "glm-flash-proxy")
     doc = json.loads(proxy.membership_config_map(ctx, {"prefill": {0}, "decode": set()})["data"][KEY])
     assert doc == document([proxy.upstream(ctx, "prefill", 0)], [])

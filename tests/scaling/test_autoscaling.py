@@ -16,14 +16,14 @@ import pytest
 import yaml
 
 from pd_operator.api.types import GROUP, VERSION
-from pd_operator.controller.planner import holds
+from pd_operator.controller.diff import holds
 from pd_operator.render import render
 from pd_operator.render.proxy import members
-from pd_operator.validate import validate
 from support.cluster import ApiError, ControlPlane, service_account_user, wait_for
 from support.installed import ROOT, example, weights_claim
 from support.kube import kubectl
 from support.metrics_api import MetricsAPI
+from support.specs import resolve
 
 pytestmark = [pytest.mark.integration, pytest.mark.scaling]
 
@@ -136,7 +136,7 @@ def test_rendered_hpas_read_back_as_rendered(control_plane, namespace):
     doc["spec"]["decode"]["autoscaling"] = {
         "maxReplicas": 4, "metrics": [{"metric": "vllm:kv_cache_usage_perc", "averageValue": 0.7},
                                       {"metric": "vllm:num_requests_running", "averageValue": 2}]}
-    rendered = [m for m in render(validate(doc)) if m["kind"] == "HorizontalPodAutoscaler"]
+    rendered = [m for m in render(resolve(doc)) if m["kind"] == "HorizontalPodAutoscaler"]
     assert len(rendered) == 2
     for hpa in rendered:
         path = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"

@@ -14,10 +14,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pd_operator import serving_metrics
+from pd_operator.api import serving_metrics
 from pd_operator.render import render
 from pd_operator.render.autoscaling import quantity
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
+from support.specs import resolve
 
 pytestmark = pytest.mark.scaling
 
@@ -48,9 +49,7 @@ def autoscaling_findings(doc: dict) -> list[tuple[str, str]]:
 
 
 def hpas(doc: dict) -> dict[str, dict]:
-    validation = validate(doc)
-    assert validation.ok, [f.line() for f in validation.errors]
-    return {m["metadata"]["name"]: m for m in render(validation) if m["kind"] == "HorizontalPodAutoscaler"}
+    return {m["metadata"]["name"]: m for m in render(resolve(doc)) if m["kind"] == "HorizontalPodAutoscaler"}
 
 
 # -- the metric catalog ------------------------------------------------------------------------

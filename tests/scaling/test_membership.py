@@ -1,5 +1,5 @@
 """The pure parts of the proxy: the membership document and /pd/state formats
-(pd_operator.membership), who gets the next request (proxy/balancer.py), and the PD protocol's
+(pd_operator.proxy.membership), who gets the next request (proxy/balancer.py), and the PD protocol's
 rewrites (proxy/protocol.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from pd_operator.membership import (
+from pd_operator.proxy.balancer import COOLDOWN_S, MAX_COOLDOWN_S, Balancer
+from pd_operator.proxy.membership import (
     ProxyState,
     Upstream,
     UpstreamLoad,
@@ -18,7 +19,6 @@ from pd_operator.membership import (
     parse_state,
     state_document,
 )
-from pd_operator.proxy.balancer import COOLDOWN_S, MAX_COOLDOWN_S, Balancer
 from pd_operator.proxy.protocol import EventFramer, decode_request, patch_answer, prefill_request
 
 P0, P1 = Upstream("d-prefill-0", "http://p0:8000"), Upstream("d-prefill-1", "http://p1:8000")

@@ -35,7 +35,7 @@ import aiohttp
 import pytest
 
 from pd_operator.api.types import ROLES
-from pd_operator.membership import Upstream, document
+from pd_operator.proxy.membership import Upstream, document
 from support.fakevllm import (
     MODEL,
     WAIT_S,

@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from pd_operator.membership import Upstream, document
+from pd_operator.proxy.membership import Upstream, document
 from support.fakevllm import FakeEngine, Load, ProxyProcess, load_of, refusing_url, started, swap, until
 
 pytestmark = pytest.mark.scaling

@@ -20,8 +20,8 @@ import urllib.parse
 import pytest
 import yaml
 
+from pd_operator.api.labels import FORWARDED_REPLICAS, KV_LAYOUT
 from pd_operator.api.types import GROUP, VERSION
-from pd_operator.render.labels import FORWARDED_REPLICAS, KV_LAYOUT
 from support.cluster import ControlPlane, wait_for
 from support.installed import ROOT, condition, example, get_pdd, weights_claim
 from support.kube import kubectl

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from pd_operator.membership import ProxyState
+from pd_operator.proxy.membership import ProxyState
 from support.audit import Event
 from support.cluster import DEFAULT_NODES, ControlPlane
 from support.fakevllm import FakeEngine, Hold, Load, load_of, until

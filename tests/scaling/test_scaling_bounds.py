@@ -11,15 +11,15 @@ import pytest
 import yaml
 
 from pd_operator.api.crd import PDROLE, crd
+from pd_operator.api.labels import APPLIED_HASH, DEPLOYMENT, FORWARDED_REPLICAS, ROLE
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import ROLE_KIND, PDRole, ScalingSpec
-from pd_operator.controller import roles
-from pd_operator.controller.planner import APPLIED_HASH, plan, stamp
+from pd_operator.controller import pdroles
+from pd_operator.controller.diff import diff, stamp
 from pd_operator.render import render
-from pd_operator.render.labels import DEPLOYMENT, FORWARDED_REPLICAS, ROLE
 from pd_operator.render.proxy import members
-from pd_operator.scaling import MAX_RATIO, MAX_REPLICAS, MIN_RATIO, MIN_REPLICAS, Hold, bound, findings
-from pd_operator.validate import validate, with_instances
+from pd_operator.spec.scaling import MAX_RATIO, MAX_REPLICAS, MIN_RATIO, MIN_REPLICAS, Hold, bound, findings
+from pd_operator.spec.validate import validate, with_instances
 from support.installed import ROOT, example
 
 pytestmark = pytest.mark.scaling
@@ -122,7 +122,7 @@ def test_the_crd_has_the_scale_subresource_and_the_columns():
 
 def test_one_pdrole_per_role_named_for_it_and_valid_against_its_crd():
     validation = _validated()
-    pdroles = [m for m in render(validation) if m["kind"] == ROLE_KIND]
+    pdroles = [m for m in render(validation.resolved) if m["kind"] == ROLE_KIND]
     assert [(m["metadata"]["name"], m["spec"]) for m in pdroles] == [
         ("glm-flash-prefill", {"deployment": "glm-flash", "role": "prefill", "replicas": 1}),
         ("glm-flash-decode", {"deployment": "glm-flash", "role": "decode", "replicas": 1})]
@@ -137,7 +137,7 @@ def test_one_pdrole_per_role_named_for_it_and_valid_against_its_crd():
 
 def test_the_count_to_run_is_rendered_everywhere():
     validation = with_instances(_validated(), {"prefill": 1, "decode": 3})
-    manifests = render(validation)
+    manifests = render(validation.resolved)
     decode_sets = [m["metadata"]["name"] for m in manifests
                    if m["kind"] == "StatefulSet" and m["metadata"]["labels"][ROLE] == "decode"]
     assert decode_sets == ["glm-flash-decode-0", "glm-flash-decode-1", "glm-flash-decode-2"]
@@ -157,9 +157,9 @@ def _observed(validation, replicas: int, forwarded: str | None) -> list[dict]:
     owner = {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDDeployment",
              "metadata": {"name": "glm-flash", "namespace": "default", "uid": UID}}
     out = []
-    for m in render(validation):
-        obj = stamp(roles.applied_form(m), owner)
-        if roles.is_role(obj):
+    for m in render(validation.resolved):
+        obj = stamp(pdroles.applied_form(m), owner)
+        if pdroles.is_role(obj):
             obj["spec"]["replicas"] = replicas
             if forwarded is not None:
                 obj["metadata"]["annotations"][FORWARDED_REPLICAS] = forwarded
@@ -169,17 +169,17 @@ def _observed(validation, replicas: int, forwarded: str | None) -> list[dict]:
 
 def test_what_the_operator_applies_of_a_pdrole_never_has_replicas():
     validation = _validated()
-    (applied,) = [roles.applied_form(m) for m in render(validation) if m["kind"] == ROLE_KIND
+    (applied,) = [pdroles.applied_form(m) for m in render(validation.resolved) if m["kind"] == ROLE_KIND
                   and m["spec"]["role"] == "decode"]
     assert applied["spec"] == {"deployment": "glm-flash", "role": "decode"}
     # A scaler's spec.replicas (and the forwarded annotation) are no drift: nothing to apply.
     owner = {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDDeployment",
              "metadata": {"name": "glm-flash", "namespace": "default", "uid": UID}}
-    desired = [stamp(roles.applied_form(m), owner) for m in render(validation)]
-    result = plan(desired, _observed(validation, 5, "1"), UID)
+    desired = [stamp(pdroles.applied_form(m), owner) for m in render(validation.resolved)]
+    result = diff(desired, _observed(validation, 5, "1"), UID)
     assert result.apply == [] and result.prune == []
     # Created: the applied form plus the count, recorded as forwarded; the hash stays the applied form's.
-    created = roles.creation(desired[1], 4)
+    created = pdroles.creation(desired[1], 4)
     annotations = created["metadata"]["annotations"]
     assert created["spec"]["replicas"] == 4 and annotations[FORWARDED_REPLICAS] == "4"
     assert annotations[APPLIED_HASH] == desired[1]["metadata"]["annotations"][APPLIED_HASH]
@@ -202,7 +202,7 @@ def test_when_the_spec_count_is_forwarded(observed, forwarded, spec, autoscaled,
     validation = validate(doc)
     assert validation.ok
     children = [] if observed is None else _observed(validation, observed, forwarded)
-    ask = roles.asks(validation.deployment, children, UID)["decode"]
+    ask = pdroles.asks(validation.resolved, children, UID)["decode"]
     action = "create" if ask.create else "forward" if ask.forward else None
     assert (ask.name, (ask.requested, action)) == ("glm-flash-decode", want)
 
@@ -212,14 +212,14 @@ def test_a_foreign_pdrole_is_neither_read_nor_written():
     children = _observed(validation, 7, None)
     for c in children:
         c["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
-    ask = roles.asks(validation.deployment, children, UID)["decode"]
+    ask = pdroles.asks(validation.resolved, children, UID)["decode"]
     assert (ask.requested, ask.create, ask.forward) == (1, False, False)
 
 
 def test_pdrole_status_reports_the_count_run_and_the_hold():
-    dep = _validated().deployment
+    dep = _validated().resolved
     held = Hold("decode", MAX_REPLICAS, 5, 2)
-    first = roles.status(dep, "decode", 2, 1, 1, held, {}, 4, "2026-01-01T00:00:00Z")
+    first = pdroles.status(dep, "decode", 2, 1, 1, held, {}, 4, "2026-01-01T00:00:00Z")
     assert {k: first[k] for k in ("replicas", "readyReplicas", "draining", "selector")} == {
         "replicas": 2, "readyReplicas": 1, "draining": 1,
         "selector": "pd.serving.dev/deployment=glm-flash,pd.serving.dev/role=decode,"
@@ -229,8 +229,8 @@ def test_pdrole_status_reports_the_count_run_and_the_hold():
         "ScalingLimited", "True", "MaxReplicas", 4)
     assert "PDRole glm-flash-decode" in cond["message"]
     assert "spec.scaling.decode.maxReplicas" in cond["message"]
-    later = roles.status(dep, "decode", 2, 2, 0, held, first, 4, "2026-01-01T00:05:00Z")
+    later = pdroles.status(dep, "decode", 2, 2, 0, held, first, 4, "2026-01-01T00:05:00Z")
     assert later["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
-    freed = roles.status(dep, "decode", 5, 2, 0, None, later, 5, "2026-01-01T00:06:00Z")
+    freed = pdroles.status(dep, "decode", 5, 2, 0, None, later, 5, "2026-01-01T00:06:00Z")
     assert (freed["conditions"][0]["status"], freed["conditions"][0]["reason"],
             freed["conditions"][0]["lastTransitionTime"]) == ("False", "WithinBounds", "2026-01-01T00:06:00Z")

@@ -7,9 +7,9 @@ import copy
 
 from netpol import Pod
 
-from pd_operator.ports import PROBE_PORT, kv_handshake, side_channel
 from pd_operator.render import render
-from pd_operator.validate import Validation, validate
+from pd_operator.spec.ports import PROBE_PORT, kv_handshake, side_channel
+from pd_operator.spec.validate import Validation, validate
 
 WORKLOADS = ("StatefulSet", "Deployment")
 
@@ -40,7 +40,7 @@ def component(pod: Pod) -> str:
 
 def kv_ports(validation: Validation, role: str) -> dict[str, int]:
     """The first port of each KV-side range a pod of `role` listens on (pod 0 of the instance)."""
-    spec, plan = validation.deployment.spec, validation.pod_plans[role]
+    spec, plan = validation.deployment.spec, validation.shapes[role]
     kv_port = spec.kv_transfer.kv_port
     out = {"KV handshake": kv_handshake(kv_port, plan, 0).start,
            "KV side channel": side_channel(kv_port, plan, 0).start,
@@ -61,4 +61,4 @@ def stranger(pod: Pod, *, name: str | None = None, namespace: str | None = None,
 def validated_render(doc: dict) -> tuple[Validation, list[dict]]:
     validation = validate(doc)
     assert validation.ok, [f.line() for f in validation.errors]
-    return validation, render(validation)
+    return validation, render(validation.resolved)

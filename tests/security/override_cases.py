@@ -8,7 +8,7 @@ that each spelling here does set the owned value.
 
 from __future__ import annotations
 
-from pd_operator.owned import OWNED_FLAGS
+from pd_operator.spec.reserved import OWNED_FLAGS
 
 # A value of the right type that differs from every rendered one, per owned flag (None: no value).
 VALUES: dict[str, str | None] = {

@@ -14,7 +14,7 @@ from netpol import Pod, allowed
 from render_cases import VALID_EXAMPLES, load
 from test_render_generated import deployments
 
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
 
 ELSEWHERE = "elsewhere"
 NAMESPACES = {"default": {"kubernetes.io/metadata.name": "default"},

@@ -12,9 +12,9 @@ from override_cases import FREE_ARGS, VALUES, spellings
 from render_cases import ROOT, VALID_EXAMPLES, load, serving_sets
 from test_overrides import serving_argv
 
-from pd_operator.owned import OWNED_FLAGS, owned_flag
 from pd_operator.render import render
-from pd_operator.validate import validate
+from pd_operator.spec.reserved import OWNED_FLAGS, owned_flag
+from support.specs import resolve
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +35,7 @@ def run_vllm(argvs: list[list[str]]) -> dict:
 @pytest.fixture(scope="module")
 def parsed():
     doc = load(next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-1p1d-tp4"))
-    (decode,) = [s for s in serving_sets(render(validate(doc))) if "decode" in s["metadata"]["name"]]
+    (decode,) = [s for s in serving_sets(render(resolve(doc))) if "decode" in s["metadata"]["name"]]
     base = serving_argv(decode)
     cases = [words for flag in sorted(VALUES) for words in spellings(flag)]
     result = run_vllm([base, *([*base, *w] for w in cases), *([*base, *w] for w in FREE_ARGS)])

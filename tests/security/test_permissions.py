@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from chart_render import VALUE_SETS, rendered
 
-from pd_operator.rbac import RULES
+from pd_operator.controller.permissions import RULES
 
 ROLE_KINDS = ("ClusterRole", "Role")
 BINDING_KINDS = ("ClusterRoleBinding", "RoleBinding")

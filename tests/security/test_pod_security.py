@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from render_cases import VALID_EXAMPLES, load
 from test_render_generated import deployments
 
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
 
 
 def pod_problems(name: str, pod: dict) -> list[str]:

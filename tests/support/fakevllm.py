@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pd_operator.membership import STATE_PATH, ProxyState, Upstream, parse_state
+from pd_operator.proxy.membership import STATE_PATH, ProxyState, Upstream, parse_state
 from support.cluster import pick_port
 
 HOST = "127.0.0.1"

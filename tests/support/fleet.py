@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 
 import yaml
 
+from pd_operator.api.labels import DEPLOYMENT as DEPLOYMENT_LABEL
 from pd_operator.api.types import GROUP, PLURAL, VERSION
-from pd_operator.controller.client import CHILD_KINDS
 from pd_operator.render import render
-from pd_operator.render.labels import DEPLOYMENT as DEPLOYMENT_LABEL
-from pd_operator.validate import validate
+from pd_operator.render.kinds import CHILD_KINDS
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
 from support.installed import OperatorProcess
+from support.specs import resolve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FLEET_EXAMPLE = ROOT / "examples" / "glm-5.3-flash-1p1d-tp4.yaml"
@@ -114,7 +114,7 @@ def pods(cp: ControlPlane, namespace: str) -> dict[str, dict]:
 
 
 def expected_children(doc: dict) -> set[str]:
-    return {f"{m['kind']}/{m['metadata']['name']}" for m in render(validate(doc))}
+    return {f"{m['kind']}/{m['metadata']['name']}" for m in render(resolve(doc))}
 
 
 def problems(cp: ControlPlane, namespace: str, specs: dict[str, dict],

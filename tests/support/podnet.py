@@ -38,9 +38,9 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from pd_operator.api.labels import DEPLOYMENT, POD_INDEX, ROLE
 from pd_operator.api.types import ROLES
-from pd_operator.membership import Membership, ProxyState
-from pd_operator.render.labels import DEPLOYMENT, POD_INDEX_LABEL, ROLE
+from pd_operator.proxy.membership import Membership, ProxyState
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import members
 from support.cluster import ApiError, ControlPlane, NodePool
@@ -213,7 +213,7 @@ class Kubelet:
             role = _labels(pod).get(ROLE)
             if role == PROXY:
                 await self._proxy_pod(uid, pod, config_maps)
-            elif role in ROLES and _labels(pod).get(POD_INDEX_LABEL) == "0" and uid not in self.engines:
+            elif role in ROLES and _labels(pod).get(POD_INDEX) == "0" and uid not in self.engines:
                 (container,) = [c for c in pod["spec"]["containers"] if c.get("ports")
                                 and any(p.get("name") == "http" for p in c["ports"])]
                 engine = FakeEngine(_owner(pod, "StatefulSet"), role, host=pod["status"]["podIP"],

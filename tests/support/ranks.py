@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from pd_operator.kv.blocksize import SideLayout
-from pd_operator.kv.plan import TransferPlan
 from pd_operator.kv.simulate import UNWRITTEN, RegionKey, regions
+from pd_operator.kv.transfer_plan import TransferPlan
 from pd_operator.transfer import arena
 from pd_operator.transfer.executor import Peer, PullOptions, Regions, pull
 from pd_operator.transfer.loopback import EngineRequest, pools, prefill_ranks

@@ -1,4 +1,4 @@
-"""Small stand-ins for a vllm-ascend source tree: the files pd_operator.image_check reads (the
+"""Small stand-ins for a vllm-ascend source tree: the files pd_operator.serving_image.installed reads (the
 connector registry, MooncakeConnectorV2's package, the GLM-Next model package, _version.py), written
 here from scratch in the released layout, with or without the seed change's function."""
 

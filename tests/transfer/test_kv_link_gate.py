@@ -1,7 +1,7 @@
 """The KV-link gate with real processes: the rendered `kv-probe` command of a prefill pod and the
 rendered `kv-link` command of a decode pod run on loopback, each with its own Mooncake engine. The
 decode gate goes ready once it pulled and verified the prefill's test KV; the prefill probe is
-stopped and the gate goes not ready; the operator's pure gate (controller/rollout.py, links.py),
+stopped and the gate goes not ready; the operator's pure gate (controller/gate.py, links.py),
 given the pods with the kv-link readiness the kubelet would report, takes the decode instance out of
 the proxy's upstreams and says why in DecodeReady and status.kvLinks.
 
@@ -28,12 +28,13 @@ from controller_helpers import desired, link_down, pods_of, validated
 from controller_support import example
 from render_cases import config_map_data, role_of, serving_sets
 
-from pd_operator.controller import links, rollout
-from pd_operator.controller.status import Observed, conditions, layout_hash, status
+from pd_operator.controller import gate, links
+from pd_operator.controller.status import Observed, conditions, status
 from pd_operator.names import Names
+from pd_operator.proxy.membership import parse_document
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
-from pd_operator.render.proxy import members
+from pd_operator.render.proxy import membership_document
 from support.cluster import pick_port, wait_for
 
 pytestmark = pytest.mark.transfer
@@ -82,20 +83,14 @@ def kubelet_ready(cont: dict, port: int) -> bool:
 
 def decoder_hosts(validation, pods: list[dict]) -> list[str]:
     """The proxy's decode upstreams as the operator computes them (its membership ConfigMap)."""
-    dep = validation.deployment
-    names = Names(dep.name, dep.namespace)
-    gated, _ = rollout.gate(render(validation), pods, names,
-                            {r: validation.pod_plans[r].pods for r in ("prefill", "decode")},
-                            {r: dep.role(r).replicas for r in ("prefill", "decode")}, layout_hash(validation))
-    routes = members(next(m for m in gated if m["kind"] == "ConfigMap"
-                          and m["metadata"]["name"] == names.proxy_membership))
-    assert routes is not None
+    routable, _ = gate.routable(validation.resolved, pods)
+    routes = parse_document(membership_document(validation.resolved, routable))
     return [str(urlsplit(u.url).hostname) for u in routes.decode]
 
 
 def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
     validation = validated(example())  # GLM-5.3-Flash, prefill TP8 (blocks of 640) -> decode DP2xTP4 (1152)
-    manifests = render(validation)
+    manifests = render(validation.resolved)
     mounted = tmp_path / "etc-pd"
     mounted.mkdir()
     for key, text in config_map_data(manifests).items():
@@ -126,7 +121,7 @@ def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
         (pair,) = last["peers"]
         assert pair["errors"] == [] and pair["bytes"] > 0 and pair["gbps"] > 0
         assert decoder_hosts(validation, pods) == [names.pod_host("decode", 0, 0)]
-        linked = links.link_status(validation.deployment, pods, [], lambda pod: as_in_cluster(last), 1)
+        linked = links.link_status(validation.resolved, pods, [], lambda pod: as_in_cluster(last))
         assert [(e["prefill"], e["linked"]) for e in linked] == [("glm-flash-prefill-0", True)]
         assert linked[0]["latencyMs"] == pair["latencyMs"] > 0 and linked[0]["gbps"] == pair["gbps"] > 0
 
@@ -136,7 +131,7 @@ def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
         assert decoder_hosts(validation, down) == []  # the only decode instance left the upstreams
         body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{gate_port}/link", timeout=10).read())
         assert not body["ok"] and "cannot fetch the descriptor" in body["peers"][0]["errors"][0]
-        unlinked = links.link_status(validation.deployment, down, linked, lambda pod: as_in_cluster(body), 1)
+        unlinked = links.link_status(validation.resolved, down, linked, lambda pod: as_in_cluster(body))
         observed = Observed(children=children, pods=down, links=unlinked)
         got = {c["type"]: (c["status"], c["reason"]) for c in conditions(validation, observed, [], 1, "t")}
         assert got["DecodeReady"] == ("False", "KVLinkNotReady")

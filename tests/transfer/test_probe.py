@@ -13,7 +13,7 @@ import pytest
 
 from pd_operator.kv import presets
 from pd_operator.kv.side import Side
-from pd_operator.manifest import PairInput
+from pd_operator.spec.pairing import PairInput
 from pd_operator.transfer.probe_geometry import probe_geometry
 from support.cluster import pick_port
 

@@ -12,10 +12,10 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
-from pd_operator.images import VERSION_PATTERN as VLLM_ASCEND_VERSION
+from pd_operator.api.base import ApiModel, cel, preserve_unknown
+from pd_operator.api.serving_metrics import VllmMetric
 from pd_operator.kv.model import DType, ModelKV
-from pd_operator.schema import ApiModel, cel, preserve_unknown
-from pd_operator.serving_metrics import VllmMetric
+from pd_operator.serving_image.capabilities import VERSION_PATTERN as VLLM_ASCEND_VERSION
 
 GROUP = "pd.serving.dev"
 VERSION = "v1alpha1"

@@ -2,5 +2,5 @@
 
 Only this package imports kopf, and only `client.py` talks to the Kubernetes API. The decisions
 (what to apply or prune, the status, group restarts, the proxy's rollout gate, admission verdicts)
-are pure functions in `planner.py`, `status.py`, `restarts.py`, `rollout.py` and `admission.py`.
+are pure functions in `diff.py`, `status.py`, `restarts.py`, `gate.py` and `admission.py`.
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
 
 UPDATE_NOTE = "The update is rejected; the running deployment keeps serving its previous spec."
 

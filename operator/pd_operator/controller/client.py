@@ -1,106 +1,31 @@
-"""The only module that talks to the Kubernetes API, and the one place the operator dials a pod:
-a proxy pod's state while a removed instance drains (controller/drain.py).
+"""The only module that talks to the Kubernetes API (a proxy pod's state is read apart, in
+controller/proxy_state.py).
 
 It uses the official `kubernetes` client's ApiClient for transport (auth, TLS and kubeconfig or
 in-cluster config, the same library kopf logs in with) but sends plain JSON to explicit paths:
 server-side apply needs a raw `application/apply-patch+yaml` PATCH that the typed APIs do not
-offer per kind, and plain dicts keep the pure planner free of client models.
+offer per kind, and plain dicts keep the pure diff free of client models.
 
-Each method declares the (verb, group, resource) requests it makes with `@needs`, and every
-request is checked against its method's declaration at run time, so `needs` cannot drift from the
-code. tests/controller/test_rbac.py compares all declarations (plus FRAMEWORK, what kopf does on
-the operator's behalf) with `pd_operator.rbac.RULES` in both directions.
+Each method declares the (verb, group, resource) requests it makes with `@needs`
+(controller/permissions.py), and every request is checked against its method's declaration at run
+time, so the declarations cannot drift from the code.
 """
 
 from __future__ import annotations
 
-import contextvars
-import functools
 import json
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import kubernetes
 import urllib3
 
-from pd_operator.api.types import API_VERSION, GROUP, PLURAL, ROLE_KIND, ROLE_PLURAL, VERSION
-from pd_operator.membership import STATE_PATH, ProxyState, parse_state
+from pd_operator.api.types import API_VERSION, GROUP, PLURAL, ROLE_PLURAL, VERSION
+from pd_operator.controller.permissions import children_needs, current_needs, needs
+from pd_operator.render.kinds import api_group, resource_of
 
 FIELD_MANAGER = "pd-operator"
 TIMEOUT_S = 30
-PROXY_STATE_TIMEOUT_S = 3.0
-
-Need = tuple[str, str, str]
-"""(verb, API group, resource)."""
-
-# The kinds the renderer produces: (apiVersion, kind) -> resource (plural).
-CHILD_KINDS: dict[tuple[str, str], str] = {
-    # The roles' scale targets (render/roles.py, controller/roles.py).
-    (API_VERSION, ROLE_KIND): ROLE_PLURAL,
-    ("v1", "ConfigMap"): "configmaps",
-    ("v1", "Service"): "services",
-    ("apps/v1", "StatefulSet"): "statefulsets",
-    ("apps/v1", "Deployment"): "deployments",
-    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
-    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
-    # Gang scheduling (render/scheduling.py): only with spec.scheduling.gang, and only served where
-    # kube-apiserver enables scheduling.k8s.io/v1alpha2 or Volcano's CRD is installed.
-    ("scheduling.k8s.io/v1alpha2", "PodGroup"): "podgroups",
-    ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
-    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
-}
-
-
-def _group(api_version: str) -> str:
-    return api_version.rpartition("/")[0]
-
-
-def _version(api_version: str) -> str:
-    return api_version.rpartition("/")[2]
-
-
-CHILD_RESOURCES: list[tuple[str, str, str]] = [(_group(av), _version(av), plural)
-                                               for (av, _), plural in CHILD_KINDS.items()]
-"""(group, version, plural) of every child kind: what kopf watches and indexes."""
-CHILDREN: list[tuple[str, str]] = [(group, plural) for group, _, plural in CHILD_RESOURCES]
-
-# What kopf does on the operator's behalf with its own API client: list and watch the PDDeployments,
-# their children and pods (the handlers react to them, and the reconcile reads children and pods
-# from kopf's in-memory indexes instead of listing them), and patch the PDDeployments' annotations
-# (its progress and last-handled configuration). Login, peering and the webhook configuration are
-# the chart's.
-WATCHED: list[tuple[str, str]] = [(GROUP, PLURAL), *CHILDREN, ("", "pods")]
-FRAMEWORK: set[Need] = {
-    *((verb, group, plural) for group, plural in WATCHED for verb in ("list", "watch")),
-    ("patch", GROUP, PLURAL),
-}
-
-DECLARED: dict[str, set[Need]] = {}
-_current: contextvars.ContextVar[set[Need] | None] = contextvars.ContextVar("needs", default=None)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def needs(*requests: Need) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Declare the requests a method makes; `_request` refuses any other."""
-    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
-        DECLARED[fn.__name__] = set(requests)
-
-        @functools.wraps(fn)
-        def inner(*args: P.args, **kwargs: P.kwargs) -> R:
-            token = _current.set(set(requests))
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _current.reset(token)
-        return inner
-    return wrap
-
-
-def _children(*verbs: str) -> list[Need]:
-    return [(verb, group, plural) for verb in verbs for group, plural in CHILDREN]
 
 
 class ApiError(Exception):
@@ -112,15 +37,6 @@ class ApiError(Exception):
     def temporary(self) -> bool:
         """Conflicts, throttling, server errors and lost connections are worth a retry."""
         return self.status is None or self.status in (409, 429) or self.status >= 500
-
-
-class ProxyUnreachable(Exception):
-    """A proxy pod's state could not be read (message: why). `refused`: the pod's address answered
-    that nothing listens on the port, so no proxy process runs there to carry a request."""
-
-    def __init__(self, message: str, *, refused: bool = False) -> None:
-        super().__init__(message)
-        self.refused = refused
 
 
 class NotServed(ApiError):
@@ -138,24 +54,16 @@ def _path(api_version: str, plural: str, namespace: str, name: str | None = None
     return "/".join(p for p in (f"{root}/namespaces/{namespace}/{plural}", name, sub) if p)
 
 
-def resource_of(obj: dict) -> str:
-    try:
-        return CHILD_KINDS[(obj["apiVersion"], obj["kind"])]
-    except KeyError:
-        raise ValueError(f"{obj['apiVersion']} {obj['kind']} is not a kind the operator manages") from None
-
-
 class Client:
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.api = api
-        self._pods = urllib3.PoolManager(num_pools=4, maxsize=2)
 
     def _request(self, verb: str, api_version: str, plural: str, method: str, path: str, *,
                  query: list[tuple[str, str]] | None = None, body: Any = None,
                  content_type: str = "application/json", text: bool = False) -> Any:
         """The JSON answer (`text`: the body as a string)."""
-        allowed = _current.get() or set()
-        need = (verb, _group(api_version), plural)
+        allowed = current_needs()
+        need = (verb, api_group(api_version), plural)
         if need not in allowed:
             raise RuntimeError(f"undeclared API request {need}: add it to the method's @needs")
         try:
@@ -196,7 +104,7 @@ class Client:
 
     # -- children -----------------------------------------------------------------------------------
 
-    @needs(*_children("patch", "create"))  # an apply that creates the object is authorised as create too
+    @needs(*children_needs("patch", "create"))  # an apply that creates the object is authorised as create too
     def apply(self, manifest: dict) -> dict:
         """Server-side apply with the operator's one field manager, taking over conflicting fields."""
         meta = manifest["metadata"]
@@ -218,7 +126,7 @@ class Client:
     @needs(("create", GROUP, ROLE_PLURAL))
     def create_role(self, manifest: dict) -> dict:
         """Create a PDRole with its spec.replicas (a create, not an apply: the operator's apply never
-        owns that field, see controller/roles.py)."""
+        owns that field, see controller/pdroles.py)."""
         meta = manifest["metadata"]
         try:
             result: dict = self._request(
@@ -233,7 +141,7 @@ class Client:
 
     @needs(("patch", GROUP, ROLE_PLURAL))
     def forward_replicas(self, namespace: str, name: str, patch: dict) -> dict:
-        """Merge-patch a PDRole's spec.replicas and forwarded-replicas annotation (controller/roles.py)."""
+        """Merge-patch a PDRole's spec.replicas and forwarded-replicas annotation (controller/pdroles.py)."""
         result: dict = self._request("patch", API_VERSION, ROLE_PLURAL, "PATCH",
                                      _path(API_VERSION, ROLE_PLURAL, namespace, name),
                                      query=[("fieldManager", FIELD_MANAGER)], body=patch,
@@ -249,7 +157,7 @@ class Client:
                                      content_type="application/merge-patch+json")
         return result
 
-    @needs(*_children("delete"))
+    @needs(*children_needs("delete"))
     def delete(self, obj: dict) -> None:
         """Delete one child; the API server's garbage collector removes what it owns (its pods)."""
         meta = obj["metadata"]
@@ -315,25 +223,6 @@ class Client:
                 return None
             raise
         return data
-
-    # -- the proxy's state ----------------------------------------------------------------------------
-
-    def read_proxy_state(self, pod_ip: str, port: int) -> ProxyState:
-        """A proxy pod's answer at STATE_PATH, dialled directly (the NetworkPolicy does not select the
-        proxy, and the answer changes too fast to go through the API). Raises ProxyUnreachable."""
-        host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
-        try:
-            response = self._pods.request("GET", f"http://{host}:{port}{STATE_PATH}",
-                                          timeout=PROXY_STATE_TIMEOUT_S, retries=False)
-        except urllib3.exceptions.HTTPError as err:
-            refused = isinstance(err.__cause__, ConnectionRefusedError)
-            raise ProxyUnreachable(f"{type(err).__name__}: {err}", refused=refused) from None
-        if response.status != 200:
-            raise ProxyUnreachable(f"HTTP {response.status}")
-        try:
-            return parse_state(json.loads(response.data))
-        except ValueError as err:
-            raise ProxyUnreachable(f"unexpected answer: {err}") from None
 
     # -- events ---------------------------------------------------------------------------------------
 

@@ -28,11 +28,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pd_operator.api.types import ROLES, DrainingStatus, PDDeployment, RoleName
-from pd_operator.controller.planner import is_owned_by
+from pd_operator.api.labels import INSTANCE, ROLE
+from pd_operator.api.types import ROLES, DrainingStatus, RoleName
+from pd_operator.controller.diff import is_owned_by
 from pd_operator.controller.pods import is_terminating, label
-from pd_operator.membership import ProxyState
-from pd_operator.render.labels import INSTANCE, ROLE
+from pd_operator.proxy.membership import ProxyState
+from pd_operator.spec.validate import Resolved
 
 RECHECK_S = 2.0
 """How soon the reconcile looks again while an instance drains (proxies re-read their membership
@@ -96,7 +97,8 @@ def departing(children: Iterable[dict], owner_uid: str, counts: dict[str, int]) 
     return out
 
 
-def bound(dep: PDDeployment, role: str) -> timedelta:
+def bound(resolved: Resolved, role: str) -> timedelta:
+    dep = resolved.deployment
     if role == "decode":
         return timedelta(seconds=dep.spec.scaling.drain.decode_seconds)
     return timedelta(seconds=dep.spec.kv_transfer.timeouts.abort_request_seconds)
@@ -128,8 +130,8 @@ def _load(name: str, role: str, read: ProxyRead, version: str) -> str | None:
     return f"{' and '.join(held)} through proxy pod {read.pod}" if held else None
 
 
-def drains(dep: PDDeployment, leaving: dict[Instance, str], previous: Iterable[dict],
-           reads: list[ProxyRead] | None, version: str | None, now: datetime) -> list[Drain]:
+def drains(resolved: Resolved, leaving: dict[Instance, str], previous: Iterable[dict],
+           reads: list[ProxyRead] | None, version: str, now: datetime) -> list[Drain]:
     """The drain of every departing instance. `reads` is None when no proxy routes to the instances
     (spec.proxy.enabled false): nothing of ours sends them requests, so they go at once. `version`
     is the membership version just written."""
@@ -137,10 +139,9 @@ def drains(dep: PDDeployment, leaving: dict[Instance, str], previous: Iterable[d
     out = []
     for (role, index), name in sorted(leaving.items()):
         since = _since(previous, name, now)
-        deadline = since + bound(dep, role)
+        deadline = since + bound(resolved, role)
         waits: list[str] = []
         if reads is not None and now < deadline:
-            assert version is not None, "a proxy that is enabled has a membership"
             waits = [w for read in reads if (w := _load(name, role, read, version))]
         out.append(Drain(name, role, index, since, deadline, tuple(waits),
                          timed_out=reads is not None and now >= deadline))

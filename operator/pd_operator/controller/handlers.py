@@ -13,13 +13,14 @@ from typing import Any
 
 import kopf
 
+from pd_operator.api.labels import DEPLOYMENT
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller import admission
-from pd_operator.controller.client import CHILD_RESOURCES, ApiError
+from pd_operator.controller.client import ApiError
 from pd_operator.controller.reconcile import InvalidSpec
 from pd_operator.controller.runner import Runner, index_id
 from pd_operator.controller.webhook import WEBHOOK_ID, WebhookHealth
-from pd_operator.render.labels import DEPLOYMENT
+from pd_operator.render.kinds import CHILD_RESOURCES
 
 RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
 

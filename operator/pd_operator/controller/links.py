@@ -10,7 +10,7 @@ round, which it prints as one JSON line; the operator reads that line through th
 (`pods/log`, tailLines 1) only when a link changes state, so a steady deployment costs no request.
 
 A decode instance is linked when every one of its pods exists and has a ready `kv-link`; the
-proxy routes only to linked decode instances (controller/rollout.py) and DecodeReady says which
+proxy routes only to linked decode instances (controller/gate.py) and DecodeReady says which
 are not.
 """
 
@@ -19,10 +19,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-from pd_operator.api.types import PDDeployment
 from pd_operator.controller.pods import by_instance
-from pd_operator.names import Names
 from pd_operator.render.kv_probe import CONTAINER
+from pd_operator.spec.validate import Resolved
 
 LINK_CONTAINER = CONTAINER["decode"]
 
@@ -80,12 +79,11 @@ def _entry(decode: str, prefill: str, linked: bool, figures: Mapping | None) -> 
     return out
 
 
-def link_status(dep: PDDeployment, pods: list[dict], previous: list[dict], read: RoundReader,
-                expected_pods: int) -> list[dict]:
+def link_status(resolved: Resolved, pods: list[dict], previous: list[dict], read: RoundReader) -> list[dict]:
     """One entry per (decode instance, prefill instance): linked, and the figures of the gate round
     that last changed it. An entry whose state did not change is carried over as it was, so a
     steady deployment's status does not move and nothing is read."""
-    names = Names(dep.name, dep.namespace)
+    dep, names, expected_pods = resolved.deployment, resolved.names, resolved.shapes["decode"].pods
     before = {(e.get("decode"), e.get("prefill")): e for e in previous}
     groups = by_instance(pods)
     out = []

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import kopf
 import prometheus_client
 
+from pd_operator.api.labels import FINALIZER
 from pd_operator.api.types import GROUP
 from pd_operator.controller import handlers, logs, webhook
 from pd_operator.controller.client import Client, connect
@@ -102,7 +103,7 @@ def settings_for(options: Options, workdir: pathlib.Path, client: Client | None 
     """kopf's settings; `client` and `health` serve the webhook (required unless --no-webhook)."""
     settings = kopf.OperatorSettings()
     # Everything kopf writes onto objects carries the operator's own prefix.
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.enabled = False  # the reconcile posts its own events, only on transitions

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pd_operator.render.labels import INSTANCE, KV_LAYOUT, ROLE
+from pd_operator.api.labels import INSTANCE, KV_LAYOUT, ROLE
 
 
 def is_ready(pod: dict) -> bool:

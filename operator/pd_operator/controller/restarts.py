@@ -25,13 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from pd_operator.api.labels import GROUP_RESTART_DELETED, GROUP_RESTARTS
 from pd_operator.controller.pods import has_failed, is_terminating
 
 # The pod label naming its StatefulSet revision (k8s.io/api: apps/v1/types.go
 # ControllerRevisionHashLabelKey @ v0.36.3).
 REVISION = "controller-revision-hash"
-HISTORY = "pd.serving.dev/group-restarts"
-DELETED = "pd.serving.dev/group-restart-deleted"
 WINDOW = timedelta(minutes=10)
 LIMIT = 3
 """At most LIMIT group restarts of one instance per WINDOW; after that it stays Degraded."""
@@ -50,7 +49,7 @@ class Decision:
     """The uids of `pods` (restart) to record, so a stale view of them is never restarted again."""
 
     def annotations(self) -> dict[str, str]:
-        return {HISTORY: ",".join(self.history), DELETED: ",".join(self.deleted_uids)}
+        return {GROUP_RESTARTS: ",".join(self.history), GROUP_RESTART_DELETED: ",".join(self.deleted_uids)}
     """Restart times within the window, including a new one when action is restart."""
 
 
@@ -65,7 +64,7 @@ def _parse(times: str) -> list[datetime]:
 
 
 def recent_restarts(stateful_set: dict, now: datetime) -> list[datetime]:
-    raw = (stateful_set["metadata"].get("annotations") or {}).get(HISTORY, "")
+    raw = (stateful_set["metadata"].get("annotations") or {}).get(GROUP_RESTARTS, "")
     return [t for t in _parse(raw) if now - t < WINDOW]
 
 
@@ -74,7 +73,8 @@ def decide(stateful_set: dict, pods: list[dict], now: datetime) -> Decision:
     name = stateful_set["metadata"]["name"]
     if (stateful_set.get("spec") or {}).get("replicas", 1) <= 1:
         return Decision(name, "none")  # a single pod restarts fine on its own
-    deleted = set((stateful_set["metadata"].get("annotations") or {}).get(DELETED, "").split(","))
+    annotations = stateful_set["metadata"].get("annotations") or {}
+    deleted = set(annotations.get(GROUP_RESTART_DELETED, "").split(","))
     live = [p for p in pods if not is_terminating(p) and p["metadata"].get("uid") not in deleted]
     failed = tuple(sorted(p["metadata"]["name"] for p in live if has_failed(p)))
     if not failed:

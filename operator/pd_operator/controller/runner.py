@@ -28,10 +28,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pd_operator.controller.client import ApiError, Client
+from pd_operator.controller.diff import Key
+from pd_operator.controller.diff import key as child_key
 from pd_operator.controller.metrics import Metrics
-from pd_operator.controller.planner import Key
-from pd_operator.controller.planner import key as child_key
 from pd_operator.controller.pods import has_failed, is_terminating
+from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.controller.reconcile import InvalidSpec, Outcome, reconcile
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Runner:
     def __init__(self, client: Client, metrics: Metrics, *, debounce_s: float = 0.2,
                  drift_interval_s: float = 30.0) -> None:
         self.client = client
+        self.proxies = ProxyStateReader()
         self.metrics = metrics
         self.debounce_s = debounce_s
         self.drift_interval_s = drift_interval_s
@@ -129,7 +131,7 @@ class Runner:
                     return None
                 children, pods = self._snapshot(key)
                 seen_failed = set(self._failed.get(key, {}))
-                outcome = await asyncio.to_thread(reconcile, self.client, body, children, pods)
+                outcome = await asyncio.to_thread(reconcile, self.client, self.proxies, body, children, pods)
                 self._remember(key, outcome, since)
                 for uid in seen_failed:
                     self._failed.get(key, {}).pop(uid, None)

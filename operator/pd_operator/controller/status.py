@@ -14,12 +14,9 @@ from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, unschedulable
 from pd_operator.controller.restarts import Decision
 from pd_operator.findings import Finding
-from pd_operator.names import Names
-from pd_operator.render import kv_layout_hash, scheduling
-from pd_operator.render.context import Context
-from pd_operator.render.proxy import members as proxy_members
-from pd_operator.scaling import Bounded
-from pd_operator.validate import Validation
+from pd_operator.render import Routable, scheduling
+from pd_operator.spec.scaling import Bounded
+from pd_operator.spec.validate import Resolved, Validation
 
 TYPES = ("KVCompatible", "PrefillReady", "DecodeReady", "ProxyReady", "Ready",
          "Progressing", "Degraded", "GangScheduling", "ScalingLimited")
@@ -112,6 +109,8 @@ class Observed:
     """The roles' requested and effective instance counts (None: every role runs its spec's count)."""
     draining: list[dict] | None = None
     """status.draining as controller/drain.py made it (None: not computed, keep the previous)."""
+    routable: Routable | None = None
+    """The instances the proxy's membership lists, as written (controller/gate.py)."""
 
 
 @dataclass(frozen=True)
@@ -143,20 +142,12 @@ def shape(dep: PDDeployment, role: str) -> str:
     return "x".join(parts)
 
 
-def layout_hash(validation: Validation) -> str | None:
-    return kv_layout_hash(Context.of(validation)) if validation.ok else None
-
-
-def ready_counts(validation: Validation, observed: Observed) -> dict[str, int]:
+def ready_counts(resolved: Resolved, observed: Observed) -> dict[str, int]:
     """Per role: instances whose pods are all Ready on the wanted KV layout."""
-    wanted = layout_hash(validation)
-    if wanted is None:
-        return dict.fromkeys(ROLES, 0)
     groups = by_instance(observed.pods)
-    dep = validation.deployment
-    assert dep is not None
-    return {role: sum(1 for i in range(dep.role(role).replicas)
-                      if instance_ready(groups.get((role, i), []), validation.pod_plans[role].pods, wanted))
+    return {role: sum(1 for i in range(resolved.role(role).replicas)
+                      if instance_ready(groups.get((role, i), []), resolved.shapes[role].pods,
+                                        resolved.layout_hash))
             for role in ROLES}
 
 
@@ -177,17 +168,16 @@ def _kv_condition(validation: Validation) -> _Cond:
                  f"{d.engine_block_size} tokens pair through {report.segment_tokens}-token segments.")
 
 
-def _unlinked(dep: PDDeployment, pods: list[dict]) -> list[str]:
+def _unlinked(resolved: Resolved, pods: list[dict]) -> list[str]:
     """Decode instances with a pod whose KV-link gate does not pass."""
     groups = by_instance(pods)
-    names = Names(dep.name, dep.namespace)
-    return [names.instance("decode", i) for i in range(dep.spec.decode.replicas)
+    return [resolved.names.instance("decode", i) for i in range(resolved.role("decode").replicas)
             if any(not link_ready(p) for p in groups.get(("decode", i), []))]
 
 
-def _role_condition(dep: PDDeployment, role: str, ready: int, pods: list[dict]) -> _Cond:
+def _role_condition(resolved: Resolved, role: str, ready: int, pods: list[dict]) -> _Cond:
     kind = f"{role.capitalize()}Ready"
-    want = dep.role(role).replicas
+    want = resolved.role(role).replicas
     if want == 0:
         return _Cond(kind, True, "ScaledToZero", f"The {role} role runs no instances.")
     if ready >= want:
@@ -200,7 +190,7 @@ def _role_condition(dep: PDDeployment, role: str, ready: int, pods: list[dict]) 
         return _Cond(kind, False, "Unschedulable",
                      f"{ready} of {want} {role} instances are ready; pod {name}{more} cannot be "
                      f"scheduled: {why}")
-    unlinked = _unlinked(dep, pods) if role == "decode" else []
+    unlinked = _unlinked(resolved, pods) if role == "decode" else []
     if unlinked:
         return _Cond(kind, False, "KVLinkNotReady",
                      f"{ready} of {want} decode instances are ready; {', '.join(unlinked)} cannot yet (or no "
@@ -218,17 +208,16 @@ def _deployment_ready(obj: dict | None) -> tuple[int, int]:
     return (obj.get("status") or {}).get("readyReplicas") or 0, (obj.get("spec") or {}).get("replicas", 1)
 
 
-def _proxy_condition(dep: PDDeployment, observed: Observed) -> _Cond:
-    if not dep.spec.proxy.enabled:
+def _proxy_condition(resolved: Resolved, observed: Observed) -> _Cond:
+    if not resolved.deployment.spec.proxy.enabled:
         return _Cond("ProxyReady", True, "Disabled", "spec.proxy.enabled is false.")
-    routes = _child(observed, "ConfigMap", Names(dep.name, dep.namespace).proxy_membership)
-    listed = proxy_members(routes) if routes is not None else None
-    if listed is not None and (missing := [role for role in ROLES if not listed.role(role)]):
+    listed = observed.routable
+    if listed is not None and (missing := [role for role in ROLES if not listed[role]]):
         return _Cond("ProxyReady", False, "NoUpstreams",
                      f"The proxy has no {' and no '.join(missing)} instance it may route to yet (an instance "
                      "joins once all its pods are Ready, a decode instance once its KV link works too); "
                      "it answers 503 until it has.")
-    ready, want = _deployment_ready(_child(observed, "Deployment", f"{dep.name}-proxy"))
+    ready, want = _deployment_ready(_child(observed, "Deployment", resolved.names.proxy))
     if ready >= want:
         return _Cond("ProxyReady", True, "ProxyAvailable", f"{ready} proxy pods are ready.")
     return _Cond("ProxyReady", False, "ProxyNotReady", f"{ready} of {want} proxy pods are ready.")
@@ -260,9 +249,8 @@ def _degraded(observed: Observed) -> _Cond:
     return _Cond("Degraded", False, "AsExpected", "Nothing is degraded.")
 
 
-def _gang_condition(validation: Validation, observed: Observed) -> _Cond:
-    dep = validation.deployment
-    assert dep is not None
+def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
+    dep = resolved.deployment
     gang = dep.spec.scheduling.gang
     if observed.unserved is not None and observed.unserved.get("kind") == "PodGroup":
         api = observed.unserved["apiVersion"]
@@ -271,8 +259,8 @@ def _gang_condition(validation: Validation, observed: Observed) -> _Cond:
                      f"serve ({observed.unserved_error}); it needs {scheduling.NEEDS.get(api, api)}. The "
                      "instances' StatefulSets are not applied until then; or set spec.scheduling.gang "
                      "to none.")
-    multi = [(role, validation.pod_plans[role].pods) for role in ROLES
-             if dep.role(role).replicas and validation.pod_plans[role].multi_pod]
+    multi = [(role, resolved.shapes[role].pods) for role in ROLES
+             if dep.role(role).replicas and resolved.shapes[role].multi_pod]
     if gang == "none":
         if not multi:
             return _Cond("GangScheduling", True, "SinglePodInstances",
@@ -292,25 +280,24 @@ def _gang_condition(validation: Validation, observed: Observed) -> _Cond:
                          f"enable the {scheduling.TOPOLOGY_GATE} feature gate on kube-apiserver and "
                          "kube-scheduler, or set spec.placement.gangTopology to false.")
     which = "Volcano" if gang == "volcano" else "kube-scheduler"
-    sizes = ", ".join(f"{role} {validation.pod_plans[role].pods}" for role in ROLES
+    sizes = ", ".join(f"{role} {resolved.shapes[role].pods}" for role in ROLES
                       if dep.role(role).replicas)
     return _Cond("GangScheduling", True, "PodGroups",
                  f"Each instance is one {which} PodGroup of all its pods ({sizes or 'no instances'}): the "
                  "scheduler binds all of an instance's pods or none.")
 
 
-def _scaling_condition(dep: PDDeployment, observed: Observed) -> _Cond:
+def _scaling_condition(resolved: Resolved, observed: Observed) -> _Cond:
     holds = observed.scaling.holds if observed.scaling is not None else []
     if not holds:
         return _Cond("ScalingLimited", False, "WithinBounds",
                      "Each role runs the instances its PDRole asks for.")
-    names = Names(dep.name, dep.namespace)
     return _Cond("ScalingLimited", True, holds[0].bound,
-                 " ".join(f"PDRole {names.role(h.role)}: {h.message()}" for h in holds))
+                 " ".join(f"PDRole {resolved.names.role(h.role)}: {h.message()}" for h in holds))
 
 
 def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> list[_Cond]:
-    if not validation.ok:
+    if validation.resolved is None:
         text = _errors_text(validation.errors)
         return [_Cond("Ready", False, validation.errors[0].code if validation.errors else "InvalidSpec",
                       f"The spec is invalid; the children of the last valid spec are unchanged. {text}"),
@@ -332,19 +319,19 @@ def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> 
 
 
 def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
-    dep = validation.deployment
+    resolved = validation.resolved
     kv = _kv_condition(validation)
-    if dep is None or not validation.ok:
+    if resolved is None:
         return [kv, *_summary(validation, [], observed), _degraded(observed)]
-    ready = ready_counts(validation, observed)
-    parts = [_role_condition(dep, role, ready[role], observed.pods) for role in ROLES]
-    parts.append(_proxy_condition(dep, observed))
-    gang = _gang_condition(validation, observed)
+    ready = ready_counts(resolved, observed)
+    parts = [_role_condition(resolved, role, ready[role], observed.pods) for role in ROLES]
+    parts.append(_proxy_condition(resolved, observed))
+    gang = _gang_condition(resolved, observed)
     # Only a PodGroup kind the cluster lacks stops the apply (and so the instances); the other
     # GangScheduling states are advice.
     blocking = [gang] if observed.unserved is not None and gang.reason == "GangUnavailable" else []
     return [kv, *parts, *_summary(validation, [*blocking, *parts], observed), _degraded(observed), gang,
-            _scaling_condition(dep, observed)]
+            _scaling_condition(resolved, observed)]
 
 
 def _status_word(ok: bool | None) -> str:
@@ -376,16 +363,16 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
     out = dict(previous)
     out["observedGeneration"] = generation
     out["conditions"] = conditions(validation, observed, previous.get("conditions") or [], generation, now)
-    dep, report = validation.deployment, validation.report
-    if not validation.ok or dep is None or report is None:
+    resolved = validation.resolved
+    if resolved is None:
         return out
-    ready = ready_counts(validation, observed)
+    dep = resolved.deployment
+    ready = ready_counts(resolved, observed)
     for role in ROLES:
         out[role] = _role_status(dep, role, ready[role])
-    p, d = report.prefill_layout, report.decode_layout
-    assert p is not None and d is not None
-    out["kvLayout"] = {"prefillBlockSize": p.engine_block_size, "decodeBlockSize": d.engine_block_size,
-                       "segmentTokens": report.segment_tokens, "hash": layout_hash(validation)}
+    out["kvLayout"] = {"prefillBlockSize": resolved.engine_block_size("prefill"),
+                       "decodeBlockSize": resolved.engine_block_size("decode"),
+                       "segmentTokens": resolved.report.segment_tokens, "hash": resolved.layout_hash}
     if observed.links is not None:
         out["kvLinks"] = observed.links
     if observed.draining:

@@ -15,8 +15,8 @@ from pd_operator.kv.blocksize import SideLayout, side_layout, vllm_block_size
 from pd_operator.kv.dtypes import canonical_dtype
 from pd_operator.kv.model import IndexerGroup
 from pd_operator.kv.pages import LayoutError, StateGroupLayout, TailGroupLayout, c8_packed
-from pd_operator.kv.plan import PlanError, TransferPlan, plan_transfer
 from pd_operator.kv.side import Side
+from pd_operator.kv.transfer_plan import PlanError, TransferPlan, plan_transfer
 
 # vllm-ascend's push-mode connector (V1): it maps unequal logical blocks at kernel granularity, but
 # only splits state from a larger prefill TP into a smaller decode TP.

@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from pd_operator.api.base import ApiModel
 from pd_operator.kv.dtypes import DTYPES, dtype_bytes
-from pd_operator.schema import ApiModel
 
 
 def _known_dtype(name: str) -> str:

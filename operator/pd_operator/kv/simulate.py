@@ -20,7 +20,7 @@ import numpy as np
 
 from pd_operator.kv.blocksize import SideLayout
 from pd_operator.kv.pages import StateGroupLayout, TailGroupLayout, TokenGroupLayout
-from pd_operator.kv.plan import TransferPlan, pp_stage
+from pd_operator.kv.transfer_plan import TransferPlan, pp_stage
 
 RegionKey = tuple[str, str, int]
 """(group, component, group-local layer); state groups use the component `state`, tails `tail`."""

@@ -6,7 +6,7 @@ examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py @ v0.30.0
 - membership that survives a restart: the script takes its upstreams in argv and changes them only
   through /instances/add and /instances/remove (since v0.13.0), held in the process alone, so a
   restarted proxy pod routes to its argv again; pd-proxy reads a mounted membership file
-  (pd_operator.membership) and follows it while it runs;
+  (pd_operator.proxy.membership) and follows it while it runs;
 - what each upstream still carries: the script exposes one global request count and drops a
   removed instance only once the whole proxy is idle; pd-proxy answers /pd/state with the requests
   in flight per upstream and, per prefill instance, those whose decode has not yet pulled the KV,

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pd_operator.api.types import ROLES
-from pd_operator.membership import Membership, ProxyState, Upstream, UpstreamLoad
+from pd_operator.proxy.membership import Membership, ProxyState, Upstream, UpstreamLoad
 
 COOLDOWN_S = 2.0
 MAX_COOLDOWN_S = 30.0

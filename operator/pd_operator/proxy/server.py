@@ -5,7 +5,7 @@ Membership: the file is polled (content, not mtime: the kubelet replaces a proje
 swapping a symlink); a missing or malformed file keeps the last good membership. New requests go
 only to current members; a request already in flight to an instance that left finishes there.
 
-Accounting (GET /pd/state, pd_operator.membership.ProxyState): per upstream name, the calls in
+Accounting (GET /pd/state, pd_operator.proxy.membership.ProxyState): per upstream name, the calls in
 flight, and per prefill member the requests whose decode has not sent its first byte yet. The first
 byte, not the response headers: a streaming answer's headers can leave before the engine has even
 scheduled the request, while any body byte follows the first token, which decode produces only
@@ -44,8 +44,8 @@ import aiohttp
 from aiohttp import web
 
 from pd_operator.api.types import ROLES
-from pd_operator.membership import KEY, MOUNT_DIR, STATE_PATH, Upstream, parse_document, state_document
 from pd_operator.proxy.balancer import Awaiting, Balancer
+from pd_operator.proxy.membership import KEY, MOUNT_DIR, STATE_PATH, Upstream, parse_document, state_document
 from pd_operator.proxy.protocol import (
     EventFramer,
     cached_tokens,
@@ -414,7 +414,7 @@ class Proxy:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pd-proxy", description=__doc__.split("\n\n")[0])
     p.add_argument("--membership", type=Path, default=Path(MOUNT_DIR) / KEY,
-                   help="the membership file (pd_operator.membership.document), re-read while running")
+                   help="the membership file (pd_operator.proxy.membership.document), re-read while running")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-retries", type=int, default=3,

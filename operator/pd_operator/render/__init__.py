@@ -1,7 +1,7 @@
 """Render a validated PDDeployment into the Kubernetes objects that run it: pure, no I/O, no clock.
 
-`render(validation)` returns the manifests in apply order: the roles' PDRoles (what scalers scale,
-see render/roles.py), the serving and proxy ConfigMaps,
+`render(resolved, routable=...)` returns the manifests in apply order: the roles' PDRoles (what scalers scale,
+see render/pdroles.py), the serving and proxy ConfigMaps,
 Services, the PodGroups that gang-schedule the instances (spec.scheduling.gang), the serving
 StatefulSets, the proxy, the NetworkPolicy, the PodDisruptionBudgets and the roles' HPAs. PodGroups
 come before the StatefulSets: when the cluster lacks their API, the apply stops before any pod is
@@ -16,24 +16,23 @@ import json
 from pd_operator.api.types import ROLES
 from pd_operator.render import proxy, scheduling, serving_config
 from pd_operator.render.autoscaling import autoscalers
-from pd_operator.render.context import Context, NotRenderable
-from pd_operator.render.labels import kv_layout_hash
+from pd_operator.render.pdroles import pd_role
 from pd_operator.render.policy import disruption_budget, network_policy
-from pd_operator.render.roles import pd_role
+from pd_operator.render.proxy import Routable
 from pd_operator.render.workloads import headless_service, stateful_set
-from pd_operator.validate import Validation
+from pd_operator.spec.validate import Resolved
 
-__all__ = ["NotRenderable", "kv_layout_hash", "render"]
+__all__ = ["Routable", "render"]
 
 
-def render(validation: Validation) -> list[dict]:
-    ctx = Context.of(validation)
-    proxy_on = ctx.dep.spec.proxy.enabled
+def render(ctx: Resolved, routable: Routable | None = None) -> list[dict]:
+    """`routable`: the instances the proxy's membership lists (controller/gate.py); None: every one."""
+    proxy_on = ctx.deployment.spec.proxy.enabled
     instances = ctx.instances()
     out: list[dict] = [pd_role(ctx, role) for role in ROLES]
     out.append(serving_config.config_map(ctx))
     if proxy_on:
-        out.append(proxy.membership_config_map(ctx))
+        out.append(proxy.membership_config_map(ctx, routable))
     out += [headless_service(ctx, role, i) for role, i in instances]
     if proxy_on:
         out.append(proxy.service(ctx))

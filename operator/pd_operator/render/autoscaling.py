@@ -5,15 +5,15 @@ the PDRole's scale subresource is the role's instance count, which the operator 
 instances and drains. Its selector picks one pod per instance, the leader that serves vLLM's /metrics,
 so a `Pods` metric averages over instances, which is what the targets are in. Each target is a
 `Pods` metric of the custom metrics API under the name the adapter publishes
-(pd_operator.serving_metrics).
+(pd_operator.api.serving_metrics).
 """
 
 from __future__ import annotations
 
-from pd_operator import serving_metrics
+from pd_operator.api import serving_metrics
 from pd_operator.api.types import API_VERSION, AutoscalingSpec, ScalingRule
-from pd_operator.render.context import Context
 from pd_operator.render.labels import metadata
+from pd_operator.spec.validate import Resolved
 
 HPA_API_VERSION = "autoscaling/v2"
 SCALE_TARGET_KIND = "PDRole"
@@ -48,7 +48,7 @@ def _behavior(spec: AutoscalingSpec) -> dict:
     return {direction: rule for direction, rule in out.items() if rule}
 
 
-def horizontal_pod_autoscaler(ctx: Context, role: str) -> dict:
+def horizontal_pod_autoscaler(ctx: Resolved, role: str) -> dict:
     spec = ctx.role(role).autoscaling
     assert spec is not None, "only roles with autoscaling get an HPA"
     metrics = [{"type": "Pods", "pods": {
@@ -68,6 +68,6 @@ def horizontal_pod_autoscaler(ctx: Context, role: str) -> dict:
     return out
 
 
-def autoscalers(ctx: Context) -> list[dict]:
+def autoscalers(ctx: Resolved) -> list[dict]:
     return [horizontal_pod_autoscaler(ctx, role) for role in ("prefill", "decode")
             if ctx.role(role).autoscaling is not None]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
-from pd_operator.owned import PREFIX_CACHING_OFF
-from pd_operator.ports import DP_RPC_PORT
-from pd_operator.preflight import POD_INDEX_ENV, ROLE_OF
-from pd_operator.render.context import Context
+from pd_operator.preflight.checks import POD_INDEX_ENV, ROLE_OF
+from pd_operator.spec.ports import DP_RPC_PORT
+from pd_operator.spec.reserved import PREFIX_CACHING_OFF
+from pd_operator.spec.validate import Resolved
 
 PREFLIGHT_COMMAND = "pd-preflight"  # console script of this package, installed in the serving image
 CONFIG_DIR = "/etc/pd"
@@ -25,8 +25,8 @@ CONFIG_DIR = "/etc/pd"
 # prefix caching off for hybrid models and refuses extraArgs that turn it back on.
 
 
-def kv_transfer_config(ctx: Context, role: str, index: int) -> dict:
-    spec = ctx.dep.spec
+def kv_transfer_config(ctx: Resolved, role: str, index: int) -> dict:
+    spec = ctx.deployment.spec
     kv = spec.kv_transfer
     prefill, decode = spec.prefill, spec.decode
     config: dict = {
@@ -45,10 +45,10 @@ def kv_transfer_config(ctx: Context, role: str, index: int) -> dict:
     return config
 
 
-def serve_argv(ctx: Context, role: str, index: int) -> list[str]:
+def serve_argv(ctx: Resolved, role: str, index: int) -> list[str]:
     """The argv every pod of the instance shares; per-pod flags are added by `pod_command`."""
-    spec = ctx.dep.spec
-    side, plan = ctx.role(role), ctx.plans[role]
+    spec = ctx.deployment.spec
+    side, plan = ctx.role(role), ctx.shapes[role]
     argv = ["vllm", "serve", spec.model.name,
             "--served-model-name", spec.model.served_model_name or spec.model.name,
             "--host", "0.0.0.0", "--port", str(spec.serving_port),
@@ -76,14 +76,14 @@ def preflight_config_path(role: str) -> str:
     return f"{CONFIG_DIR}/preflight-{role}.json"
 
 
-def pod_command(ctx: Context, role: str, index: int) -> list[str]:
+def pod_command(ctx: Resolved, role: str, index: int) -> list[str]:
     """The container command: `pd-preflight` checks the pod against the rendered pairing, then
     execs `vllm serve`. In a multi-pod instance all pods share one template, so a short shell
     prelude first appends the flags that depend on the pod's ordinal (downward API, PD_POD_INDEX):
     the DP start rank and the non-leaders' --headless. The argv reaches the shell as its positional
     parameters ("$@"), never as script text, so the JSON argument needs no quoting."""
     argv = [PREFLIGHT_COMMAND, "--config", preflight_config_path(role), "--", *serve_argv(ctx, role, index)]
-    plan = ctx.plans[role]
+    plan = ctx.shapes[role]
     if not plan.multi_pod:
         return argv
     steps = ["set -e",

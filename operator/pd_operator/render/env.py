@@ -6,12 +6,12 @@ collide; a user value for a default replaces the default.
 
 from __future__ import annotations
 
-from pd_operator import images
-from pd_operator.owned import DEFAULT_ENV
-from pd_operator.ports import HANDSHAKE_RPC
+from pd_operator.api.labels import POD_INDEX
 from pd_operator.render.command import POD_INDEX_ENV
-from pd_operator.render.context import Context
-from pd_operator.render.labels import POD_INDEX_LABEL
+from pd_operator.serving_image import capabilities
+from pd_operator.spec.ports import HANDSHAKE_RPC
+from pd_operator.spec.reserved import DEFAULT_ENV
+from pd_operator.spec.validate import Resolved
 
 # The pod's network interface for HCCL, gloo and torch (facts.md section 2). Pod network: eth0.
 POD_INTERFACE = "eth0"
@@ -25,13 +25,13 @@ def _field(name: str, path: str) -> dict:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def owned_env(ctx: Context) -> list[dict]:
-    kv = ctx.dep.spec.kv_transfer
+def owned_env(ctx: Resolved) -> list[dict]:
+    kv = ctx.deployment.spec.kv_transfer
     timeouts = kv.timeouts
-    caps = images.of_image(ctx.dep.spec.image)
+    caps = capabilities.of_image(ctx.deployment.spec.image)
     assert caps is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     out = [
-        _value("VLLM_USE_V2_MODEL_RUNNER", images.model_runner_env(caps, ctx.model)),
+        _value("VLLM_USE_V2_MODEL_RUNNER", capabilities.model_runner_env(caps, ctx.model)),
         # vLLM would guess the default-route IP; HCCL needs the same address.
         _field("VLLM_HOST_IP", "status.podIP"),
         _field("HCCL_IF_IP", "status.podIP"),
@@ -45,7 +45,7 @@ def owned_env(ctx: Context) -> list[dict]:
         # mooncake-transfer-engine/src/transport/ascend_transport/ascend_direct_transport).
         _value("ASCEND_TRANSFER_TIMEOUT", timeouts.transfer_ms),
         _value("ASCEND_CONNECT_TIMEOUT", timeouts.connect_ms),
-        _field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX_LABEL}']"),
+        _field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX}']"),
     ]
     return out
 
@@ -59,7 +59,7 @@ def _user(env) -> dict:
     return out
 
 
-def container_env(ctx: Context, role: str) -> list[dict]:
+def container_env(ctx: Resolved, role: str) -> list[dict]:
     user = ctx.role(role).env
     given = {e.name for e in user}
     defaults = [_value(k, v) for k, v in DEFAULT_ENV.items() if k not in given]

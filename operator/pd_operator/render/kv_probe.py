@@ -19,10 +19,10 @@ Without the proxy (spec.proxy.enabled false) the gate links every prefill instan
 
 from __future__ import annotations
 
-from pd_operator.membership import KEY, MOUNT_DIR
-from pd_operator.ports import HANDSHAKE_RPC, PROBE_PORT, PROBE_READY_PATH
+from pd_operator.proxy.membership import KEY, MOUNT_DIR
 from pd_operator.render import proxy, serving_config
-from pd_operator.render.context import Context
+from pd_operator.spec.ports import HANDSHAKE_RPC, PROBE_PORT, PROBE_READY_PATH
+from pd_operator.spec.validate import Resolved
 
 PROBE_COMMAND = "pd-kv-probe"  # console script of this package, installed in the serving image
 CONTAINER = {"prefill": "kv-probe", "decode": "kv-link"}
@@ -30,11 +30,11 @@ PORT_NAME = "kv-probe"
 GATE_PERIOD = 30
 
 
-def _gated_by_membership(ctx: Context, role: str) -> bool:
-    return role == "decode" and ctx.dep.spec.proxy.enabled
+def _gated_by_membership(ctx: Resolved, role: str) -> bool:
+    return role == "decode" and ctx.deployment.spec.proxy.enabled
 
 
-def probe_argv(ctx: Context, role: str) -> list[str]:
+def probe_argv(ctx: Resolved, role: str) -> list[str]:
     common = ["--config", serving_config.PAIRING_PATH, "--port", str(PROBE_PORT)]
     if role == "prefill":
         return [PROBE_COMMAND, "serve", *common]
@@ -42,7 +42,7 @@ def probe_argv(ctx: Context, role: str) -> list[str]:
     return [PROBE_COMMAND, "gate", *common, *members, "--every", str(GATE_PERIOD)]
 
 
-def volumes(ctx: Context, role: str) -> list[dict]:
+def volumes(ctx: Resolved, role: str) -> list[dict]:
     """Pod volumes the sidecar needs besides the serving ConfigMap (the pod mounts that anyway)."""
     return [proxy.membership_volume(ctx)[0]] if _gated_by_membership(ctx, role) else []
 
@@ -55,8 +55,8 @@ def readiness(role: str) -> dict:
             "failureThreshold": 1}
 
 
-def sidecar(ctx: Context, role: str) -> dict:
-    spec = ctx.dep.spec
+def sidecar(ctx: Resolved, role: str) -> dict:
+    spec = ctx.deployment.spec
     return {
         "name": CONTAINER[role],
         "image": spec.image.name,

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import re
 
+from pd_operator.api.labels import HOSTNAME
 from pd_operator.api.types import HostMountsSpec
-from pd_operator.ports import PROBE_RANGE, pod_ports
 from pd_operator.render import kv_probe, scheduling, serving_config
 from pd_operator.render.command import pod_command
-from pd_operator.render.context import Context
 from pd_operator.render.env import container_env
 from pd_operator.render.labels import labels, selector
 from pd_operator.render.probes import probes
 from pd_operator.render.resources import resources
+from pd_operator.spec.ports import PROBE_RANGE, pod_ports
+from pd_operator.spec.validate import Resolved
 
 # Host files the Ascend runtime needs inside the container, by node generation, with the device
 # plugin handing out the NPUs themselves (vllm-ascend: docs/source/installation.md and the
@@ -36,13 +37,12 @@ HOST_MOUNTS: dict[str, tuple[tuple[str, str], ...]] = {
 SHM_SIZE = "32Gi"  # vLLM's worker processes exchange tensors through /dev/shm
 TERMINATION_GRACE_SECONDS = 60
 PORT_NAMES = {"HTTP": "http", "DP RPC": "dp-rpc"}
-HOSTNAME = "kubernetes.io/hostname"  # the well-known node label, one value per node
 
 
-def container_ports(ctx: Context, role: str) -> list[dict]:
+def container_ports(ctx: Resolved, role: str) -> list[dict]:
     """Every port of the port plan that vLLM binds in some pod of the instance (the pods share one
     template)."""
-    plan, spec = ctx.plans[role], ctx.dep.spec
+    plan, spec = ctx.shapes[role], ctx.deployment.spec
     seen: dict[int, str | None] = {}
     for ordinal in range(plan.pods):
         for rng in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal):
@@ -68,8 +68,8 @@ def _volume_name(path: str) -> str:
     return ("host-" + "-".join(filter(None, re.split(r"[^a-z0-9]+", path.lower()))))[:63].rstrip("-")
 
 
-def _volumes(ctx: Context, role: str) -> tuple[list[dict], list[dict]]:
-    weights = ctx.dep.spec.model.weights
+def _volumes(ctx: Resolved, role: str) -> tuple[list[dict], list[dict]]:
+    weights = ctx.deployment.spec.model.weights
     config_volume, config_mount = serving_config.volume(ctx)
     volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
                            config_volume]
@@ -90,8 +90,8 @@ def _volumes(ctx: Context, role: str) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
-def serving_container(ctx: Context, role: str, index: int, mounts: list[dict]) -> dict:
-    spec, side = ctx.dep.spec, ctx.role(role)
+def serving_container(ctx: Resolved, role: str, index: int, mounts: list[dict]) -> dict:
+    spec, side = ctx.deployment.spec, ctx.role(role)
     return {
         "name": "vllm",
         "image": spec.image.name,
@@ -99,7 +99,7 @@ def serving_container(ctx: Context, role: str, index: int, mounts: list[dict]) -
         "command": pod_command(ctx, role, index),
         "env": container_env(ctx, role),
         "ports": container_ports(ctx, role),
-        "resources": resources(side.resources, side.npu_resource_name, ctx.plans[role].npus_per_pod),
+        "resources": resources(side.resources, side.npu_resource_name, ctx.shapes[role].npus_per_pod),
         "volumeMounts": mounts,
         **probes(ctx, role),
         # The device plugin grants the NPUs: no privileged mode, no extra capabilities, and no
@@ -108,21 +108,21 @@ def serving_container(ctx: Context, role: str, index: int, mounts: list[dict]) -
     }
 
 
-def affinity(ctx: Context, role: str, index: int) -> dict | None:
+def affinity(ctx: Resolved, role: str, index: int) -> dict | None:
     """The user's affinity, plus for an instance of several pods a required anti-affinity that puts
     each of its pods on a node of its own: `npusPerNode` is a node's NPU count, and the ranks of a
     multi-node engine (external DP) are planned one pod per node. Without it the scheduler may
     pack two pods onto a node with NPUs to spare (an A3 node of 16 for pods of 8). Then the network
     domain terms of spec.placement (render/scheduling.py)."""
     out = json.loads(json.dumps(ctx.role(role).affinity or {}))
-    if ctx.plans[role].multi_pod:
+    if ctx.shapes[role].multi_pod:
         anti = out.setdefault("podAntiAffinity", {})
         anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
             {"labelSelector": {"matchLabels": selector(ctx, role, index)}, "topologyKey": HOSTNAME})
     return dict(scheduling.add_placement(ctx, role, index, out)) or None
 
 
-def pod_template(ctx: Context, role: str, index: int) -> dict:
+def pod_template(ctx: Resolved, role: str, index: int) -> dict:
     side = ctx.role(role)
     volumes, mounts = _volumes(ctx, role)
     containers = [serving_container(ctx, role, index, mounts),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from pd_operator.render.context import Context
-from pd_operator.render.labels import COMPONENT, DEPLOYMENT, metadata, selector
+from pd_operator.api.labels import COMPONENT, DEPLOYMENT
+from pd_operator.render.labels import metadata, selector
+from pd_operator.spec.validate import Resolved
 
 ISOLATED = ("prefill", "decode")
 
 
-def network_policy(ctx: Context) -> dict:
+def network_policy(ctx: Resolved) -> dict:
     """Serving pods accept any port from this PDDeployment's own pods, and only the
     HTTP serving port from other pods of the namespace.
 
@@ -19,11 +20,11 @@ def network_policy(ctx: Context) -> dict:
     namespace (not just the proxy) so in-namespace clients and metric scrapers can reach engines.
     The proxy is not selected: how it is exposed is the cluster owner's choice.
     """
-    own = {"podSelector": {"matchLabels": {DEPLOYMENT: ctx.dep.name}}}
-    http = {"protocol": "TCP", "port": ctx.dep.spec.serving_port}
+    own = {"podSelector": {"matchLabels": {DEPLOYMENT: ctx.deployment.name}}}
+    http = {"protocol": "TCP", "port": ctx.deployment.spec.serving_port}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": metadata(ctx, ctx.names.network_policy, None),
-            "spec": {"podSelector": {"matchLabels": {DEPLOYMENT: ctx.dep.name},
+            "spec": {"podSelector": {"matchLabels": {DEPLOYMENT: ctx.deployment.name},
                                      "matchExpressions": [{"key": COMPONENT, "operator": "In",
                                                            "values": list(ISOLATED)}]},
                      "policyTypes": ["Ingress"],
@@ -31,7 +32,7 @@ def network_policy(ctx: Context) -> dict:
                                  {"from": [{"podSelector": {}}], "ports": [http]}]}}
 
 
-def disruption_budget(ctx: Context, role: str) -> dict:
+def disruption_budget(ctx: Resolved, role: str) -> dict:
     """At most one serving pod of a role down through voluntary disruptions at a time.
 
     maxUnavailable 1 rather than 0: 0 would block every node drain until someone deletes the

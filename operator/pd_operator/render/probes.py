@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from pd_operator.ports import kv_handshake
 from pd_operator.render.command import POD_INDEX_ENV
-from pd_operator.render.context import Context
+from pd_operator.spec.ports import kv_handshake
+from pd_operator.spec.validate import Resolved
 
 HEALTH_PATH = "/health"
 PERIOD = 10
@@ -35,20 +35,21 @@ else:
 """
 
 
-def ordinal_check_ports(ctx: Context, role: str) -> list[int]:
+def ordinal_check_ports(ctx: Resolved, role: str) -> list[int]:
     """The port each pod of an instance is probed on, by ordinal."""
-    plan, kv_port = ctx.plans[role], ctx.dep.spec.kv_transfer.kv_port
-    return [ctx.dep.spec.serving_port, *(kv_handshake(kv_port, plan, o).start for o in range(1, plan.pods))]
+    plan, kv_port = ctx.shapes[role], ctx.deployment.spec.kv_transfer.kv_port
+    return [ctx.deployment.spec.serving_port,
+            *(kv_handshake(kv_port, plan, o).start for o in range(1, plan.pods))]
 
 
-def _handler(ctx: Context, role: str) -> dict:
-    if not ctx.plans[role].multi_pod:
+def _handler(ctx: Resolved, role: str) -> dict:
+    if not ctx.shapes[role].multi_pod:
         return {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
     ports = [str(p) for p in ordinal_check_ports(ctx, role)]
     return {"exec": {"command": ["python3", "-c", _ORDINAL_CHECK, *ports]}}
 
 
-def probes(ctx: Context, role: str) -> dict:
+def probes(ctx: Resolved, role: str) -> dict:
     handler = _handler(ctx, role)
     startup_limit = ctx.role(role).startup_timeout_seconds
     return {

@@ -1,21 +1,21 @@
 """The routing proxy: `pd-proxy` (pd_operator.proxy) sends each request to a prefill instance,
 then to a decode instance with the returned kv_transfer_params (facts.md section 2).
 
-Which instances it routes to lives in the ConfigMap `<name>-proxy` (pd_operator.membership), not
+Which instances it routes to lives in the ConfigMap `<name>-proxy` (pd_operator.proxy.membership), not
 in the pod template: the proxy re-reads the mounted file, so a scale event or a gate (KV link,
-layout roll; controller/rollout.py) changes the ConfigMap only and the Deployment never rolls.
+layout roll; controller/gate.py) changes the ConfigMap only and the Deployment never rolls.
 """
 
 from __future__ import annotations
 
 import json
 
-from pd_operator import membership
 from pd_operator.api.types import ROLES
-from pd_operator.membership import KEY, MOUNT_DIR, Membership, Upstream, parse_document
-from pd_operator.render.context import Context
+from pd_operator.proxy import membership
+from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, parse_document
 from pd_operator.render.labels import labels, metadata, selector
 from pd_operator.render.resources import resources
+from pd_operator.spec.validate import Resolved
 
 COMPONENT = "proxy"
 HEALTH_PATH = "/healthcheck"
@@ -25,23 +25,36 @@ LIVE_PATH = membership.STATE_PATH
 VOLUME = "membership"
 
 
-def upstream(ctx: Context, role: str, index: int) -> Upstream:
+def upstream(ctx: Resolved, role: str, index: int) -> Upstream:
     """An instance as the proxy reaches it: its leader pod's stable DNS name and serving port."""
     return Upstream(ctx.names.instance(role, index),
-                    f"http://{ctx.names.pod_host(role, index, 0)}:{ctx.dep.spec.serving_port}")
+                    f"http://{ctx.names.pod_host(role, index, 0)}:{ctx.deployment.spec.serving_port}")
 
 
-def membership_config_map(ctx: Context, allowed: dict[str, set[int]] | None = None) -> dict:
-    """The ConfigMap listing the instances the proxy may route to (None: every instance of both
-    roles)."""
-    wanted = allowed if allowed is not None else {role: set(range(ctx.role(role).replicas)) for role in ROLES}
-    doc = membership.document(*([upstream(ctx, role, i) for i in sorted(wanted[role])] for role in ROLES))
+Routable = dict[str, set[int]]
+"""Per role, the indexes of the instances the proxy may route to."""
+
+
+def membership_document(ctx: Resolved, routable: Routable | None = None) -> dict:
+    """The membership listing `routable` (None: every instance of both roles)."""
+    wanted = routable if routable is not None else {role: set(range(n)) for role, n in ctx.replicas().items()}
+    return membership.document(*([upstream(ctx, role, i) for i in sorted(wanted[role])] for role in ROLES))
+
+
+def membership_version(ctx: Resolved, routable: Routable | None = None) -> str:
+    """The version of the membership document listing `routable`: what the proxy pods report back
+    once they route by it (controller/drain.py)."""
+    return str(membership_document(ctx, routable)["version"])
+
+
+def membership_config_map(ctx: Resolved, routable: Routable | None = None) -> dict:
+    """The ConfigMap the proxy reads its membership from."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": metadata(ctx, ctx.names.proxy_membership, COMPONENT),
-            "data": membership_data(doc)}
+            "data": membership_data(membership_document(ctx, routable))}
 
 
-def membership_volume(ctx: Context) -> tuple[dict, dict]:
+def membership_volume(ctx: Resolved) -> tuple[dict, dict]:
     """(the pod volume, the container mount) of the membership ConfigMap: the proxy routes by it,
     and the decode pods' KV-link gates link exactly the prefill instances it lists
     (render/kv_probe.py). A whole-directory mount: the kubelet updates it in place (a subPath mount
@@ -63,22 +76,22 @@ def members(config_map: dict) -> Membership | None:
         return None
 
 
-def proxy_argv(ctx: Context) -> list[str]:
+def proxy_argv(ctx: Resolved) -> list[str]:
     return ["pd-proxy", "--membership", f"{MOUNT_DIR}/{KEY}", "--host", "0.0.0.0",
-            "--port", str(ctx.dep.spec.proxy.port)]
+            "--port", str(ctx.deployment.spec.proxy.port)]
 
 
-def service(ctx: Context) -> dict:
+def service(ctx: Resolved) -> dict:
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": metadata(ctx, ctx.names.proxy, COMPONENT),
             "spec": {"selector": selector(ctx, COMPONENT),
-                     "ports": [{"name": "http", "port": ctx.dep.spec.proxy.port, "targetPort": "http",
+                     "ports": [{"name": "http", "port": ctx.deployment.spec.proxy.port, "targetPort": "http",
                                 "protocol": "TCP"}]}}
 
 
-def deployment(ctx: Context) -> dict:
+def deployment(ctx: Resolved) -> dict:
     """The same for every instance count and gate: what to route to is in the ConfigMap."""
-    spec = ctx.dep.spec
+    spec = ctx.deployment.spec
     volume, mount = membership_volume(ctx)
     container = {
         "name": "proxy",

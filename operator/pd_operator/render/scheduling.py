@@ -13,7 +13,7 @@ scheduler then binds all of them or none, and a half-placed instance never holds
   `spec.schedulingGroup.podGroupName` (k8s.io/api: core/v1/types.go PodSchedulingGroup @ v0.36.3).
   Its spec is immutable (k8s.io/kubernetes: pkg/scheduler/framework/plugins/gangscheduling/
   gangscheduling.go @ v1.36.3: "PodGroups are immutable"), so its name carries a digest of the spec:
-  a new pod count is a new PodGroup, and the planner prunes the old one.
+  a new pod count is a new PodGroup, and the diff prunes the old one.
 
 Placement by network domain (`spec.placement.domainLabel`) is pod affinity, which every scheduler
 honours: all pods of an instance in the domain of its first pod (required), decode near prefill and
@@ -25,8 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from pd_operator.render.context import Context
-from pd_operator.render.labels import INSTANCE, VOLCANO_GROUP, metadata, selector
+from pd_operator.api.labels import INSTANCE, VOLCANO_GROUP
+from pd_operator.render.labels import metadata, selector
+from pd_operator.spec.validate import Resolved
 
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 KUBE_API = "scheduling.k8s.io/v1alpha2"
@@ -56,16 +57,16 @@ def _digest(spec: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def _kube_spec(ctx: Context, role: str) -> dict:
-    spec: dict = {"schedulingPolicy": {"gang": {"minCount": ctx.plans[role].pods}}}
-    placement = ctx.dep.spec.placement
+def _kube_spec(ctx: Resolved, role: str) -> dict:
+    spec: dict = {"schedulingPolicy": {"gang": {"minCount": ctx.shapes[role].pods}}}
+    placement = ctx.deployment.spec.placement
     if placement.gang_topology and placement.domain_label:
         spec["schedulingConstraints"] = {"topology": [{"key": placement.domain_label}]}
     return spec
 
 
-def _volcano_spec(ctx: Context, role: str) -> dict:
-    plan, side, scheduling = ctx.plans[role], ctx.role(role), ctx.dep.spec.scheduling
+def _volcano_spec(ctx: Resolved, role: str) -> dict:
+    plan, side, scheduling = ctx.shapes[role], ctx.role(role), ctx.deployment.spec.scheduling
     spec: dict = {"minMember": plan.pods,
                   "minResources": {side.npu_resource_name: plan.pods * plan.npus_per_pod}}
     if scheduling.queue:
@@ -75,9 +76,9 @@ def _volcano_spec(ctx: Context, role: str) -> dict:
     return spec
 
 
-def pod_group_name(ctx: Context, role: str, index: int) -> str | None:
+def pod_group_name(ctx: Resolved, role: str, index: int) -> str | None:
     """The PodGroup the instance's pods belong to (None without gang scheduling)."""
-    gang = ctx.dep.spec.scheduling.gang
+    gang = ctx.deployment.spec.scheduling.gang
     if gang == "kubernetes":
         return ctx.names.pod_group(role, index, _digest(_kube_spec(ctx, role)))
     if gang == "volcano":
@@ -85,25 +86,25 @@ def pod_group_name(ctx: Context, role: str, index: int) -> str | None:
     return None
 
 
-def pod_group(ctx: Context, role: str, index: int) -> dict | None:
+def pod_group(ctx: Resolved, role: str, index: int) -> dict | None:
     """One instance's PodGroup, or None with gang `none`."""
     name = pod_group_name(ctx, role, index)
     if name is None:
         return None
-    kube = ctx.dep.spec.scheduling.gang == "kubernetes"
+    kube = ctx.deployment.spec.scheduling.gang == "kubernetes"
     return {"apiVersion": KUBE_API if kube else VOLCANO_API, "kind": "PodGroup",
             "metadata": metadata(ctx, name, role, index),
             "spec": _kube_spec(ctx, role) if kube else _volcano_spec(ctx, role)}
 
 
-def pod_annotations(ctx: Context, role: str, index: int) -> dict[str, str]:
+def pod_annotations(ctx: Resolved, role: str, index: int) -> dict[str, str]:
     name = pod_group_name(ctx, role, index)
-    return {VOLCANO_GROUP: name} if name and ctx.dep.spec.scheduling.gang == "volcano" else {}
+    return {VOLCANO_GROUP: name} if name and ctx.deployment.spec.scheduling.gang == "volcano" else {}
 
 
-def pod_spec_fields(ctx: Context, role: str, index: int) -> dict:
+def pod_spec_fields(ctx: Resolved, role: str, index: int) -> dict:
     """schedulerName, priorityClassName and the in-tree PodGroup reference, where set."""
-    scheduling = ctx.dep.spec.scheduling
+    scheduling = ctx.deployment.spec.scheduling
     out: dict = {}
     scheduler = scheduling.scheduler_name or (VOLCANO_SCHEDULER if scheduling.gang == "volcano" else None)
     if scheduler:
@@ -123,20 +124,20 @@ def _term(match_labels: dict[str, str], topology_key: str, expressions: list[dic
     return {"labelSelector": labels, "topologyKey": topology_key}
 
 
-def add_placement(ctx: Context, role: str, index: int, affinity: dict) -> dict:
+def add_placement(ctx: Resolved, role: str, index: int, affinity: dict) -> dict:
     """`affinity` (already the user's terms plus the operator's, a private copy) with the network
     domain terms of spec.placement added."""
-    domain = ctx.dep.spec.placement.domain_label
+    domain = ctx.deployment.spec.placement.domain_label
     if domain is None:
         return affinity
-    if ctx.plans[role].multi_pod:
+    if ctx.shapes[role].multi_pod:
         # The first pod of an instance matches its own term, so the scheduler lets it pick the
         # domain (k8s.io/kubernetes: pkg/scheduler/framework/plugins/interpodaffinity/filtering.go
         # satisfyPodAffinity @ v1.36.3); the others must join it.
         affinity.setdefault("podAffinity", {}).setdefault(
             "requiredDuringSchedulingIgnoredDuringExecution", []).append(
             _term(selector(ctx, role, index), domain))
-    if role == "decode" and ctx.dep.spec.prefill.replicas > 0:
+    if role == "decode" and ctx.deployment.spec.prefill.replicas > 0:
         affinity.setdefault("podAffinity", {}).setdefault(
             "preferredDuringSchedulingIgnoredDuringExecution", []).append(
             {"weight": NEAR_PREFILL_WEIGHT, "podAffinityTerm": _term(selector(ctx, "prefill"), domain)})

@@ -1,7 +1,7 @@
 """The ConfigMap every serving pod mounts at /etc/pd: what its start-up checks compare against.
 
 - `preflight-<role>.json`: the pairing as the operator rendered it for that role
-  (`pd_operator.preflight.PreflightConfig`); `pd-preflight` reads it before it execs `vllm serve`.
+  (`pd_operator.preflight.checks.PreflightConfig`); `pd-preflight` reads it before it execs `vllm serve`.
 - `pairing.json`: a PDDeployment manifest with the model's resolved KV description inline, from
   which both KV-link probe sides (`pd-kv-probe serve|gate --config`) derive the pairing's real run
   geometry, and the decode side its prefill peers. The kubelet refreshes a mounted ConfigMap in
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 
-from pd_operator import images
 from pd_operator.api.types import ROLES
-from pd_operator.ports import PROBE_RANGE, pod_ports
-from pd_operator.preflight import PreflightConfig
+from pd_operator.preflight.checks import PreflightConfig
 from pd_operator.render.command import CONFIG_DIR, preflight_config_path
-from pd_operator.render.context import Context
 from pd_operator.render.labels import metadata
+from pd_operator.serving_image import capabilities
+from pd_operator.spec.ports import PROBE_RANGE, pod_ports
+from pd_operator.spec.validate import Resolved
 
 PAIRING_KEY = "pairing.json"
 PAIRING_PATH = f"{CONFIG_DIR}/{PAIRING_KEY}"
@@ -29,9 +29,9 @@ def preflight_key(role: str) -> str:
     return preflight_config_path(role).rsplit("/", 1)[1]
 
 
-def preflight_config(ctx: Context, role: str) -> PreflightConfig:
-    side, plan, spec = ctx.role(role), ctx.plans[role], ctx.dep.spec
-    image = images.of_image(spec.image)
+def preflight_config(ctx: Resolved, role: str) -> PreflightConfig:
+    side, plan, spec = ctx.role(role), ctx.shapes[role], ctx.deployment.spec
+    image = capabilities.of_image(spec.image)
     assert image is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     ports = [sorted(p for r in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal)
                     if r.name != PROBE_RANGE for p in range(r.start, r.end))
@@ -51,10 +51,10 @@ PAIRING_ONLY = {"prefill": {"replicas"}}
 """...and of prefill its replicas (the decode gates' peers)."""
 
 
-def pairing_manifest(ctx: Context) -> dict:
+def pairing_manifest(ctx: Resolved) -> dict:
     """The deployment reduced to what the probes read, with the model's KV description resolved (a
     preset stays a preset), so the probe needs no ConfigMap read to rebuild the pairing."""
-    spec = ctx.dep.spec
+    spec = ctx.deployment.spec
     model = spec.model.model_dump(by_alias=True, exclude_none=True, mode="json",
                                   exclude={"hf_config", "hf_config_map", "kv"})
     if spec.model.preset is None:
@@ -63,14 +63,14 @@ def pairing_manifest(ctx: Context) -> dict:
                                              include=PAIRING_SHAPE | PAIRING_ONLY.get(role, set()))
              for role in ROLES}
     kv = {"connector": spec.kv_transfer.connector, "kvPort": spec.kv_transfer.kv_port}
-    return {"apiVersion": ctx.dep.api_version, "kind": ctx.dep.kind,
-            "metadata": {"name": ctx.dep.name, "namespace": ctx.dep.namespace},
+    return {"apiVersion": ctx.deployment.api_version, "kind": ctx.deployment.kind,
+            "metadata": {"name": ctx.deployment.name, "namespace": ctx.deployment.namespace},
             "spec": {"model": model, "kvTransfer": kv,
                      "image": spec.image.model_dump(by_alias=True, exclude_none=True, mode="json"),
                      "servingPort": spec.serving_port, **roles}}
 
 
-def config_map(ctx: Context) -> dict:
+def config_map(ctx: Resolved) -> dict:
     data = {preflight_key(role): preflight_config(ctx, role).model_dump_json(by_alias=True) + "\n"
             for role in ROLES}
     data[PAIRING_KEY] = json.dumps(pairing_manifest(ctx), indent=2, sort_keys=True) + "\n"
@@ -78,7 +78,7 @@ def config_map(ctx: Context) -> dict:
             "metadata": metadata(ctx, ctx.names.serving_config, None), "data": data}
 
 
-def volume(ctx: Context) -> tuple[dict, dict]:
+def volume(ctx: Resolved) -> tuple[dict, dict]:
     """(the pod volume, the container mount) of the ConfigMap."""
     return ({"name": VOLUME, "configMap": {"name": ctx.names.serving_config}},
             {"name": VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})

@@ -8,12 +8,12 @@ to recreate the whole group the way LWS's RecreateGroupOnPodRestart does (facts.
 
 from __future__ import annotations
 
-from pd_operator.render.context import Context
 from pd_operator.render.labels import metadata, selector
 from pd_operator.render.pod import pod_template
+from pd_operator.spec.validate import Resolved
 
 
-def headless_service(ctx: Context, role: str, index: int) -> dict:
+def headless_service(ctx: Resolved, role: str, index: int) -> dict:
     name = ctx.names.instance(role, index)
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": metadata(ctx, name, role, index),
@@ -21,16 +21,16 @@ def headless_service(ctx: Context, role: str, index: int) -> dict:
                      # DP ranks must resolve the leader while every pod is still loading (not ready).
                      "publishNotReadyAddresses": True,
                      "selector": selector(ctx, role, index),
-                     "ports": [{"name": "http", "port": ctx.dep.spec.serving_port,
+                     "ports": [{"name": "http", "port": ctx.deployment.spec.serving_port,
                                 "targetPort": "http", "protocol": "TCP"}]}}
 
 
-def stateful_set(ctx: Context, role: str, index: int) -> dict:
+def stateful_set(ctx: Resolved, role: str, index: int) -> dict:
     name = ctx.names.instance(role, index)
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": metadata(ctx, name, role, index),
             "spec": {"serviceName": name,
-                     "replicas": ctx.plans[role].pods,
+                     "replicas": ctx.shapes[role].pods,
                      # All ranks of an engine start together; ordered start would deadlock the
                      # leader waiting for ranks that are not created yet.
                      "podManagementPolicy": "Parallel",

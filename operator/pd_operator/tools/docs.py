@@ -12,9 +12,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from pd_operator import images, serving_metrics
+from pd_operator.api import serving_metrics
 from pd_operator.api.crd import KINDS, openapi_schema
 from pd_operator.findings import CATALOG
+from pd_operator.serving_image import capabilities
 
 API_DOC = Path("docs/api.md")
 README = Path("README.md")
@@ -99,48 +100,49 @@ def conditions_table() -> str:
 
 
 def images_table() -> str:
-    """What each serving image serves, from pd_operator.images (the contract tier checks that table
-    against each release's source)."""
+    """What each serving image serves, from pd_operator.serving_image.capabilities (the contract tier
+    checks that table against each release's source)."""
     def since(key: str, value: str) -> str:
-        return next(r.version for r in images.RELEASES.values() if value in getattr(r, key))
+        return next(r.version for r in capabilities.RELEASES.values() if value in getattr(r, key))
 
     rows = ["| serving image | MooncakeConnectorV2 | GLM-Next (GLM-5.3-Flash) | unequal engine blocks "
             "(P=TP8 -> D=DP2xTP4) | unequal kernel blocks | int8 KV cache | hybrid block rule planned "
             "| why |",
             "|---|---|---|---|---|---|---|---|"]
-    cases = [(f"`quay.io/ascend/vllm-ascend:v{v}` (and `-a3`, ...)", images.capabilities("", v, False))
-             for v in images.RELEASES]
-    newest = list(images.RELEASES)[-1]
-    cases.append((f"images/vllm-ascend build (`{newest}` + PR #{images.SEED_PULL_REQUEST}; "
+    cases = [(f"`quay.io/ascend/vllm-ascend:v{v}` (and `-a3`, ...)", capabilities.capabilities("", v, False))
+             for v in capabilities.RELEASES]
+    newest = list(capabilities.RELEASES)[-1]
+    cases.append((f"images/vllm-ascend build (`{newest}` + PR #{capabilities.SEED_PULL_REQUEST}; "
                   f"`vllmAscendVersion: {newest}`, `seedChange: true`)",
-                  images.capabilities("", newest, True)))
+                  capabilities.capabilities("", newest, True)))
     for name, caps in cases:
         assert caps is not None
-        v2 = images.CONNECTOR_V2 in caps.connectors
-        glm = images.GLM_NEXT in caps.families
-        on_v2 = caps.runs_on_model_runner_v2(images.GLM_NEXT)
+        v2 = capabilities.CONNECTOR_V2 in caps.connectors
+        glm = capabilities.GLM_NEXT in caps.families
+        on_v2 = caps.runs_on_model_runner_v2(capabilities.GLM_NEXT)
         why = []
         if not v2:
-            first = since("connectors", images.CONNECTOR_V2)
-            why.append(f"{images.CONNECTOR_V2} is registered from {first}; "
-                       f"{images.CONNECTOR_V1} pairs equal blocks only")
+            first = since("connectors", capabilities.CONNECTOR_V2)
+            why.append(f"{capabilities.CONNECTOR_V2} is registered from {first}; "
+                       f"{capabilities.CONNECTOR_V1} pairs equal blocks only")
         else:
-            why.append(f"{images.CONNECTOR_V2} pairs unequal engine blocks kernel block by kernel block")
+            why.append(f"{capabilities.CONNECTOR_V2} pairs unequal engine blocks kernel block by kernel "
+                       "block")
         if not glm:
-            why.append(f"GLM-Next model code arrives in {since('families', images.GLM_NEXT)}")
+            why.append(f"GLM-Next model code arrives in {since('families', capabilities.GLM_NEXT)}")
         elif on_v2:
             why.append("the seed change runs GLM-Next PD on Model Runner V2")
         else:
             why.append("vllm-ascend runs GLM-Next on Model Runner V1 (its default; its GLM-5.3-Flash guide)")
-        why.append(f"{images.SEED_FUNCTION} (token runs between unequal kernel blocks) "
+        why.append(f"{capabilities.SEED_FUNCTION} (token runs between unequal kernel blocks) "
                    + ("comes with the seed change" if caps.seed_change else "is in no release"))
-        release = images.RELEASES[caps.vllm_ascend_version]
+        release = capabilities.RELEASES[caps.vllm_ascend_version]
         if not release.int8_kv_cache:
-            first_int8 = next(r.version for r in images.RELEASES.values() if r.int8_kv_cache)
+            first_int8 = next(r.version for r in capabilities.RELEASES.values() if r.int8_kv_cache)
             why.append(f"--kv-cache-dtype int8 is accepted from {first_int8}")
         if not release.block_rule_modelled:
             why.append("hybrid models other than GLM-Next, and an int8/fp8 GLM-Next cache, get another "
-                       f"engine block than {images.MODELLED_BLOCK_RULE}'s rule "
+                       f"engine block than {capabilities.MODELLED_BLOCK_RULE}'s rule "
                        "(refused: ImageBlockRuleUnmodelled)")
         glm_cell = f"yes, on Model Runner {'V2' if on_v2 else 'V1'}" if glm else "no"
         rows.append(f"| {name} | {'yes' if v2 else 'no'} | {glm_cell} | {'yes' if v2 else 'no'} | "

@@ -25,8 +25,8 @@ from typing import Protocol
 
 import numpy as np
 
-from pd_operator.kv.plan import RunSet, TransferPlan
 from pd_operator.kv.simulate import RegionKey
+from pd_operator.kv.transfer_plan import RunSet, TransferPlan
 
 Regions = Mapping[RegionKey, tuple[int, int]]
 """(group, component, layer) -> (registered base address, bytes) on one rank."""

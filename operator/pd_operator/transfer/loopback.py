@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pd_operator.kv.blocksize import SideLayout
-from pd_operator.kv.plan import (
+from pd_operator.kv.simulate import regions
+from pd_operator.kv.transfer_plan import (
     DEFAULT_STATE_SLOT,
     TransferPlan,
     blocks_needed,
     plan_transfer,
     synthetic_blocks,
 )
-from pd_operator.kv.simulate import regions
 from pd_operator.transfer import arena
 from pd_operator.transfer.ranks import Request
 

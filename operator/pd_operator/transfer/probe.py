@@ -42,10 +42,10 @@ import yaml
 from pd_operator.kv import presets
 from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
 from pd_operator.kv.simulate import UNWRITTEN, regions
-from pd_operator.manifest import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
-from pd_operator.membership import parse_document
 from pd_operator.names import Names
-from pd_operator.ports import PROBE_PORT, PROBE_READY_PATH
+from pd_operator.proxy.membership import parse_document
+from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
+from pd_operator.spec.ports import PROBE_PORT, PROBE_READY_PATH
 from pd_operator.transfer import arena
 from pd_operator.transfer.engine import Engine, EngineError, open_engine
 from pd_operator.transfer.executor import Peer, pull

@@ -7,8 +7,9 @@ GLM-Next has vllm-ascend model code only from 0.28.0rc1 and runs there on Model 
 0.30.0rc2 GLM-5.3-Flash guide sets VLLM_USE_V2_MODEL_RUNNER=0); Model Runner V2 for GLM-Next and
 the token-run transfer between unequal kernel blocks (`_compute_cross_tp_runs`) come with the seed.
 
-One record serves three readers: validate.py refuses pairings the image cannot serve, render/env.py
-takes the model-runner flag from it, and the pod's preflight (pd_operator.image_check) compares the
+One record serves three readers: spec/validate.py refuses pairings the image cannot serve, render/env.py
+takes the model-runner flag from it, and the pod's preflight (pd_operator.serving_image.installed) compares
+the
 installed vllm-ascend with the same record. tests/contract checks every row against vllm-ascend's
 released source, so the table cannot drift from what a release registers.
 """
@@ -21,11 +22,11 @@ from typing import Protocol
 
 from pydantic import Field
 
+from pd_operator.api.base import ApiModel
 from pd_operator.findings import Finding
 from pd_operator.kv.dtypes import canonical_dtype
 from pd_operator.kv.model import IndexerGroup, ModelKV
 from pd_operator.kv.pages import C8_DTYPES
-from pd_operator.schema import ApiModel
 
 SEED_PULL_REQUEST = 16755
 SEED_FUNCTION = "_compute_cross_tp_runs"

@@ -8,7 +8,8 @@ from controller_helpers import OWNER_UID, desired, validated
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pd_operator.controller.planner import APPLIED_HASH, key, manifest_hash, plan
+from pd_operator.api.labels import APPLIED_HASH
+from pd_operator.controller.diff import diff, key, manifest_hash
 
 
 def _names(objs: list[dict]) -> list[str]:
@@ -39,7 +40,7 @@ def test_hash_follows_the_spec_and_ignores_itself():
 
 def test_nothing_observed_applies_everything_in_render_order():
     want = desired(validated())
-    result = plan(want, [], OWNER_UID)
+    result = diff(want, [], OWNER_UID)
     assert result.apply == want and not result.prune and result.unchanged == 0
 
 
@@ -49,7 +50,7 @@ def test_unchanged_children_need_no_request_even_with_server_added_fields():
     for obj in observed:
         obj["metadata"]["resourceVersion"] = "7"
         obj["status"] = {"readyReplicas": 1}
-    result = plan(want, observed, OWNER_UID)
+    result = diff(want, observed, OWNER_UID)
     assert result.apply == [] and result.prune == [] and result.unchanged == len(want)
 
 
@@ -57,7 +58,7 @@ def test_changed_missing_and_unwanted_children():
     old = desired(validated(decode__replicas=2))
     new = desired(validated())
     observed = [o for o in old if o["metadata"]["name"] != "glm-flash-kv"]
-    result = plan(new, observed, OWNER_UID)
+    result = diff(new, observed, OWNER_UID)
     assert _names(result.prune) == ["Service/glm-flash-decode-1", "StatefulSet/glm-flash-decode-1"]
     assert _names(result.apply) == ["ConfigMap/glm-flash-proxy", "NetworkPolicy/glm-flash-kv"]
 
@@ -69,7 +70,7 @@ def test_foreign_objects_are_never_applied_over_nor_pruned():
     foreign_other = copy.deepcopy(want[1])
     foreign_other["metadata"]["name"] = "hand-made"
     del foreign_other["metadata"]["ownerReferences"]
-    result = plan(want, [foreign_same_name, foreign_other], OWNER_UID)
+    result = diff(want, [foreign_same_name, foreign_other], OWNER_UID)
     assert _names(result.blocked) == _names([want[0]])
     assert key(want[0]) not in {key(m) for m in result.apply}
     assert _names(result.foreign) == _names([foreign_same_name, foreign_other])
@@ -80,7 +81,7 @@ def test_terminating_children_are_not_deleted_again():
     old = desired(validated(decode__replicas=2))
     for obj in old:
         obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert plan(desired(validated()), old, OWNER_UID).prune == []
+    assert diff(desired(validated()), old, OWNER_UID).prune == []
 
 
 @settings(max_examples=60, deadline=None)
@@ -95,7 +96,7 @@ def test_plan_partitions_desired_and_only_prunes_owned_leftovers(data):
         if data.draw(st.booleans()):
             obj["metadata"]["ownerReferences"] = [{"uid": "other"}]
     subset = data.draw(st.lists(st.sampled_from(want), unique_by=key))
-    result = plan(subset, observed, OWNER_UID)
+    result = diff(subset, observed, OWNER_UID)
     handled = {key(m) for m in result.apply} | {key(m) for m in result.blocked}
     assert len(handled) + result.unchanged == len(subset)
     assert {key(m) for m in result.prune}.isdisjoint({key(m) for m in subset})
@@ -108,11 +109,11 @@ def test_a_hand_edit_of_an_owned_field_is_reapplied_even_with_the_hash_left_alon
     sts = next(o for o in observed if o["kind"] == "StatefulSet")
     sts["spec"]["replicas"] = 5
     sts["spec"]["template"]["spec"]["containers"][0]["image"] = "hand/edited:1"
-    assert _names(plan(want, observed, OWNER_UID).apply) == _names([sts])
+    assert _names(diff(want, observed, OWNER_UID).apply) == _names([sts])
 
 
 def test_server_side_text_forms_of_numbers_are_not_drift():
-    from pd_operator.controller.planner import holds
+    from pd_operator.controller.diff import holds
     assert holds({"limits": {"cpu": "8"}, "extra": 1}, {"limits": {"cpu": 8}})
     assert not holds({"args": ["a"]}, {"args": ["a", "b"]})
 
@@ -129,8 +130,8 @@ def test_an_immutable_podgroup_missing_a_dropped_field_is_not_applied_again():
     assert groups and all("schedulingConstraints" in g["spec"] for g in groups)
     for g in groups:
         del g["spec"]["schedulingConstraints"]
-    assert plan(want, observed, OWNER_UID).apply == []
+    assert diff(want, observed, OWNER_UID).apply == []
     for g in groups:  # a PodGroup that is not the one last applied is applied
         g["metadata"]["annotations"][APPLIED_HASH] = "0" * 16
-    assert _names(plan(want, observed, OWNER_UID).apply) == _names(
+    assert _names(diff(want, observed, OWNER_UID).apply) == _names(
         [m for m in want if m["kind"] == "PodGroup"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pd_operator.findings import Finding
-from pd_operator.topology import PodPlan
+from pd_operator.spec.topology import InstanceShape
 
 ASCEND_DIRECT_BASE = 20000
 ASCEND_DIRECT_PER_NPU = 1000
@@ -44,18 +44,18 @@ class PortRange:
         return f"{self.name} ports ({self.start}" + (f"-{last})" if last != self.start else ")")
 
 
-def kv_handshake(kv_port: int, plan: PodPlan, ordinal: int) -> PortRange:
+def kv_handshake(kv_port: int, plan: InstanceShape, ordinal: int) -> PortRange:
     per_rank = plan.tp * plan.pp
     return PortRange("KV handshake", kv_port + plan.start_rank(ordinal) * per_rank,
                      plan.dp_local * per_rank, "spec.kvTransfer.kvPort")
 
 
-def side_channel(kv_port: int, plan: PodPlan, ordinal: int) -> PortRange:
+def side_channel(kv_port: int, plan: InstanceShape, ordinal: int) -> PortRange:
     return PortRange("KV side channel", kv_port + plan.tp * plan.dp * plan.pp + plan.start_rank(ordinal),
                      plan.dp_local, "spec.kvTransfer.kvPort")
 
 
-def pod_ports(kv_port: int, serving_port: int, plan: PodPlan, ordinal: int) -> list[PortRange]:
+def pod_ports(kv_port: int, serving_port: int, plan: InstanceShape, ordinal: int) -> list[PortRange]:
     ports = [PortRange("HTTP", serving_port, 1, "spec.servingPort"),
              PortRange(PROBE_RANGE, PROBE_PORT, 1, "the operator's port plan"),
              kv_handshake(kv_port, plan, ordinal), side_channel(kv_port, plan, ordinal)]
@@ -64,7 +64,7 @@ def pod_ports(kv_port: int, serving_port: int, plan: PodPlan, ordinal: int) -> l
     return ports
 
 
-def port_findings(role: str, kv_port: int, serving_port: int, plan: PodPlan, npus_per_node: int
+def port_findings(role: str, kv_port: int, serving_port: int, plan: InstanceShape, npus_per_node: int
                   ) -> list[Finding]:
     out: list[Finding] = []
     seen: set[str] = set()

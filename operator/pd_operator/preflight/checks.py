@@ -1,7 +1,7 @@
 """Checks a serving pod runs before `exec vllm serve`: is what is about to start the pairing the
-operator rendered, on the image the spec described? Pure: `pd-preflight` (preflight_cli.py) gathers
+operator rendered, on the image the spec described? Pure: `pd-preflight` (preflight/cli.py) gathers
 the facts (the rendered config, the argv, the environment, what the installed vllm-ascend's source
-registers (pd_operator.image_check), the NPUs the device plugin granted, the ports already bound)
+registers (pd_operator.serving_image.installed), the NPUs the device plugin granted, the ports already bound)
 and this module judges them.
 
 The rendered config (`PreflightConfig`) is one key per role of the deployment's serving ConfigMap
@@ -16,10 +16,10 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
+from pd_operator.api.base import ApiModel
 from pd_operator.findings import Finding
-from pd_operator.image_check import Installed, check
-from pd_operator.images import ImageCapabilities
-from pd_operator.schema import ApiModel
+from pd_operator.serving_image.capabilities import ImageCapabilities
+from pd_operator.serving_image.installed import Installed, check
 
 ROLE_OF = {"prefill": "kv_producer", "decode": "kv_consumer"}
 POD_INDEX_ENV = "PD_POD_INDEX"
@@ -45,7 +45,8 @@ class PreflightConfig(ApiModel):
     ports: list[list[int]] = Field(default_factory=list)
     """Every port each pod binds (HTTP, KV handshake, side channel, ...), by pod ordinal."""
     image: ImageCapabilities
-    """What the spec says the image can do (pd_operator.images), checked against the installed code."""
+    """What the spec says the image can do (pd_operator.serving_image.capabilities), checked against the
+    installed code."""
 
 
 def parse_config(text: str, source: str) -> tuple[PreflightConfig | None, list[Finding]]:

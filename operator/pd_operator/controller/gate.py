@@ -14,24 +14,20 @@ new-layout prefill to an old-layout decode. While any serving pod still carries 
 `pd.serving.dev/kv-layout` than the wanted one, the proxy only lists instances whose pods are all
 Ready on the wanted layout.
 
-A gate edits the proxy's membership ConfigMap (render/proxy.py), never its Deployment, so gating
-restarts no proxy pod. With no instance left for a role the proxy stays up and answers 503 (its
-readiness fails, and status reports ProxyReady=False/NoUpstreams). When every instance passes both
-gates the membership is exactly as rendered.
+The gate returns the routable set; the renderer writes the proxy's membership ConfigMap from it
+(render/proxy.py), never its Deployment, so gating restarts no proxy pod. With no instance left for
+a role the proxy stays up and answers 503 (its readiness fails, and status reports
+ProxyReady=False/NoUpstreams).
 """
 
 from __future__ import annotations
 
-import json
-
-from pd_operator import membership
+from pd_operator.api.labels import KV_LAYOUT, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.controller.links import linked_instances
 from pd_operator.controller.pods import by_instance, instance_ready, label
-from pd_operator.names import Names
-from pd_operator.render.labels import KV_LAYOUT, ROLE
-from pd_operator.render.proxy import members as proxy_members
-from pd_operator.render.proxy import membership_data
+from pd_operator.render import Routable
+from pd_operator.spec.validate import Resolved
 
 
 def is_rolling(pods: list[dict], layout_hash: str) -> bool:
@@ -48,26 +44,11 @@ def ready_instances(pods: list[dict], expected_pods: dict[str, int], layout_hash
     return out
 
 
-def restrict(config_map: dict, names: Names, allowed: dict[str, set[int]]) -> dict:
-    """The proxy's membership ConfigMap listing only `allowed` instances (of those it lists)."""
-    current = proxy_members(config_map)
-    assert current is not None, "the rendered membership always parses"
-    keep = {names.instance(role, i) for role in ROLES for i in allowed[role]}
-    doc = membership.document(*([u for u in current.role(role) if u.name in keep] for role in ROLES))
-    return {**json.loads(json.dumps(config_map)), "data": membership_data(doc)}
-
-
-def gate(desired: list[dict], pods: list[dict], names: Names, expected_pods: dict[str, int],
-         replicas: dict[str, int], layout_hash: str) -> tuple[list[dict], bool]:
-    """(the desired manifests with the proxy gated, whether a layout roll is in progress)."""
-    rolling = is_rolling(pods, layout_hash)
-    ready = ready_instances(pods, expected_pods, layout_hash)
-    linked = linked_instances(pods, expected_pods["decode"], replicas["decode"])
+def routable(resolved: Resolved, pods: list[dict]) -> tuple[Routable, bool]:
+    """(the instances the proxy may route to, whether a layout roll is in progress)."""
+    replicas, expected = resolved.replicas(), resolved.pods_per_instance()
+    ready = ready_instances(pods, expected, resolved.layout_hash)
+    linked = linked_instances(pods, expected["decode"], replicas["decode"])
     allowed = {"prefill": ready["prefill"] & set(range(replicas["prefill"])),
                "decode": ready["decode"] & linked}
-    if all(allowed[role] == set(range(replicas[role])) for role in ROLES):
-        return desired, rolling
-    out = [restrict(m, names, allowed)
-           if m["kind"] == "ConfigMap" and m["metadata"]["name"] == names.proxy_membership else m
-           for m in desired]
-    return out, rolling
+    return allowed, is_rolling(pods, resolved.layout_hash)

@@ -3,7 +3,8 @@
 It never raises on user input. Every problem becomes a Finding with the manifest field path, in
 the order a person would fix them: the document's shape (CRD schema and CEL rules, then the
 pydantic model), then each role's topology, ports, overrides and autoscaling, then the model
-description and what the serving image can serve (pd_operator.images), then KV compatibility of the
+description and what the serving image can serve (pd_operator.serving_image.capabilities), then KV
+compatibility of the
 pair.
 """
 
@@ -17,35 +18,83 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pd_operator import images, scaling, serving_metrics
+from pd_operator.api import serving_metrics
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import API_VERSION, KIND, ROLES, ModelSpec, PDDeployment, RoleSpec
 from pd_operator.findings import Finding, is_compatible
 from pd_operator.kv import presets
+from pd_operator.kv.blocksize import SideLayout
 from pd_operator.kv.compat import PairReport, check_pair
 from pd_operator.kv.hf_config import ConfigError, model_from_hf_config
 from pd_operator.kv.model import ModelKV
 from pd_operator.kv.side import Side
 from pd_operator.names import DNS1035_LABEL, Names
-from pd_operator.owned import OWNED_ENV, OWNED_FLAGS, PREFIX_CACHING_FLAGS, flag_name, owned_flag
-from pd_operator.ports import port_findings
-from pd_operator.topology import PodPlan, TopologyError, pod_plan
+from pd_operator.serving_image import capabilities
+from pd_operator.spec import scaling
+from pd_operator.spec.layout import layout_hash
+from pd_operator.spec.ports import port_findings
+from pd_operator.spec.reserved import OWNED_ENV, OWNED_FLAGS, PREFIX_CACHING_FLAGS, flag_name, owned_flag
+from pd_operator.spec.topology import InstanceShape, TopologyError, instance_shape
 
 ConfigMapReader = Callable[[str, str], str | None]
 """(configmap name, key) -> the value, or None when the ConfigMap or key does not exist."""
 
 
 @dataclass(frozen=True)
+class Resolved:
+    """A PDDeployment the validator found servable, with everything derived from it once: what the
+    renderer, the status, the gate, the drain, the KV links and the PDRoles take. It exists only for
+    a spec without error findings whose KV layouts resolved, so its fields are never missing."""
+
+    deployment: PDDeployment
+    model: ModelKV
+    report: PairReport
+    shapes: dict[str, InstanceShape]
+    """Per role: how one instance is split into pods."""
+    layouts: dict[str, SideLayout]
+    """Per role: the KV layout the engine pages with."""
+    layout_hash: str
+    """spec/layout.py: the value of every serving pod's kv-layout label."""
+    names: Names
+
+    def role(self, role: str) -> RoleSpec:
+        return self.deployment.role(role)
+
+    def replicas(self) -> dict[str, int]:
+        return {role: self.deployment.role(role).replicas for role in ROLES}
+
+    def pods_per_instance(self) -> dict[str, int]:
+        return {role: self.shapes[role].pods for role in ROLES}
+
+    def engine_block_size(self, role: str) -> int:
+        return self.layouts[role].engine_block_size
+
+    def instances(self) -> list[tuple[str, int]]:
+        """(role, index) of every engine instance, prefill first."""
+        return [(role, i) for role in ROLES for i in range(self.role(role).replicas)]
+
+    def pull_secrets(self) -> dict:
+        """The pod spec's imagePullSecrets entry, or nothing."""
+        secrets = self.deployment.spec.image.pull_secrets
+        return {"imagePullSecrets": [{"name": s} for s in secrets]} if secrets else {}
+
+
+@dataclass(frozen=True)
 class Validation:
     findings: list[Finding]
     deployment: PDDeployment | None = None
-    """The parsed manifest, when its shape is valid."""
+    """The parsed manifest, when its shape is valid (tools show its pairing even when it is not
+    servable)."""
     model: ModelKV | None = None
     report: PairReport | None = None
-    pod_plans: dict[str, PodPlan] = field(default_factory=dict)
+    shapes: dict[str, InstanceShape] = field(default_factory=dict)
+    resolved: Resolved | None = None
+    """Everything the controller and the renderer need, when the spec can be served: no error
+    findings and the KV layouts resolved (not with a check deferred to the controller)."""
 
     @property
     def ok(self) -> bool:
+        """No error findings (a deferred KV check is a warning)."""
         return self.deployment is not None and is_compatible(self.findings)
 
     @property
@@ -149,7 +198,7 @@ def resolve_model(spec: ModelSpec, namespace: str, read_config_map: ConfigMapRea
 def side_of(role: str, spec: RoleSpec, model: ModelKV, kv_cache_dtype: str) -> Side:
     """The side as a serving image runs it: every image is a vllm-ascend one, so vllm-ascend's block
     rule (platform "ascend", as 0.30.0rc2 has it); images whose release sizes blocks otherwise are
-    refused by images.findings (ImageBlockRuleUnmodelled, KVCacheDTypeUnsupported)."""
+    refused by capabilities.findings (ImageBlockRuleUnmodelled, KVCacheDTypeUnsupported)."""
     return Side(role=role, model=model, tensor_parallel=spec.tensor_parallel_size,  # type: ignore[arg-type]
                 data_parallel=spec.data_parallel_size, pipeline_parallel=spec.pipeline_parallel_size,
                 kv_cache_dtype=kv_cache_dtype, block_size=spec.block_size,
@@ -194,7 +243,7 @@ def _prefix_caching_findings(dep: PDDeployment, model: ModelKV) -> list[Finding]
     return out
 
 
-def _role_findings(dep: PDDeployment, role: str) -> tuple[PodPlan | None, list[Finding]]:
+def _role_findings(dep: PDDeployment, role: str) -> tuple[InstanceShape | None, list[Finding]]:
     spec = dep.role(role)
     out = _override_findings(role, spec)
     if spec.host_network:
@@ -202,7 +251,7 @@ def _role_findings(dep: PDDeployment, role: str) -> tuple[PodPlan | None, list[F
                            f"{role} pods use the host network, so the NetworkPolicy cannot keep other "
                            "pods away from their KV ports; use it only for RDMA setups that need it."))
     try:
-        plan = pod_plan(spec, f"spec.{role}")
+        plan = instance_shape(spec, f"spec.{role}")
     except TopologyError as err:
         return None, [*out, Finding("NodeTooSmall", "error", err.field, "", str(err))]
     kv = dep.spec.kv_transfer
@@ -210,7 +259,7 @@ def _role_findings(dep: PDDeployment, role: str) -> tuple[PodPlan | None, list[F
     return plan, out
 
 
-def _name_findings(dep: PDDeployment, plans: Mapping[str, PodPlan]) -> list[Finding]:
+def _name_findings(dep: PDDeployment, plans: Mapping[str, InstanceShape]) -> list[Finding]:
     if not DNS1035_LABEL.fullmatch(dep.name):
         return [Finding("InvalidName", "error", "metadata.name", "",
                         f"{dep.name!r} cannot prefix the names of Services: use lowercase letters, digits "
@@ -278,7 +327,7 @@ def _autoscaling_findings(dep: PDDeployment, role: str) -> list[Finding]:
 
 def _image_findings(dep: PDDeployment, model: ModelKV | None) -> list[Finding]:
     kernel_blocks = (dep.spec.prefill.kernel_block_size, dep.spec.decode.kernel_block_size)
-    return images.findings(dep.spec.image, dep.spec.kv_transfer.connector, model,
+    return capabilities.findings(dep.spec.image, dep.spec.kv_transfer.connector, model,
                            dep.spec.model.kv_cache_dtype, kernel_blocks)
 
 
@@ -288,37 +337,53 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
     dep, findings = parse(doc)
     if dep is None:
         return Validation(findings)
-    plans: dict[str, PodPlan] = {}
+    shapes: dict[str, InstanceShape] = {}
     for role in ROLES:
         plan, role_findings = _role_findings(dep, role)
         findings += role_findings + _autoscaling_findings(dep, role)
         if plan is not None:
-            plans[role] = plan
+            shapes[role] = plan
     findings += scaling.findings(dep.spec.scaling)
-    findings += _name_findings(dep, plans)
+    findings += _name_findings(dep, shapes)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
     findings += model_findings
     findings += _image_findings(dep, model)
     if model is None:
-        return Validation(findings, dep, None, None, plans)
+        return Validation(findings, dep, None, None, shapes)
     findings += _prefix_caching_findings(dep, model)
     cache_dtype = dep.spec.model.kv_cache_dtype
     report = check_pair(side_of("prefill", dep.spec.prefill, model, cache_dtype),
                         side_of("decode", dep.spec.decode, model, cache_dtype),
                         connector=dep.spec.kv_transfer.connector)
-    return Validation([*findings, *report.findings], dep, model, report, plans)
+    findings = [*findings, *report.findings]
+    return Validation(findings, dep, model, report, shapes, _resolved(dep, model, report, shapes, findings))
+
+
+def _resolved(dep: PDDeployment, model: ModelKV, report: PairReport, shapes: dict[str, InstanceShape],
+              findings: list[Finding]) -> Resolved | None:
+    prefill, decode = report.prefill_layout, report.decode_layout
+    if not is_compatible(findings) or prefill is None or decode is None or set(shapes) != set(ROLES):
+        return None
+    layouts = {"prefill": prefill, "decode": decode}
+    return Resolved(dep, model, report, dict(shapes), layouts, layout_hash(dep, model, layouts),
+                    Names(dep.name, dep.namespace))
 
 
 def with_instances(validation: Validation, instances: Mapping[str, int]) -> Validation:
     """`validation` for the same spec run with other instance counts (what the roles' PDRoles ask for,
     held at spec.scaling): the deployment carries them as spec.<role>.replicas, so everything
     rendered and reported follows, and the names they make are checked again. The spec's own checks
-    (autoscaling, bounds) stay about what the user wrote."""
-    dep = validation.deployment
-    if dep is None or all(dep.role(role).replicas == instances[role] for role in ROLES):
+    (autoscaling, bounds) stay about what the user wrote. The KV layout does not depend on the
+    counts, so its hash is kept."""
+    resolved = validation.resolved
+    if resolved is None or resolved.replicas() == dict(instances):
         return validation
+    dep = resolved.deployment
     update: dict[str, Any] = {role: dep.role(role).model_copy(update={"replicas": instances[role]})
                               for role in ROLES}
     scaled = dep.model_copy(update={"spec": dep.spec.model_copy(update=update)})
-    extra = [f for f in _name_findings(scaled, validation.pod_plans) if f not in validation.findings]
-    return dataclasses.replace(validation, findings=[*validation.findings, *extra], deployment=scaled)
+    extra = [f for f in _name_findings(scaled, validation.shapes) if f not in validation.findings]
+    findings = [*validation.findings, *extra]
+    return dataclasses.replace(validation, findings=findings, deployment=scaled,
+                               resolved=dataclasses.replace(resolved, deployment=scaled)
+                               if is_compatible(findings) else None)

@@ -7,7 +7,7 @@ MooncakeConnectorV2's package defines the seed's `_compute_cross_tp_runs`, and w
 families have model code. The same reading serves three callers:
 
 - the pod's preflight: `check(claim, introspect(installed_root()))` before `vllm serve`;
-- the serving image's build (images/vllm-ascend/Dockerfile): `python -m pd_operator.image_check
+- the serving image's build (images/vllm-ascend/Dockerfile): `python -m pd_operator.serving_image.installed
   ROOT --require-seed` fails the build when the vllm-ascend it built lacks the seed's functions;
 - the contract tier (tests/contract), which runs it on every released source archive.
 """
@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pd_operator.findings import Finding
-from pd_operator.images import CONNECTOR_V2, GLM_NEXT, SEED_FUNCTION, SEED_PULL_REQUEST, ImageCapabilities
+from pd_operator.serving_image.capabilities import (
+    CONNECTOR_V2,
+    GLM_NEXT,
+    SEED_FUNCTION,
+    SEED_PULL_REQUEST,
+    ImageCapabilities,
+)
 
 REGISTRY = Path("vllm_ascend/distributed/kv_transfer/__init__.py")
 FAMILY_CODE = {GLM_NEXT: Path("vllm_ascend/models/glm5next")}
@@ -144,7 +150,7 @@ def check(claim: ImageCapabilities, found: Installed) -> list[Finding]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pd_operator.image_check",
+        prog="python -m pd_operator.serving_image.installed",
         description="Report what a vllm-ascend source tree registers and whether it carries the seed "
                     f"change (vllm-ascend PR #{SEED_PULL_REQUEST}); exit 1 when a requirement is unmet.")
     where = parser.add_mutually_exclusive_group(required=True)

@@ -12,9 +12,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from pd_operator.api.labels import APPLIED_HASH
 from pd_operator.render.scheduling import IMMUTABLE_SPEC
-
-APPLIED_HASH = "pd.serving.dev/applied-hash"
 
 Key = tuple[str, str, str]
 """(apiVersion, kind, name): a child's identity within one namespace."""
@@ -79,7 +78,7 @@ def _immutable(manifest: dict) -> bool:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Diff:
     apply: list[dict] = field(default_factory=list)
     """Stamped manifests that are missing or differ from what was last applied, in apply order."""
     prune: list[dict] = field(default_factory=list)
@@ -91,7 +90,7 @@ class Plan:
     unchanged: int = 0
 
 
-def plan(desired: list[dict], observed: list[dict], owner_uid: str) -> Plan:
+def diff(desired: list[dict], observed: list[dict], owner_uid: str) -> Diff:
     """`desired` are stamped manifests (see `stamp`); `observed` the objects listed by our labels."""
     seen = {key(obj): obj for obj in observed}
     foreign = [obj for obj in observed if not is_owned_by(obj, owner_uid)]
@@ -110,4 +109,4 @@ def plan(desired: list[dict], observed: list[dict], owner_uid: str) -> Plan:
     prune = [obj for obj in observed
              if key(obj) not in wanted and key(obj) not in foreign_keys
              and not obj["metadata"].get("deletionTimestamp")]
-    return Plan(apply, prune, foreign, blocked, unchanged)
+    return Diff(apply, prune, foreign, blocked, unchanged)

@@ -1,23 +1,21 @@
-"""The proxy's rollout gate: prefill and decode of different KV layouts are never paired. A gate edits
-the proxy's membership ConfigMap only: the proxy Deployment stays as rendered (and up)."""
+"""The proxy's gate: prefill and decode of different KV layouts are never paired. The gate only
+narrows the routable set, so only the membership ConfigMap differs from a full render: the proxy
+Deployment stays as rendered (and up)."""
 
 from __future__ import annotations
 
 from controller_helpers import desired, pods_of, validated
 
-from pd_operator.controller.rollout import gate
-from pd_operator.controller.status import layout_hash
-from pd_operator.membership import Membership
-from pd_operator.names import Names
+from pd_operator.controller import gate
+from pd_operator.proxy.membership import Membership
 from pd_operator.render import render
 from pd_operator.render.proxy import members
 
 
 def _gate(v, pods):
-    dep = v.deployment
-    return gate(render(v), pods, Names(dep.name, dep.namespace),
-                {r: v.pod_plans[r].pods for r in ("prefill", "decode")},
-                {r: dep.role(r).replicas for r in ("prefill", "decode")}, layout_hash(v))
+    """(the manifests rendered with the gate's routable set, whether a layout rolls)."""
+    routable, rolling = gate.routable(v.resolved, pods)
+    return render(v.resolved, routable=routable), rolling
 
 
 def _proxy(manifests):
@@ -42,14 +40,14 @@ def _gated_only_the_membership(v, out) -> None:
     def others(manifests):
         return [m for m in manifests
                 if not (m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy"))]
-    assert others(out) == others(render(v))
+    assert others(out) == others(render(v.resolved))
     assert _proxy(out)["spec"]["replicas"] == 1
 
 
 def test_steady_state_leaves_the_proxy_as_rendered():
     v = validated(prefill__replicas=2)
     out, rolling = _gate(v, pods_of(desired(v)))
-    assert not rolling and out == render(v)
+    assert not rolling and out == render(v.resolved)
 
 
 def test_mid_roll_only_new_layout_instances_are_routed():

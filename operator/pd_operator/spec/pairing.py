@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pd_operator.api.types import KVTransferSpec
 from pd_operator.findings import Finding
 from pd_operator.kv.side import Side
-from pd_operator.validate import validate
+from pd_operator.spec.validate import validate
 
 DEFAULT_CONNECTOR = KVTransferSpec.model_fields["connector"].default
 

@@ -20,7 +20,7 @@ class TopologyError(ValueError):
 
 
 @dataclass(frozen=True)
-class PodPlan:
+class InstanceShape:
     pods: int
     dp_local: int
     """DP ranks each pod runs."""
@@ -37,12 +37,12 @@ class PodPlan:
         return self.pods > 1
 
 
-def pod_plan(role: RoleSpec, path: str) -> PodPlan:
+def instance_shape(role: RoleSpec, path: str) -> InstanceShape:
     tp, dp, pp = role.tensor_parallel_size, role.data_parallel_size, role.pipeline_parallel_size
     per_rank = tp * pp
     node = role.npus_per_node
     if per_rank * dp <= node:
-        return PodPlan(1, dp, per_rank * dp, tp, dp, pp)
+        return InstanceShape(1, dp, per_rank * dp, tp, dp, pp)
     if per_rank > node:
         raise TopologyError(
             f"One DP rank needs TP {tp} x PP {pp} = {per_rank} NPUs but a node has {node} "
@@ -54,4 +54,4 @@ def pod_plan(role: RoleSpec, path: str) -> PodPlan:
             f"{dp} DP ranks do not split evenly into pods of {dp_local} ranks ({node} NPUs per node "
             f"/ {per_rank} per rank); use a dataParallelSize that is a multiple of {dp_local}.",
             f"{path}.dataParallelSize")
-    return PodPlan(dp // dp_local, dp_local, dp_local * per_rank, tp, dp, pp)
+    return InstanceShape(dp // dp_local, dp_local, dp_local * per_rank, tp, dp, pp)

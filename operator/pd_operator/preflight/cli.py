@@ -4,7 +4,7 @@
 
 Gathers what only the pod knows (its argv, its environment, the NPUs the device plugin granted,
 the ports already bound, what the installed vllm-ascend's source registers), lets
-pd_operator.preflight judge it against the rendered config and, when nothing is wrong, replaces
+pd_operator.preflight.checks judge it against the rendered config and, when nothing is wrong, replaces
 itself with the command (`exec`), so vLLM keeps the container's PID and signals. Any error: the
 findings on stderr, one per line, and exit 78 (EX_CONFIG), so the pod fails at once with the reason
 in its log instead of minutes later in a transfer.
@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pd_operator.findings import Finding
-from pd_operator.image_check import Installed, installed_root, introspect
-from pd_operator.preflight import ordinal_of, parse_config, preflight
+from pd_operator.preflight.checks import ordinal_of, parse_config, preflight
+from pd_operator.serving_image.installed import Installed, installed_root, introspect
 
 EX_CONFIG = 78
 # NPU ids the Ascend device plugin grants a container (Ascend/ascend-device-plugin: Allocate's

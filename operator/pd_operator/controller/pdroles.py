@@ -13,7 +13,7 @@ a later apply leaves it out):
   repeat finds them equal and writes nothing. Never while spec.<role>.autoscaling is set (the HPA
   owns the count); a change made then is forwarded when autoscaling is removed.
 
-Every reconcile reads the count, holds it at spec.scaling's bounds (pd_operator.scaling), runs that,
+Every reconcile reads the count, holds it at spec.scaling's bounds (pd_operator.spec.scaling), runs that,
 and reports it in the PDRole's status (replicas, readyReplicas, the leader selector an HPA needs).
 """
 
@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pd_operator.api.types import API_VERSION, ROLE_KIND, ROLES, PDDeployment
-from pd_operator.controller.planner import is_owned_by
-from pd_operator.names import Names
-from pd_operator.render.labels import FORWARDED_REPLICAS
-from pd_operator.render.roles import leader_selector
-from pd_operator.scaling import Hold
+from pd_operator.api.labels import FORWARDED_REPLICAS
+from pd_operator.api.types import API_VERSION, ROLE_KIND, ROLES
+from pd_operator.controller.diff import is_owned_by
+from pd_operator.render.pdroles import leader_selector
+from pd_operator.spec.scaling import Hold
+from pd_operator.spec.validate import Resolved
 
 SCALING_LIMITED = "ScalingLimited"
 WITHIN_BOUNDS = "WithinBounds"
@@ -62,9 +62,9 @@ def forwarded(obj: dict) -> str | None:
     return (obj.get("metadata", {}).get("annotations") or {}).get(FORWARDED_REPLICAS)
 
 
-def asks(dep: PDDeployment, children: list[dict], owner_uid: str) -> dict[str, Ask]:
+def asks(resolved: Resolved, children: list[dict], owner_uid: str) -> dict[str, Ask]:
     """Per role: the count its PDRole asks for after this reconcile's own writes."""
-    names = Names(dep.name, dep.namespace)
+    dep, names = resolved.deployment, resolved.names
     out: dict[str, Ask] = {}
     for role in ROLES:
         spec, name = dep.role(role), names.role(role)
@@ -111,14 +111,14 @@ def scaling_condition(hold: Hold | None, subject: str) -> tuple[bool, str, str]:
     return True, hold.bound, f"{subject}: {hold.message()}"
 
 
-def status(dep: PDDeployment, role: str, effective: int, ready: int, draining: int, hold: Hold | None,
+def status(resolved: Resolved, role: str, effective: int, ready: int, draining: int, hold: Hold | None,
            previous: dict, generation: int | None, now: str) -> dict:
     """The PDRole's whole status; the condition's lastTransitionTime moves only when its status does."""
-    ok, reason, message = scaling_condition(hold, f"PDRole {Names(dep.name, dep.namespace).role(role)}")
+    ok, reason, message = scaling_condition(hold, f"PDRole {resolved.names.role(role)}")
     word = "True" if ok else "False"
     prior = next((c for c in previous.get("conditions") or [] if c.get("type") == SCALING_LIMITED), None)
     since = prior.get("lastTransitionTime") if prior and prior.get("status") == word else None
     condition = {"type": SCALING_LIMITED, "status": word, "reason": reason, "message": message,
                  "observedGeneration": generation, "lastTransitionTime": since or now}
     return {"replicas": effective, "readyReplicas": ready, "draining": draining,
-            "selector": leader_selector(dep.name, role), "conditions": [condition]}
+            "selector": leader_selector(resolved.deployment.name, role), "conditions": [condition]}

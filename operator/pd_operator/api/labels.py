@@ -1,0 +1,44 @@
+"""Every label and annotation key the operator writes or selects on: one home, as the API's own.
+
+`app.kubernetes.io/*` are the recommended labels; `pd.serving.dev/*` are what selectors use and what
+the operator remembers on objects between reconciles.
+"""
+
+from __future__ import annotations
+
+from pd_operator.api.types import GROUP
+
+# -- labels --------------------------------------------------------------------------------------------
+NAME = "pd-serving"
+"""app.kubernetes.io/name of everything rendered."""
+MANAGER = "pd-operator"
+"""app.kubernetes.io/managed-by and part-of."""
+DEPLOYMENT = f"{GROUP}/deployment"
+"""The owning PDDeployment's name, on every child and pod (the operator selects by it)."""
+ROLE = f"{GROUP}/role"
+"""prefill, decode or proxy."""
+INSTANCE = f"{GROUP}/instance"
+"""The instance's ordinal within its role."""
+KV_LAYOUT = f"{GROUP}/kv-layout"
+"""The kv-layout hash of a serving pod (spec/layout.py): prefill and decode pair only when equal."""
+COMPONENT = "app.kubernetes.io/component"
+# The pod's ordinal in its StatefulSet, set by the StatefulSet controller (GA in 1.32;
+# k8s.io/api: apps/v1/types.go PodIndexLabel @ v0.36.3): 0 is an instance's leader.
+POD_INDEX = "apps.kubernetes.io/pod-index"
+# The well-known node label, one value per node (k8s.io/api: core/v1/well_known_labels.go
+# LabelHostname @ v0.36.3).
+HOSTNAME = "kubernetes.io/hostname"
+
+# -- annotations ---------------------------------------------------------------------------------------
+APPLIED_HASH = f"{GROUP}/applied-hash"
+"""On every applied child: the hash of the manifest applied (controller/diff.py)."""
+FORWARDED_REPLICAS = f"{GROUP}/forwarded-replicas"
+"""On a PDRole: the spec.<role>.replicas of the PDDeployment the operator last forwarded to it."""
+GROUP_RESTARTS = f"{GROUP}/group-restarts"
+"""On an instance's StatefulSet: when its pods were last restarted together (controller/restarts.py)."""
+GROUP_RESTART_DELETED = f"{GROUP}/group-restart-deleted"
+"""On an instance's StatefulSet: the pod uids a group restart deleted."""
+FINALIZER = f"{GROUP}/finalizer"
+# The pod annotation naming a pod's Volcano PodGroup (volcano.sh/apis: pkg/apis/scheduling/v1beta1/
+# labels.go KubeGroupNameAnnotationKey @ v1.13.0).
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"
