@@ -6,10 +6,10 @@ import pytest
 from controller_helpers import desired, link_down, pods_of, validated, with_status
 from controller_support import example
 
+from pd_operator.api.conditions import TYPES
 from pd_operator.controller import gate
 from pd_operator.controller.restarts import Decision
 from pd_operator.controller.status import (
-    TYPES,
     Observed,
     conditions,
     merge_patch,
@@ -221,7 +221,7 @@ def test_events_only_for_significant_transitions():
 
 
 def test_every_reason_the_status_gives_is_documented():
-    from pd_operator.controller.status import FINDING, REASONS
+    from pd_operator.api.conditions import FINDING, REASONS
     from pd_operator.findings import CATALOG
 
     documented = {(t, s, r) for t, s, r, _ in REASONS}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pd_operator.controller.status import REASONS
+from pd_operator.api.conditions import REASONS
 from pd_operator.findings import CATALOG
 from pd_operator.tools import docs
 

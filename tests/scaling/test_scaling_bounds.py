@@ -10,6 +10,7 @@ import json
 import pytest
 import yaml
 
+from pd_operator.api.conditions import MAX_RATIO, MAX_REPLICAS, MIN_RATIO, MIN_REPLICAS
 from pd_operator.api.crd import PDROLE, crd
 from pd_operator.api.labels import APPLIED_HASH, DEPLOYMENT, FORWARDED_REPLICAS, ROLE
 from pd_operator.api.schema_check import schema_problems
@@ -18,7 +19,7 @@ from pd_operator.controller import pdroles
 from pd_operator.controller.diff import diff, stamp
 from pd_operator.render import render
 from pd_operator.render.proxy import members
-from pd_operator.spec.scaling import MAX_RATIO, MAX_REPLICAS, MIN_RATIO, MIN_REPLICAS, Hold, bound, findings
+from pd_operator.spec.scaling import Hold, bound, findings
 from pd_operator.spec.validate import validate, with_instances
 from support.installed import ROOT, example
 

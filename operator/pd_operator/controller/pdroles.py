@@ -22,15 +22,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from pd_operator.api.conditions import SCALING_LIMITED, WITHIN_BOUNDS
 from pd_operator.api.labels import FORWARDED_REPLICAS
 from pd_operator.api.types import API_VERSION, ROLE_KIND, ROLES
 from pd_operator.controller.diff import is_owned_by
 from pd_operator.render.pdroles import leader_selector
 from pd_operator.spec.scaling import Hold
 from pd_operator.spec.validate import Resolved
-
-SCALING_LIMITED = "ScalingLimited"
-WITHIN_BOUNDS = "WithinBounds"
 
 
 @dataclass(frozen=True)

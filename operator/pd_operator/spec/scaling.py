@@ -15,13 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
+from pd_operator.api.conditions import MAX_RATIO, MAX_REPLICAS, MIN_RATIO, MIN_REPLICAS
 from pd_operator.api.types import ROLES, ScalingSpec
 from pd_operator.findings import Finding
-
-MIN_REPLICAS = "MinReplicas"
-MAX_REPLICAS = "MaxReplicas"
-MIN_RATIO = "MinPrefillPerDecode"
-MAX_RATIO = "MaxPrefillPerDecode"
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ def findings_table() -> str:
 
 
 def conditions_table() -> str:
-    from pd_operator.controller.status import REASONS  # pure module: conditions and their reasons
+    from pd_operator.api.conditions import REASONS
 
     rows = ["| condition | status | reason | what it means / what to do |", "|---|---|---|---|"]
     rows += [f"| `{ctype}` | {status} | `{reason}` | {_cell(text)} |"

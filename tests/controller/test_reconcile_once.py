@@ -1,0 +1,90 @@
+"""One reconcile derives each fact once: the kv-layout hash is computed by the validator (spec/layout.py)
+and read from the Resolved afterwards, and the proxy's membership ConfigMap is rendered once, from the
+gate's routable set (never rendered in full and then edited). Counted on the real reconcile with an
+in-memory API client."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+
+from pd_operator.controller import reconcile as reconcile_mod
+from pd_operator.controller.proxy_state import ProxyStateReader
+from pd_operator.render import proxy as render_proxy
+from pd_operator.spec import validate as validate_mod
+from support.specs import EXAMPLES
+
+UID = "0b1c2d3e-0000-4000-8000-000000000002"
+
+
+class MemoryClient:
+    """The API as the reconcile uses it: writes are answered with what was sent and recorded."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, Any]] = []
+
+    def read_config_map_key(self, namespace: str, name: str, key: str) -> str | None:
+        return None
+
+    def apply(self, manifest: dict) -> dict:
+        self.writes.append(("apply", manifest))
+        return copy.deepcopy(manifest)
+
+    def create_role(self, manifest: dict) -> dict:
+        self.writes.append(("create", manifest))
+        return copy.deepcopy(manifest)
+
+    def forward_replicas(self, namespace: str, name: str, patch: dict) -> dict:
+        raise AssertionError("a new PDRole is created with its count, not forwarded")
+
+    def patch_role_status(self, namespace: str, name: str, status: dict) -> dict:
+        self.writes.append(("role-status", name))
+        return {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDRole",
+                "metadata": {"name": name, "namespace": namespace}, "status": status}
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+        self.writes.append(("status", status))
+
+    def post_event(self, owner: dict, type_: str, reason: str, message: str) -> None:
+        self.writes.append(("event", reason))
+
+    def read_pod_log(self, namespace: str, name: str, container: str, lines: int = 1) -> str | None:
+        return None
+
+    def delete(self, obj: dict) -> None:
+        raise AssertionError("nothing to prune on a first reconcile")
+
+
+def _body(example: str) -> dict:
+    doc = yaml.safe_load((EXAMPLES / example).read_text())
+    doc["metadata"] |= {"namespace": "default", "uid": UID, "generation": 1}
+    return doc
+
+
+@pytest.mark.parametrize("example", ["glm-5.3-flash-tp8-dp2tp4.yaml", "glm-5.3-flash-1p1d-tp4.yaml"])
+def test_a_reconcile_hashes_the_layout_once_and_renders_the_membership_once(example, monkeypatch):
+    counts = {"layout_hash": 0, "membership_config_map": 0}
+
+    def counting(module: Any, name: str) -> None:
+        real = getattr(module, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapper)
+
+    counting(validate_mod, "layout_hash")
+    counting(render_proxy, "membership_config_map")
+    client = MemoryClient()
+    outcome = reconcile_mod.reconcile(client, ProxyStateReader(), _body(example), [], [])  # type: ignore[arg-type]
+    assert counts == {"layout_hash": 1, "membership_config_map": 1}
+    applied = [m for verb, m in client.writes if verb in ("apply", "create")]
+    assert any(m["kind"] == "StatefulSet" for m in applied) and outcome.applied
+    # No pod is Ready yet, so the gate lists no instance: the membership written is the gated one.
+    (membership,) = [m for m in applied
+                     if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy")]
+    listed = yaml.safe_load(membership["data"]["upstreams.json"])
+    assert listed["prefill"] == [] and listed["decode"] == []
