@@ -26,7 +26,7 @@ CHART := charts/pd-operator
 UPSTREAM := .cache/upstream
 UPSTREAM_STAMP := $(UPSTREAM)/.fetched
 # Committed files that generators write; `make verify` fails when regenerating changes them.
-GENERATED := crds $(CHART)/crds $(CHART)/files docs/api.md README.md
+GENERATED := crds $(CHART)/crds $(CHART)/files docs
 
 .PHONY: install system-deps vllm-env tools testcluster upstream chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean
 
@@ -99,7 +99,8 @@ $(UPSTREAM_STAMP): tests/support/upstream.py
 
 upstream: install $(UPSTREAM_STAMP)
 
-# The API reference (docs/api.md) and the README's findings/conditions tables come from the code.
+# The API reference (docs/api.md) and the tables in docs/ (findings, conditions, images, autoscaling)
+# come from the code (operator/pd_operator/tools/docs.py says which file holds which).
 docs: install
 	$(PY) -m pd_operator.tools.docs
 

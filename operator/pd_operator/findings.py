@@ -2,7 +2,7 @@
 
 Every check in the project (KV compatibility, ports, names, schema) reports through this one type,
 so the CLI, the admission webhook and the controller print the same words. The catalog below is
-the single list of codes; the README's table is generated from it.
+the single list of codes; the table in docs/status.md is generated from it.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def test_serving_image_builds_vllm_ascend_from_the_seed_ref():
     assert order == sorted(order), "fetch, verify the commit, check the seed, build, check again, record"
     (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_REF" not in r]
     assert "pip install --no-cache-dir --no-deps /opt/pd-operator" in install, \
-        "the package (and its image_check) is installed before the build runs it"
+        "the package (and its serving_image.installed) is installed before the build runs it"
     labels = " ".join(rest for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "LABEL")
     assert 'dev.pd-serving.vllm-ascend.commit="${VLLM_ASCEND_COMMIT}"' in labels
     assert 'dev.pd-serving.vllm-ascend.ref="${VLLM_ASCEND_REF}"' in labels

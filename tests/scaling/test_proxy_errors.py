@@ -4,7 +4,7 @@ tried in which order, and that /pd/state carries nothing afterwards.
 The expectations are a client's of vLLM's OpenAI server and of vllm-ascend's example proxy
 (vllm-project/vllm-ascend: examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py
 @ v0.30.0rc2, `send_request_to_service`, `stream_service_response`, `handle_completions_impl`), as
-pd-proxy's docstring and the README state them:
+pd-proxy's docstring and docs/architecture.md state them:
 - a 4xx is the request's own fault: it goes to the client as the engine sent it, not retried (the
   example retries every 4xx but 400; a 404 "model not found" is no better on another try);
 - a 5xx, a refused connection or an answer prefill cannot have sent (not a JSON object) is tried

@@ -1,6 +1,6 @@
 """`kubectl scale` of each role through its PDRole on the real control plane (issue 18 items 1, 2).
 
-The README's `kubectl scale` lines for the GLM example run verbatim (a kubeconfig whose context
+docs/scaling.md's `kubectl scale` lines for the GLM example run verbatim (a kubeconfig whose context
 namespace is the test's), the StatefulSets follow, the PDRole and PDDeployment report desired and
 ready instances, and the operator never writes a scaler's count back: the audit log shows no write
 of a PDRole's spec by the operator apart from creating it and forwarding a changed spec, and
@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.scaling]
 
 GLM = "glm-flash"
 TIMEOUT_S = 180
-README_SCALES = [line for line in (ROOT / "README.md").read_text().splitlines()
-                 if line.startswith("kubectl scale")]
+DOC_SCALES = [line for line in (ROOT / "docs" / "scaling.md").read_text().splitlines()
+              if line.startswith("kubectl scale")]
 
 
 def _pdrole(cp: ControlPlane, namespace: str, role: str) -> dict:
@@ -82,8 +82,8 @@ def _settled_writes(cp: ControlPlane, op, user: str, namespace: str) -> list[str
     return op.writes_when_settled(cp, user, namespace)
 
 
-def test_readme_has_one_scale_line_per_role():
-    assert [re.sub(r"--replicas=\d+", "", line).split() for line in README_SCALES] == [
+def test_scaling_doc_has_one_scale_line_per_role():
+    assert [re.sub(r"--replicas=\d+", "", line).split() for line in DOC_SCALES] == [
         ["kubectl", "scale", "pdrole", f"{GLM}-decode"], ["kubectl", "scale", "pdrole", f"{GLM}-prefill"]]
 
 
@@ -92,7 +92,7 @@ def test_kubectl_scale_moves_each_role_and_the_operator_never_fights_it(
     cp = control_plane
     op = start_operator("--drift-interval=2")
     user = release.user
-    # The README's lines as they are: the kubeconfig's context names the namespace.
+    # docs/scaling.md's lines as they are: the kubeconfig's context names the namespace.
     kubeconfig = tmp_path / "kubeconfig"
     shutil.copy(cp.kubeconfig, kubeconfig)
     kubectl(kubeconfig, "config", "set-context", "--current", f"--namespace={namespace}")
@@ -111,7 +111,7 @@ def test_kubectl_scale_moves_each_role_and_the_operator_never_fights_it(
         f"{GLM}-prefill": [GLM, "prefill", "1", "1", "1"], f"{GLM}-decode": [GLM, "decode", "1", "1", "1"]})
 
     mark = cp.audit.mark()
-    for line in README_SCALES:
+    for line in DOC_SCALES:
         kubectl(kubeconfig, *shlex.split(line)[1:])
     for role in ("prefill", "decode"):
         _wait(cp, namespace, f"two {role} StatefulSets",

@@ -1,5 +1,5 @@
 """The conditions of a PDDeployment and a PDRole, with every reason each can have: one home, as the
-API's own, so the status code, the PDRoles and the README's table (tools/docs.py) agree.
+API's own, so the status code, the PDRoles and the table in docs/status.md (tools/docs.py) agree.
 
 Conditions follow the Kubernetes API conventions: CamelCase reasons, a message a user can act on.
 """
@@ -81,4 +81,4 @@ REASONS: list[tuple[str, str, str, str]] = [
      "most it allows. Lower the ratio or scale prefill up first."),
     (SCALING_LIMITED, "False", WITHIN_BOUNDS, "Each role runs the instances its PDRole asks for."),
 ]
-"""Every condition with the reasons it can have, for the README (tools/docs.py)."""
+"""Every condition with the reasons it can have, for docs/status.md (tools/docs.py)."""

@@ -1,5 +1,6 @@
 """vLLM's serving metrics an HPA may scale a role on, and how each reaches the HPA: the one home of
-these facts (the API's enum, the validator, the HPA renderer and the README's adapter rules read it).
+these facts (the API's enum, the validator, the HPA renderer and docs/scaling.md's adapter rules
+read it).
 
 The names are vLLM's own Prometheus metrics (vllm-project/vllm: vllm/v1/metrics/loggers.py @ v0.34.0,
 `PrometheusStatLogger.__init__`; every one labelled `model_name` and `engine`, one series per DP

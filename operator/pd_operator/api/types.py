@@ -203,7 +203,7 @@ class MetricTarget(ApiModel):
     """vLLM's Prometheus metric (vllm/v1/metrics/loggers.py @ v0.34.0). Prefill:
     `vllm:num_requests_waiting` (queued requests), `vllm:time_to_first_token_seconds` (mean TTFT over
     the adapter's window, seconds). Decode: `vllm:kv_cache_usage_perc` (0 to 1),
-    `vllm:num_requests_running`. The HPA reads it as a Pods metric of the custom metrics API (README,
+    `vllm:num_requests_running`. The HPA reads it as a Pods metric of the custom metrics API (docs/scaling.md,
     Autoscaling: the adapter rules)."""
     average_value: float = Field(ge=0.001, le=1_000_000)
     """Target average per instance: more instances above it, fewer below it (in the metric's unit:

@@ -1,15 +1,17 @@
-"""`make docs`: the API reference from the CRD schema, and the README's generated tables.
+"""`make docs`: the API reference from the CRD schema, and the generated tables of docs/.
 
-The README keeps hand-written prose; the parts that restate code (finding codes, condition
-reasons) live between `<!-- BEGIN x -->` / `<!-- END x -->` markers and are rewritten here, so a
-test can check they equal the code.
+The docs keep hand-written prose; the parts that restate code (finding codes, condition reasons,
+image capabilities, autoscaling metrics) live between `<!-- BEGIN x -->` / `<!-- END x -->`
+markers in the one docs/ file whose prose they belong to (`TABLES`) and are rewritten here, so a
+test can check they equal the code. A table whose markers are missing from its file is an error,
+not a silent skip: moving prose must move its table along.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pd_operator.api import serving_metrics
@@ -18,7 +20,6 @@ from pd_operator.findings import CATALOG
 from pd_operator.serving_image import capabilities
 
 API_DOC = Path("docs/api.md")
-README = Path("README.md")
 
 
 def _type(node: dict) -> str:
@@ -164,28 +165,59 @@ def adapter_rules() -> str:
     return "```yaml\n" + serving_metrics.adapter_rules().rstrip("\n") + "\n```"
 
 
-GENERATED = {"findings": findings_table, "conditions": conditions_table, "images": images_table,
-             "autoscaling": autoscaling_table, "adapter-rules": adapter_rules}
+# Each generated table: what builds it, and the file (relative to the repository root) that holds it.
+TABLES: dict[str, tuple[Callable[[], str], Path]] = {
+    "findings": (findings_table, Path("docs/status.md")),
+    "conditions": (conditions_table, Path("docs/status.md")),
+    "images": (images_table, Path("docs/images.md")),
+    "autoscaling": (autoscaling_table, Path("docs/scaling.md")),
+    "adapter-rules": (adapter_rules, Path("docs/scaling.md")),
+}
 
 
-def fill(readme: str) -> str:
-    for name, build in GENERATED.items():
-        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
-        if pattern.search(readme):
-            text = build()
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
 
-            def replace(m: re.Match[str], text: str = text) -> str:
-                return m.group(1) + text + "\n" + m.group(2)
 
-            readme = pattern.sub(replace, readme)
-    return readme
+def homes() -> dict[Path, list[str]]:
+    """Each file with generated tables, and the names of its tables."""
+    out: dict[Path, list[str]] = {}
+    for name, (_, home) in TABLES.items():
+        out.setdefault(home, []).append(name)
+    return out
+
+
+def missing(text: str, names: list[str]) -> list[str]:
+    """The tables among `names` whose BEGIN/END markers `text` lacks."""
+    return [name for name in names if not _pattern(name).search(text)]
+
+
+def fill(text: str) -> str:
+    """`text` with every generated table it has markers for rewritten from the code."""
+    for name, (build, _) in TABLES.items():
+        pattern = _pattern(name)
+        if pattern.search(text):
+            table = build()
+
+            def replace(m: re.Match[str], table: str = table) -> str:
+                return m.group(1) + table + "\n" + m.group(2)
+
+            text = pattern.sub(replace, text)
+    return text
 
 
 def main() -> int:
     API_DOC.parent.mkdir(exist_ok=True)
     API_DOC.write_text(api_reference() + "\n")
-    README.write_text(fill(README.read_text()))
-    print(f"wrote {API_DOC} and the generated tables of {README}")
+    for home, names in homes().items():
+        text = home.read_text()
+        if lost := missing(text, names):
+            print(f"{home}: no <!-- BEGIN x --> / <!-- END x --> markers for {', '.join(lost)}; "
+                  "put them where the table's prose is, or move the table's home in TABLES",
+                  file=sys.stderr)
+            return 1
+        home.write_text(fill(text))
+    print(f"wrote {API_DOC} and the generated tables of {', '.join(map(str, homes()))}")
     return 0
 
 
