@@ -106,7 +106,8 @@ def test_connector_modules_define_the_registered_classes(version, source):
 
 def test_the_preflight_looks_for_the_seed_where_released_cross_block_pairing_lives(version, source):
     """The seed's _compute_cross_tp_runs replaces the kernel-block assertion of MooncakeConnectorV2's
-    pull worker; serving_image.installed searches that connector's package, so it must hold the assertion today."""
+    pull worker; serving_image.installed searches that connector's package, so it must hold the
+    assertion today."""
     connectors = registered_connectors(source)
     if "MooncakeConnectorV2" not in connectors:  # nothing to look in; the table must agree
         assert "MooncakeConnectorV2" not in RELEASES[version].connectors
