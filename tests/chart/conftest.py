@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from chart_render import VALUE_SETS
+
+from support.helm_chart import VALUE_SETS
 
 
 @pytest.fixture(params=VALUE_SETS)

@@ -7,7 +7,8 @@ import json
 
 import pytest
 import yaml
-from chart_render import CHART, run_helm, template, values_args
+
+from support.helm_chart import CHART, run_helm, template, values_args
 
 
 def test_helm3_is_really_helm3():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import yaml
-from chart_render import REPO, notes
+
+from support.helm_chart import REPO, notes
 
 EXAMPLE = "examples/glm-5.3-flash-tp8-dp2tp4.yaml"
 

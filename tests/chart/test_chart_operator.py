@@ -7,9 +7,9 @@ import tomllib
 
 import pytest
 import yaml
-from chart_render import RELEASE, REPO, operator_container, operator_deployment, rendered, template
 
 from pd_operator.controller.main import options_from
+from support.helm_chart import RELEASE, REPO, operator_container, operator_deployment, rendered, template
 
 FULLNAME = f"{RELEASE}-pd-operator"
 COMMON = ["--health-port=8080", "--metrics-port=9090"]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart_render import CHART, REPO, find, one, rendered, run_helm
 
 from pd_operator.controller.permissions import RULES, WEBHOOK_RULES
 from pd_operator.tools import chart_sync
+from support.helm_chart import CHART, REPO, find, one, rendered, run_helm
 
 # (apiGroup, resource, verb) triples kopf itself needs, by mode; nothing else may be granted.
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}

@@ -10,7 +10,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from chart_render import CHART, rendered
+
+from support.helm_chart import CHART, rendered
 
 
 def _oldest_declared_version() -> str:

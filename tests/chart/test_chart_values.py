@@ -6,9 +6,9 @@ import json
 
 import pytest
 import yaml
-from chart_render import CHART, NAMESPACE, RELEASE, VALUE_SETS, run_helm, template, values_args
 
 import pd_operator
+from support.helm_chart import CHART, NAMESPACE, RELEASE, VALUE_SETS, run_helm, template, values_args
 
 # The modes the lead asked to be covered, each by a file under values/.
 REQUIRED_VALUE_SETS = {"namespaced", "cert-manager", "webhook-off", "metrics", "peering"}

@@ -5,7 +5,16 @@ bindings reach the ServiceAccount, peering objects carry the name the operator i
 from __future__ import annotations
 
 import yaml
-from chart_render import NAMESPACE, find, one, operator_container, operator_deployment, rendered, template
+
+from support.helm_chart import (
+    NAMESPACE,
+    find,
+    one,
+    operator_container,
+    operator_deployment,
+    rendered,
+    template,
+)
 
 WEBHOOK_PATH = "/validate-pddeployment"
 

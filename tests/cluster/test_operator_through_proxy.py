@@ -12,8 +12,9 @@ import yaml
 
 from support.cluster import ControlPlane, wait_for
 from support.faultproxy import FaultProxy
-from support.installed import Release, example, helm_install, helm_uninstall, is_ready, weights_claim
+from support.installed import Release, helm_install, helm_uninstall, is_ready, weights_claim
 from support.kube import kubectl
+from support.specs import example
 
 pytestmark = pytest.mark.integration
 

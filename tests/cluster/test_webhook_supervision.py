@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from support.cluster import ControlPlane, wait_for
-from support.installed import Release, example, helm_install, helm_uninstall, is_ready
+from support.installed import Release, helm_install, helm_uninstall, is_ready
 from support.kube import kubectl
+from support.specs import example
 
 pytestmark = pytest.mark.integration
 

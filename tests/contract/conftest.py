@@ -1,19 +1,14 @@
 """Fixtures of the contract tier: the pinned upstream trees (fetched once into .cache/upstream; `make
-test` prepares them) and the renders of the examples (the renderer tests' helpers, from tests/render)."""
+test` prepares them)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-RENDER_TESTS = str(Path(__file__).resolve().parents[1] / "render")
-if RENDER_TESTS not in sys.path:
-    sys.path.append(RENDER_TESTS)
-
-from pd_operator.serving_image.capabilities import RELEASES  # noqa: E402
-from support import upstream  # noqa: E402
+from pd_operator.serving_image.capabilities import RELEASES
+from support import upstream
 
 
 @pytest.fixture(scope="session", params=list(RELEASES))

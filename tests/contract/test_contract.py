@@ -3,7 +3,7 @@ the Mooncake libraries its images install, at every release pd_operator.serving_
 
 Covered: every kv_connector we render is registered by that release's connector registry (and its
 module defines the class); every environment variable the operator sets is read by something in
-the image (readers.py); the units of the timeout variables; pd-proxy's prefill request against the
+the image (support/env_readers.py); the units of the timeout variables; pd-proxy's prefill request against the
 example proxy's own builder, and its routes; the image capability table (connectors, GLM-Next model
 code, the default model runner, no released seed change) and the place the preflight looks for the
 seed's function.
@@ -25,8 +25,6 @@ from pathlib import Path
 import mooncake
 import pytest
 import readers
-from readers import Readers, pod_reads, unread
-from render_cases import EXAMPLES, ROOT, VALID_EXAMPLES, container, load, pod_argvs, rendered, serving_sets
 
 from pd_operator.api.types import KVTransferSpec, TimeoutSpec
 from pd_operator.proxy import protocol
@@ -37,6 +35,9 @@ from pd_operator.serving_image.installed import introspect, module_path, registe
 from pd_operator.spec.reserved import DEFAULT_ENV, OWNED_ENV
 from pd_operator.spec.validate import validate
 from support import upstream
+from support.env_readers import Readers, pod_reads, unread
+from support.renders import VALID_EXAMPLES, container, pod_argvs, rendered, serving_sets
+from support.specs import EXAMPLES, ROOT, example
 
 pytestmark = pytest.mark.contract
 
@@ -139,7 +140,7 @@ def rendered_connectors(tmp_path: Path) -> dict[str, set[str]]:
     """vllm-ascend release -> kv_connector values the examples' pods really start with."""
     out: dict[str, set[str]] = {}
     for path in VALID_EXAMPLES:
-        image = load(path)["spec"]["image"]
+        image = example(path)["spec"]["image"]
         caps = capabilities(image["name"], image.get("vllmAscendVersion"), image.get("seedChange"))
         assert caps is not None
         for _, _, argv in pod_argvs(rendered(path), tmp_path / path.stem):
@@ -174,7 +175,7 @@ def operator_env_names() -> list[str]:
     """Every variable the operator sets on a serving container: owned, defaults and what the examples
     render (user env from the examples' specs excluded)."""
     user = {e["name"] for path in VALID_EXAMPLES for role in ("prefill", "decode")
-            for e in load(path)["spec"][role].get("env", [])}
+            for e in example(path)["spec"][role].get("env", [])}
     names = dict.fromkeys([*OWNED_ENV, *DEFAULT_ENV])
     for cont in serving_containers():
         names.update(dict.fromkeys(e["name"] for e in cont["env"] if e["name"] not in user))
@@ -274,7 +275,7 @@ def _unit_of_field(name: str) -> str:
 
 
 def rendered_timeouts(**timeouts: int) -> dict[str, str]:
-    doc = load(GLM_EXAMPLE)
+    doc = example(GLM_EXAMPLE)
     fields = TimeoutSpec.model_fields
     doc["spec"]["kvTransfer"]["timeouts"] = {fields[k].alias: v for k, v in timeouts.items()}
     validation = validate(doc)

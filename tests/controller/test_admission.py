@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from controller_support import example
-
 from pd_operator.controller.admission import UPDATE_NOTE, verdict
+from support.specs import example
 
 
 def test_compatible_manifest_is_admitted_with_its_warnings():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 
-from controller_helpers import OWNER_UID, desired, validated
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pd_operator.api.labels import APPLIED_HASH
 from pd_operator.controller.diff import diff, key, manifest_hash
+from support.controller_fakes import OWNER_UID, desired, validated
 
 
 def _names(objs: list[dict]) -> list[str]:

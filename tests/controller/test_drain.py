@@ -6,11 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from controller_helpers import OWNER_UID, desired, validated
 
 from pd_operator.controller import drain
 from pd_operator.controller.drain import ProxyRead
 from pd_operator.proxy.membership import ProxyState, UpstreamLoad
+from support.controller_fakes import OWNER_UID, desired, validated
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
 V_NEW = "aaaaaaaaaaaa"

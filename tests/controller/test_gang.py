@@ -16,13 +16,13 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 import yaml
-from cluster_helpers import apply, children, cond, glm, listed, pods, serve, wait_cond
 
 from pd_operator.api.labels import INSTANCE, ROLE, VOLCANO_GROUP
 from pd_operator.controller.diff import holds
 from pd_operator.render import render
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
 from support.installed import condition, get_pdd
+from support.pdd_cluster import apply, children, cond, glm, listed, pods, serve, wait_cond
 from support.specs import resolve
 from support.volcano import podgroup_crd
 

@@ -5,10 +5,10 @@ StatefulSet (no pod is created to wait half-placed), keeps running, and serves o
 from __future__ import annotations
 
 import pytest
-from cluster_helpers import apply, children, cond, glm, patch_spec, serve, wait_cond
 
 from support.cluster import wait_for
 from support.installed import condition, get_pdd
+from support.pdd_cluster import apply, children, cond, glm, patch_spec, serve, wait_cond
 
 pytestmark = [pytest.mark.integration, pytest.mark.scaling]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from controller_support import example
 
 from support.cluster import namespace_name, wait_for
 from support.installed import condition, get_pdd, helm_install, helm_uninstall, is_ready
 from support.kube import kubectl
+from support.specs import example
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from cluster_helpers import (
+
+from pd_operator.api.labels import DEPLOYMENT, GROUP_RESTARTS, KV_LAYOUT, ROLE
+from pd_operator.api.types import GROUP, PLURAL, VERSION
+from pd_operator.controller.admission import UPDATE_NOTE
+from pd_operator.controller.links import LINK_CONTAINER
+from support.cluster import ControlPlane, wait_for
+from support.faultproxy import FaultProxy
+from support.installed import condition, get_pdd
+from support.kube import kubectl
+from support.pdd_cluster import (
     GLM,
     GLM_CHILDREN,
     PROXY_PATH,
@@ -28,16 +37,7 @@ from cluster_helpers import (
     serve,
     wait_cond,
 )
-from controller_support import example
-
-from pd_operator.api.labels import DEPLOYMENT, GROUP_RESTARTS, KV_LAYOUT, ROLE
-from pd_operator.api.types import GROUP, PLURAL, VERSION
-from pd_operator.controller.admission import UPDATE_NOTE
-from pd_operator.controller.links import LINK_CONTAINER
-from support.cluster import ControlPlane, wait_for
-from support.faultproxy import FaultProxy
-from support.installed import condition, get_pdd
-from support.kube import kubectl
+from support.specs import example
 
 pytestmark = pytest.mark.integration
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from controller_helpers import pod
 
 from pd_operator.api.labels import GROUP_RESTARTS
 from pd_operator.controller.restarts import LIMIT, REVISION, WINDOW, decide
+from support.controller_fakes import pod
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LABELS = {"pd.serving.dev/role": "decode", "pd.serving.dev/instance": "0"}

@@ -8,12 +8,12 @@ import contextlib
 import secrets
 
 import pytest
-from cluster_helpers import apply, cond, glm, pods, serve, wait_cond
-from controller_support import example
 
 from pd_operator.api.labels import INSTANCE, ROLE
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
 from support.installed import get_pdd
+from support.pdd_cluster import apply, cond, glm, pods, serve, wait_cond
+from support.specs import example
 
 pytestmark = pytest.mark.integration
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from controller_helpers import desired, link_down, pods_of, validated, with_status
-from controller_support import example
 
 from pd_operator.api.conditions import TYPES
 from pd_operator.controller import gate
@@ -17,6 +15,8 @@ from pd_operator.controller.status import (
     status,
     transitions,
 )
+from support.controller_fakes import desired, link_down, pods_of, validated, with_status
+from support.specs import example
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 

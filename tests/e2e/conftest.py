@@ -1,6 +1,6 @@
 """The e2e tier: by default against this run's own control plane, the operator installed with
 `helm install` and running as the chart's ServiceAccount; with PD_E2E_KUBECONFIG against that
-cluster (see e2e_support.py for the knobs). The CRD is installed there if it is missing.
+cluster (see tests/support/e2e.py for the knobs). The CRD is installed there if it is missing.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-from e2e_support import GROUP, KUBECONFIG, MODE, PLURAL, ROOT, example, wait_for
 
-from support.cluster import ControlPlane, pick_port
+from pd_operator.api.types import GROUP, PLURAL
+from support.cluster import ControlPlane, pick_port, wait_for
+from support.e2e import KUBECONFIG, MODE
 from support.installed import (
     OperatorProcess,
     Release,
@@ -27,6 +28,7 @@ from support.installed import (
     wait_webhook_called,
     weights_claim,
 )
+from support.specs import ROOT, example
 
 DRIFT = "--drift-interval=1"  # the idle test waits for two drift reconciles
 
@@ -66,7 +68,7 @@ def api(kubeconfig: str) -> Iterator[kubernetes.client.ApiClient]:
         def established() -> bool:
             conditions = ext.read_custom_resource_definition(name).status.conditions or []
             return any(c.type == "Established" and c.status == "True" for c in conditions)
-        wait_for(established, 60, "the CRD established")
+        wait_for("the CRD established", established, 60)
         yield client
 
 
@@ -87,7 +89,7 @@ def namespace(api: kubernetes.client.ApiClient) -> Iterator[str]:
     core = kubernetes.client.CoreV1Api(api)
     name = f"pd-e2e-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
-    wait_for(lambda: core.list_namespaced_service_account(name).items, 60, "the default ServiceAccount")
+    wait_for("the default ServiceAccount", lambda: core.list_namespaced_service_account(name).items, 60)
     yield name
     core.delete_namespace(name)
 

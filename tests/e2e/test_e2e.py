@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import kubernetes
 import pytest
-from e2e_support import GROUP, MODE, NPU, PLURAL, VERSION, example, wait_for
+
+from pd_operator.api.types import GROUP, PLURAL, VERSION
+from support.cluster import wait_for
+from support.e2e import MODE, NPU, WAIT_S
+from support.specs import example
 
 pytestmark = pytest.mark.e2e
 
@@ -57,16 +61,16 @@ def test_children_are_created_owned_and_left_alone_when_idle(api, namespace, ope
         pytest.skip("PD_E2E_OPERATOR=installed: the cluster's operator exposes no metrics here to "
                     "tell when it reconciled")
     _create(api, namespace, glm)
-    wait_for(lambda: set(_children(api, namespace)) >= CHILDREN, what="children")
+    wait_for("children", lambda: set(_children(api, namespace)) >= CHILDREN, WAIT_S)
     uid = _pdd(api, namespace)["metadata"]["uid"]
     for obj in _children(api, namespace).values():
         assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid]
-    wait_for(lambda: _condition(api, namespace, "KVCompatible") == ("True", "Compatible"),
-             what="KVCompatible")
+    wait_for("KVCompatible", lambda: _condition(api, namespace, "KVCompatible") == ("True", "Compatible"),
+             WAIT_S)
     before = _spec_versions(api, namespace)
     drifts = operator.metric("pd_operator_reconcile_total", trigger="drift")
-    wait_for(lambda: operator.metric("pd_operator_reconcile_total", trigger="drift") >= drifts + 2,
-             what="two drift reconciles")
+    wait_for("two drift reconciles",
+             lambda: operator.metric("pd_operator_reconcile_total", trigger="drift") >= drifts + 2, WAIT_S)
     assert _spec_versions(api, namespace) == before
 
 
@@ -80,22 +84,24 @@ def test_incompatible_manifest_is_rejected_or_reported(api, namespace, operator)
         return
     _create(api, namespace, doc)
     name = doc["metadata"]["name"]
-    wait_for(lambda: _condition(api, namespace, "KVCompatible", name) == ("False", "HeadsNotDivisibleByTP"),
-             what="KVCompatible=False")
+    wait_for("KVCompatible=False",
+             lambda: _condition(api, namespace, "KVCompatible", name) == ("False", "HeadsNotDivisibleByTP"),
+             WAIT_S)
     assert _children(api, namespace) == {}
 
 
 def test_deleted_child_is_restored(api, namespace, operator, glm):
     _create(api, namespace, glm)
-    wait_for(lambda: set(_children(api, namespace)) >= CHILDREN, what="children")
+    wait_for("children", lambda: set(_children(api, namespace)) >= CHILDREN, WAIT_S)
     core = kubernetes.client.CoreV1Api(api)
     old = core.read_namespaced_service("glm-flash-decode-0", namespace).metadata.uid
     core.delete_namespaced_service("glm-flash-decode-0", namespace)
-    wait_for(lambda: (svc := _children(api, namespace).get(("Service", "glm-flash-decode-0")))
-             and svc["metadata"]["uid"] != old, what="service restored")
+    wait_for("service restored",
+             lambda: (svc := _children(api, namespace).get(("Service", "glm-flash-decode-0")))
+             and svc["metadata"]["uid"] != old, WAIT_S)
 
 
 @pytest.mark.skipif(not NPU, reason="serving pods need NPU nodes (PD_E2E_NPU=1)")
 def test_ready(api, namespace, operator, glm):
     _create(api, namespace, glm)
-    wait_for(lambda: _condition(api, namespace, "Ready") == ("True", "Serving"), timeout=3600, what="Ready")
+    wait_for("Ready", lambda: _condition(api, namespace, "Ready") == ("True", "Serving"), 3600)

@@ -5,27 +5,18 @@ The chart is installed with its webhook off: these scenarios are about the recon
 operator must not make the self-signed webhook, which fails closed, refuse the next PDDeployment;
 the invalid-update storm is what a cluster with the webhook down or set to Ignore sees). The
 bad-input test installs its own release with the webhook on.
-
-The bad-input strategies reuse the renderer tests' spec generator (tests/render); pytest only puts
-a test directory on sys.path when it collects it, so that one is added here for runs of
-tests/faults alone.
 """
 
 from __future__ import annotations
 
 import pathlib
-import sys
 from collections.abc import Iterator
 
 import pytest
-from env import Operators, operators
 
 from support.cluster import ControlPlane
 from support.installed import Release, helm_install, helm_uninstall
-
-RENDER_TESTS = str(pathlib.Path(__file__).resolve().parents[1] / "render")
-if RENDER_TESTS not in sys.path:
-    sys.path.append(RENDER_TESTS)
+from support.operators import Operators, operators
 
 
 @pytest.fixture

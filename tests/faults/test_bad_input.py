@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import yaml
-from bad_docs import MB, documents
 from hypothesis import HealthCheck, given, settings
 
 from pd_operator import cli
@@ -34,7 +33,9 @@ from pd_operator.render import render
 from pd_operator.spec.validate import validate
 from support.cluster import ApiError, ControlPlane, namespace_name
 from support.fleet import FLEET_EXAMPLE
-from support.installed import OperatorProcess, example, helm_install, helm_uninstall
+from support.installed import OperatorProcess, helm_install, helm_uninstall
+from support.spec_strategies import MB, documents
+from support.specs import example
 
 pytestmark = pytest.mark.faults
 

@@ -24,7 +24,8 @@ from support.fleet import (
     pods,
     wait_converged,
 )
-from support.installed import example, weights_claim
+from support.installed import weights_claim
+from support.specs import example
 
 pytestmark = pytest.mark.faults
 

@@ -1,5 +1,6 @@
 """Our engine block sizes against vLLM 0.34's own start-up code and vllm-ascend 0.30.0rc2's own block rule,
-run in `.vllm-venv` on the same config.json files (vllm_align_probe.py says exactly which objects are real).
+run in `.vllm-venv` on the same config.json files (tests/support/vllm_venv/block_alignment.py says exactly
+which objects are real).
 
 Hybrids vLLM can resolve here: Qwen3-Next (dense attention + Gated DeltaNet) and Kimi Linear (MLA + KDA),
 the latter also with GLM-5.3-Flash's shapes (NoPE MLA 512, KDA 64 heads x 128, conv 4) and, for
@@ -12,12 +13,12 @@ the Kimi Linear class uses (vllm: MambaStateShapeCalculator.kda_state_shape).
 from __future__ import annotations
 
 import pytest
-from vllm_tier import hf_config, run_probe
 
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import side_layout
 from pd_operator.kv.hf_config import model_from_hf_config
 from pd_operator.kv.side import Side
+from support.vllm_tier import hf_config, run_probe
 
 pytestmark = pytest.mark.vllm
 

@@ -3,8 +3,8 @@
 A seeded generator draws hybrid models (Qwen3-Next: dense attention + Gated DeltaNet; Kimi Linear: MLA + KDA)
 with random head counts and dims, conv kernels, model and KV cache dtypes, TP, kernel blocks, requested
 blocks and speculative tokens. Each shape is one side on plain vLLM (`platform="vllm"`): vLLM's verdict
-comes from `vllm_align_probe.py` (VllmConfig and its checks, `Platform.update_block_size_for_backend`), ours
-from `check_pair` on the same config.json. The contract:
+comes from `support/vllm_venv/block_alignment.py` (VllmConfig and its checks,
+`Platform.update_block_size_for_backend`), ours from `check_pair` on the same config.json. The contract:
 
 - whatever pdctl approves, vLLM accepts, with the same engine block;
 - whatever vLLM refuses, pdctl refuses;
@@ -23,11 +23,11 @@ import random
 from collections import Counter
 
 import pytest
-from vllm_tier import hf_config, run_probe
 
 from pd_operator.kv.compat import check_pair
 from pd_operator.kv.hf_config import model_from_hf_config
 from pd_operator.kv.side import Side
+from support.vllm_tier import hf_config, run_probe
 
 pytestmark = pytest.mark.vllm
 

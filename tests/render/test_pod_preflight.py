@@ -1,5 +1,5 @@
 """Every rendered serving pod starts through `pd-preflight`, run for real: the files the pod would
-see are laid out (render_cases.run_pod), a recorder stands in for `vllm`, and the preflight must
+see are laid out (support.renders.run_pod), a recorder stands in for `vllm`, and the preflight must
 exec it with exactly the rendered argv, and refuse, naming the finding, a pod whose argv, NPU
 grant or image was tampered with.
 
@@ -14,9 +14,9 @@ import copy
 import json
 
 import pytest
-from render_cases import VALID_EXAMPLES, container, load, role_of, run_pod, serving_sets
 
 from pd_operator.render import render
+from support.renders import VALID_EXAMPLES, container, role_of, run_pod, serving_sets
 from support.specs import resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
@@ -25,7 +25,7 @@ EX_CONFIG = 78
 
 
 def _manifests(example) -> list[dict]:
-    return render(resolve(load(example)))
+    return render(resolve(example(example)))
 
 
 def _decode(manifests: list[dict]) -> dict:

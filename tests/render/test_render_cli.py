@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import yaml
-from render_cases import INCOMPATIBLE, VALID_EXAMPLES, rendered
 
 from pd_operator.cli import main
+from support.renders import INCOMPATIBLE, VALID_EXAMPLES, rendered
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 

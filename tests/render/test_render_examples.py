@@ -5,11 +5,11 @@ exactly the findings its .expected.txt lists."""
 from __future__ import annotations
 
 import pytest
-from render_cases import INCOMPATIBLE, VALID_EXAMPLES, load, validated
-from render_checks import check_all
 
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.render import render
+from support.render_properties import check_all
+from support.renders import INCOMPATIBLE, VALID_EXAMPLES, validated
 
 
 def test_there_are_examples_of_each_kind():
@@ -20,7 +20,7 @@ def test_there_are_examples_of_each_kind():
 
 @pytest.mark.parametrize("example", [*VALID_EXAMPLES, INCOMPATIBLE], ids=lambda p: p.stem)
 def test_example_passes_the_crd_schema(example):
-    assert schema_problems(load(example)) == []
+    assert schema_problems(example(example)) == []
 
 
 @pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 
 import pytest
-from render_cases import VALID_EXAMPLES, load, of_kind, serving_sets
 
 from pd_operator.api.labels import DEPLOYMENT, HOSTNAME, INSTANCE, ROLE, VOLCANO_GROUP
 from pd_operator.render import render
 from pd_operator.spec.validate import validate
+from support.renders import VALID_EXAMPLES, of_kind, serving_sets
+from support.specs import example
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 DOMAIN = "example.com/super-pod"
@@ -20,7 +21,7 @@ NPU = "huawei.com/Ascend910"
 def multi_pod(gang: str = "none", **placement) -> dict:
     """GLM with 2 prefill instances of 1 pod and 2 decode instances of 2 pods (DP4 x TP4 = 16 NPUs
     on nodes of 8)."""
-    doc = load(GLM)
+    doc = example(GLM)
     doc["spec"]["prefill"]["replicas"] = 2
     doc["spec"]["decode"].update(replicas=2, dataParallelSize=4)
     doc["spec"]["scheduling"] = {"gang": gang}
@@ -148,7 +149,7 @@ def test_domain_label_keeps_an_instance_in_one_domain_near_prefill_and_apart_fro
 
 
 def test_single_instances_are_not_spread_and_decode_without_prefill_prefers_nothing():
-    doc = load(GLM)
+    doc = example(GLM)
     doc["spec"]["placement"] = {"domainLabel": DOMAIN}
     doc["spec"]["prefill"]["replicas"] = 0
     manifests = rendered(doc)
@@ -198,7 +199,7 @@ def _error(doc: dict) -> tuple[str, str]:
     ({"placement": {"domainLabel": "not a label"}}, "spec.placement.domainLabel", ""),
 ])
 def test_bad_scheduling_or_placement_names_the_field(change, path, words):
-    doc = load(GLM)
+    doc = example(GLM)
     doc["spec"] |= change
     got_path, message = _error(doc)
     assert got_path == path and words in message, (got_path, message)

@@ -6,10 +6,10 @@ import difflib
 
 import pytest
 import yaml
-from render_cases import VALID_EXAMPLES, rendered
 
 from pd_operator.render import render
 from pd_operator.render.yaml_text import to_yaml
+from support.renders import VALID_EXAMPLES, rendered
 from support.specs import resolve
 
 GOLDEN = VALID_EXAMPLES[0].parents[1] / "tests" / "render" / "golden"

@@ -14,7 +14,12 @@ import threading
 from urllib.parse import urlsplit
 
 import pytest
-from render_cases import (
+
+from pd_operator.render import render
+from pd_operator.render.command import CONFIG_DIR
+from pd_operator.spec.validate import validate
+from support.render_properties import check_all
+from support.renders import (
     VALID_EXAMPLES,
     config_map_data,
     container,
@@ -25,11 +30,6 @@ from render_cases import (
     role_of,
     serving_sets,
 )
-from render_checks import check_all
-
-from pd_operator.render import render
-from pd_operator.render.command import CONFIG_DIR
-from pd_operator.spec.validate import validate
 from support.specs import resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 
-from render_cases import VALID_EXAMPLES, load, of_kind, proxy_membership, role_of
-
 from pd_operator.proxy.membership import KEY, document, parse_document
 from pd_operator.render import proxy, render
-from support.specs import resolve
+from support.renders import VALID_EXAMPLES, of_kind, proxy_membership, role_of
+from support.specs import example, resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 
 
 def _scaled(prefill: int, decode: int) -> list[dict]:
-    doc = load(GLM)
+    doc = example(GLM)
     doc["spec"]["prefill"]["replicas"], doc["spec"]["decode"]["replicas"] = prefill, decode
     return render(resolve(doc))
 
@@ -37,9 +36,9 @@ def test_an_instance_count_changes_the_membership_and_not_the_proxy_deployment()
 
 
 def test_the_membership_config_map_lists_the_allowed_instances():
-    ctx = resolve(load(GLM))
+    ctx = resolve(example(GLM))
     every = proxy.membership_config_map(ctx)
-    assert every == next(m for m in render(resolve(load(GLM))) if m["kind"] == "ConfigMap"
+    assert every == next(m for m in render(resolve(example(GLM))) if m["kind"] == "ConfigMap"
                          and m["metadata"]["name"] == "glm-flash-proxy")
     doc = json.loads(proxy.membership_config_map(ctx, {"prefill": {0}, "decode": set()})["data"][KEY])
     assert doc == document([proxy.upstream(ctx, "prefill", 0)], [])

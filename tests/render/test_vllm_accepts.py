@@ -1,7 +1,7 @@
 """vLLM 0.34's own code accepts every rendered `vllm serve` argv and kv-transfer-config.
 
-It runs `vllm_check.py` in `.vllm-venv` (vLLM's CPU config code, facts.md section 6) once for
-all pods of all examples: building vLLM's parser takes ~5 s.
+It runs `support/vllm_venv/serve_config.py` in `.vllm-venv` (vLLM's CPU config code, facts.md section 6)
+once for all pods of all examples: building vLLM's parser takes ~5 s.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import json
 import subprocess
 
 import pytest
-from render_cases import ROOT, VALID_EXAMPLES, flag, pod_argvs, rendered, role_of
+
+from support.renders import VALID_EXAMPLES, flag, pod_argvs, rendered, role_of
+from support.specs import ROOT
 
 pytestmark = pytest.mark.vllm
 
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
-CHECKER = ROOT / "tests" / "render" / "vllm_check.py"
+CHECKER = ROOT / "tests" / "support" / "vllm_venv" / "serve_config.py"
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ from pd_operator.controller.diff import holds
 from pd_operator.render import render
 from pd_operator.render.proxy import members
 from support.cluster import ApiError, ControlPlane, service_account_user, wait_for
-from support.installed import ROOT, example, weights_claim
+from support.installed import weights_claim
 from support.kube import kubectl
 from support.metrics_api import MetricsAPI
-from support.specs import resolve
+from support.specs import example, resolve
 
 pytestmark = [pytest.mark.integration, pytest.mark.scaling]
 
@@ -128,7 +128,7 @@ def test_rendered_hpas_read_back_as_rendered(control_plane, namespace):
     """The API server stores the HPAs unchanged (quantities in canonical form, behavior as given), so
     the planner never sees drift in them and the operator never re-applies them."""
     cp = control_plane
-    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    doc = example(namespace=namespace)
     doc["spec"]["prefill"]["autoscaling"] = {
         "maxReplicas": 8, "metrics": [{"metric": "vllm:num_requests_waiting", "averageValue": 48000},
                                       {"metric": "vllm:time_to_first_token_seconds", "averageValue": 1.5}],
@@ -149,7 +149,7 @@ def test_the_hpa_scales_decode_on_kv_cache_usage(control_plane, namespace, relea
                                                   metrics_api):
     cp = control_plane
     start_operator()
-    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    doc = example(namespace=namespace)
     doc["spec"]["decode"]["autoscaling"] = copy.deepcopy(AUTOSCALING)
     metrics_api.set(namespace, KV_USAGE, 0.25)  # below target: no reason to scale yet
     _apply(cp, doc)

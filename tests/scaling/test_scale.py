@@ -23,8 +23,9 @@ import yaml
 from pd_operator.api.labels import FORWARDED_REPLICAS, KV_LAYOUT
 from pd_operator.api.types import GROUP, VERSION
 from support.cluster import ControlPlane, wait_for
-from support.installed import ROOT, condition, example, get_pdd, weights_claim
+from support.installed import ROOT, condition, get_pdd, weights_claim
 from support.kube import kubectl
+from support.specs import example
 
 pytestmark = [pytest.mark.integration, pytest.mark.scaling]
 
@@ -97,7 +98,7 @@ def test_kubectl_scale_moves_each_role_and_the_operator_never_fights_it(
     shutil.copy(cp.kubeconfig, kubeconfig)
     kubectl(kubeconfig, "config", "set-context", "--current", f"--namespace={namespace}")
 
-    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    doc = example(namespace=namespace)
     cp.create_weights_volume(namespace, weights_claim(doc))
     kubectl(kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc))
     _wait(cp, namespace, "GLM serving", lambda: _cond(cp, namespace, "Ready") == ("True", "Serving"))

@@ -36,9 +36,10 @@ from support.audit import Event
 from support.cluster import DEFAULT_NODES, ControlPlane
 from support.fakevllm import FakeEngine, Hold, Load, load_of, until
 from support.fixtures import keep_workdir
-from support.installed import ROOT, OperatorProcess, example, get_pdd, weights_claim
+from support.installed import OperatorProcess, get_pdd, weights_claim
 from support.kube import kubectl
 from support.podnet import Kubelet, loopback
+from support.specs import example
 
 pytestmark = [pytest.mark.integration, pytest.mark.scaling]
 
@@ -227,7 +228,7 @@ def check_order(cp: ControlPlane, namespace: str, user: str, d: Drained) -> None
 
 async def _scenario(cp: ControlPlane, namespace: str, op: OperatorProcess, user: str,
                     workdir: pathlib.Path) -> None:
-    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    doc = example(namespace=namespace)
     cp.create_weights_volume(namespace, str(weights_claim(doc)))
     kubectl(cp.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc))
     async with Kubelet(cp, namespace, GLM, workdir / "pods") as kubelet:

@@ -21,11 +21,11 @@ from pd_operator.render import render
 from pd_operator.render.proxy import members
 from pd_operator.spec.scaling import Hold, bound, findings
 from pd_operator.spec.validate import validate, with_instances
-from support.installed import ROOT, example
+from support.installed import ROOT
+from support.specs import example
 
 pytestmark = pytest.mark.scaling
 
-GLM = ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml"
 UID = "0b1c2d3e-0000-4000-8000-000000000002"
 
 
@@ -91,13 +91,13 @@ def test_a_hold_names_the_field_and_what_to_change():
 def test_bounds_that_cannot_hold_are_refused_with_the_field(bounds, path):
     (finding,) = findings(bounds)
     assert (finding.code, finding.severity, finding.path) == ("ScalingBounds", "error", path)
-    doc = example(GLM)
+    doc = example()
     doc["spec"]["scaling"] = bounds.to_wire()
     assert [(f.code, f.path) for f in validate(doc).errors] == [("ScalingBounds", path)]
 
 
 def _validated(**scaling):
-    doc = example(GLM)
+    doc = example()
     if scaling:
         doc["spec"]["scaling"] = scaling
     validation = validate(doc)
@@ -195,7 +195,7 @@ def test_what_the_operator_applies_of_a_pdrole_never_has_replicas():
     (3, None, 3, False, (3, "forward")),            # no record of a forward: forward (writes the record)
 ])
 def test_when_the_spec_count_is_forwarded(observed, forwarded, spec, autoscaled, want):
-    doc = example(GLM)
+    doc = example()
     doc["spec"]["decode"]["replicas"] = spec
     if autoscaled:
         doc["spec"]["decode"]["autoscaling"] = {

@@ -4,7 +4,8 @@ cannot make test_network_policy.py pass by accident."""
 from __future__ import annotations
 
 import pytest
-from netpol import Pod, allowed, selects
+
+from support.network_policy import Pod, allowed, selects
 
 WEB = Pod("web", "shop", {"app": "web", "tier": "front"}, {"http": 8080})
 DB = Pod("db", "shop", {"app": "db"}, {"sql": 5432})

@@ -1,20 +1,20 @@
 """The rendered NetworkPolicy admits only the deployment's own pods to the KV handshake, side
 channel and KV-link probe ports, and the engines' HTTP port only from its namespace.
 
-Flows are checked with the pure evaluator in netpol.py against every example and against
+Flows are checked with the pure evaluator in support/network_policy.py against every example and against
 generated valid specs.
 """
 
 from __future__ import annotations
 
 import pytest
-from deployment_view import component, kv_ports, stranger, validated_render, workload_pods
 from hypothesis import HealthCheck, assume, given, settings
-from netpol import Pod, allowed
-from render_cases import VALID_EXAMPLES, load
-from test_render_generated import deployments
 
 from pd_operator.spec.validate import validate
+from support.network_policy import Pod, allowed
+from support.rendered_pods import component, kv_ports, stranger, validated_render, workload_pods
+from support.renders import VALID_EXAMPLES
+from support.spec_strategies import deployments
 
 ELSEWHERE = "elsewhere"
 NAMESPACES = {"default": {"kubernetes.io/metadata.name": "default"},
@@ -70,7 +70,7 @@ FLOWS = [
 
 @pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)
 def test_flow_table_on_every_example(example):
-    validation, manifests = validated_render(load(example))
+    validation, manifests = validated_render(example(example))
     (policy,) = [m for m in manifests if m["kind"] == "NetworkPolicy"]
     pods = workload_pods(manifests)
     sources = _sources(pods, validation.deployment.namespace)

@@ -7,28 +7,23 @@ from __future__ import annotations
 import copy
 
 import pytest
-from override_cases import FREE_ARGS, HYBRID_OWNED_ARGS, VALUES, covers_every_owned_flag, spellings
-from render_cases import VALID_EXAMPLES, container, load, serving_sets
 
 from pd_operator.render import render
 from pd_operator.spec.reserved import OWNED_ENV
 from pd_operator.spec.validate import validate
+from support.owned_flags import FREE_ARGS, HYBRID_OWNED_ARGS, VALUES, covers_every_owned_flag, spellings
+from support.renders import VALID_EXAMPLES, container, serving_argv, serving_sets
+from support.specs import example
 
-BASE = load(next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-1p1d-tp4"))
-A2 = load(next(p for p in VALID_EXAMPLES if p.stem == "qwen3-next-a2"))
-DENSE = load(next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek")))  # MLA + indexer, no state
+BASE = example(next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-1p1d-tp4"))
+A2 = example(next(p for p in VALID_EXAMPLES if p.stem == "qwen3-next-a2"))
+DENSE = example(next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek")))  # MLA + indexer, no state
 
 
 def with_role(doc: dict, role: str, **fields) -> dict:
     out = copy.deepcopy(doc)
     out["spec"][role].update(fields)
     return out
-
-
-def serving_argv(sts: dict) -> list[str]:
-    """The `vllm serve` argv after pd-preflight's `--` (and any shell prelude)."""
-    command = container(sts)["command"]
-    return command[command.index("--") + 1:]
 
 
 def test_every_owned_flag_has_a_test_value():

@@ -1,4 +1,4 @@
-"""vLLM's own parser confirms the override rule: every spelling in override_cases really sets the
+"""vLLM's own parser confirms the override rule: every spelling in support.owned_flags really sets the
 owned value (so refusing it is needed), and no option of `vllm serve` that the operator does not
 own is refused by the prefix rule (so refusing prefixes costs a user nothing)."""
 
@@ -8,18 +8,17 @@ import json
 import subprocess
 
 import pytest
-from override_cases import FREE_ARGS, VALUES, spellings
-from render_cases import ROOT, VALID_EXAMPLES, load, serving_sets
-from test_overrides import serving_argv
 
 from pd_operator.render import render
 from pd_operator.spec.reserved import OWNED_FLAGS, owned_flag
-from support.specs import resolve
+from support.owned_flags import FREE_ARGS, VALUES, spellings
+from support.renders import VALID_EXAMPLES, serving_argv, serving_sets
+from support.specs import ROOT, example, resolve
 
 pytestmark = pytest.mark.vllm
 
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
-CHECKER = ROOT / "tests" / "security" / "vllm_flags.py"
+CHECKER = ROOT / "tests" / "support" / "vllm_venv" / "owned_flags.py"
 
 
 def run_vllm(argvs: list[list[str]]) -> dict:
@@ -34,7 +33,7 @@ def run_vllm(argvs: list[list[str]]) -> dict:
 
 @pytest.fixture(scope="module")
 def parsed():
-    doc = load(next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-1p1d-tp4"))
+    doc = example(next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-1p1d-tp4"))
     (decode,) = [s for s in serving_sets(render(resolve(doc))) if "decode" in s["metadata"]["name"]]
     base = serving_argv(decode)
     cases = [words for flag in sorted(VALUES) for words in spellings(flag)]

@@ -4,9 +4,9 @@ no Secrets, no wildcards, no escalation verbs or pod shells, no binding to a bui
 from __future__ import annotations
 
 import pytest
-from chart_render import VALUE_SETS, rendered
 
 from pd_operator.controller.permissions import RULES
+from support.helm_chart import VALUE_SETS, rendered
 
 ROLE_KINDS = ("ClusterRole", "Role")
 BINDING_KINDS = ("ClusterRoleBinding", "RoleBinding")

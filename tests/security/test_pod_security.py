@@ -5,12 +5,13 @@ only when the spec asks for it, which the validator then reports (HostNetwork)."
 from __future__ import annotations
 
 import pytest
-from deployment_view import pod_specs, validated_render
 from hypothesis import HealthCheck, assume, given, settings
-from render_cases import VALID_EXAMPLES, load
-from test_render_generated import deployments
 
 from pd_operator.spec.validate import validate
+from support.rendered_pods import pod_specs, validated_render
+from support.renders import VALID_EXAMPLES
+from support.spec_strategies import deployments
+from support.specs import example
 
 
 def pod_problems(name: str, pod: dict) -> list[str]:
@@ -56,12 +57,12 @@ def test_the_checker_sees_each_problem():
 
 @pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)
 def test_example_pods_are_unprivileged(example):
-    check(load(example))
+    check(example(example))
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_host_network_only_on_request_and_reported(role):
-    doc = load(VALID_EXAMPLES[0])
+    doc = example(VALID_EXAMPLES[0])
     doc["spec"][role]["hostNetwork"] = True
     check(doc)
     warnings = validate(doc).warnings

@@ -29,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from support.cluster import ApiError, Component, ControlPlane, pick_port, service_account_user, wait_for
-from support.kube import CHART, ROOT, helm
+from support.kube import CHART, helm
+from support.specs import example
 
 PORT_FLAGS = ("--health-port=", "--metrics-port=", "--webhook-port=")
 RELEASE = "pd-operator"
@@ -156,14 +157,6 @@ class Release:
                                workdir / "operator.log")
 
 
-def example(path: pathlib.Path, namespace: str | None = None) -> dict:
-    """A manifest from examples/, moved into `namespace` when given (tests use their own)."""
-    doc = dict(yaml.safe_load(path.read_text()))
-    if namespace:
-        doc["metadata"]["namespace"] = namespace
-    return doc
-
-
 def weights_claim(doc: dict) -> str | None:
     """The PersistentVolumeClaim a PDDeployment's model weights come from, if any."""
     claim = ((doc["spec"]["model"].get("weights") or {}).get("pvc") or {}).get("claimName")
@@ -187,7 +180,7 @@ def wait_webhook_called(cp: ControlPlane, namespace: str, timeout: float = 60) -
     """Wait until the API server calls the webhook the operator just configured (it reloads webhook
     configurations asynchronously; until then a write may still go to an older address): a
     server-side dry run of the GLM example in `namespace` is admitted."""
-    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    doc = example(namespace=namespace)
     doc["metadata"]["name"] = "webhook-check"  # a dry run: nothing is stored, no name is taken
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}?dryRun=All"
 

@@ -5,9 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pd_operator.spec.validate import Resolved, Validation, validate
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+GLM = "glm-5.3-flash-tp8-dp2tp4.yaml"
+"""The example most tests serve: GLM-5.3-Flash, prefill TP8 -> decode DP2 x TP4."""
+
+
+def example(name: str | Path = GLM, namespace: str | None = None) -> dict[str, Any]:
+    """A manifest from examples/ (a file name there, or a path), moved into `namespace` when given."""
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    if namespace:
+        doc["metadata"]["namespace"] = namespace
+    return dict(doc)
 
 
 def resolved_of(validation: Validation) -> Resolved:

@@ -5,12 +5,12 @@ with what a decode that computed the prompt itself would hold, and no other byte
 from __future__ import annotations
 
 import pytest
-from transfer_cases import PAIRINGS, PROMPTS
 
 from pd_operator.kv.compat import check_pair
 from pd_operator.transfer.executor import PullOptions
 from pd_operator.transfer.loopback import requests
 from support.ranks import Pairing
+from support.transfer_pairings import PAIRINGS, PROMPTS
 
 pytestmark = pytest.mark.transfer
 

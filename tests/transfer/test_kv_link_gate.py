@@ -24,9 +24,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from controller_helpers import desired, link_down, pods_of, validated
-from controller_support import example
-from render_cases import config_map_data, role_of, serving_sets
 
 from pd_operator.controller import gate, links
 from pd_operator.controller.status import Observed, conditions, status
@@ -36,6 +33,9 @@ from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
 from pd_operator.render.proxy import membership_document
 from support.cluster import pick_port, wait_for
+from support.controller_fakes import desired, link_down, pods_of, validated
+from support.renders import config_map_data, role_of, serving_sets
+from support.specs import example
 
 pytestmark = pytest.mark.transfer
 

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from transfer_cases import few_layers, pair
 
 from pd_operator.kv.transfer_plan import RunSet, TransferPlan
 from pd_operator.transfer.executor import Peer
 from pd_operator.transfer.loopback import arena_bytes, requests
 from support.ranks import Pairing, RankWorker, start_workers
+from support.transfer_pairings import few_layers, pair
 
 pytestmark = pytest.mark.transfer
 

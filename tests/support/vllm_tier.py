@@ -1,5 +1,5 @@
 """The `vllm` tier's one way to ask vLLM 0.34 (and vllm-ascend 0.30.0rc2's rule) about configurations: all
-cases go to one `vllm_align_probe.py` process in `.vllm-venv`, which prints one result per case."""
+cases go to one `vllm_venv/block_alignment.py` process in `.vllm-venv`, which prints one result per case."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from support import upstream
+from support.specs import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
 ASCEND_SRC = upstream.source_dir("0.30.0rc2")
 """vllm-ascend's unpacked source archive, as `make upstream` fetches it (sha256-pinned)."""
-PROBE = Path(__file__).with_name("vllm_align_probe.py")
-HF_CONFIGS = Path(__file__).with_name("hf_configs")
+PROBE = Path(__file__).parent / "vllm_venv" / "block_alignment.py"
+HF_CONFIGS = ROOT / "tests" / "kv" / "hf_configs"
 
 
 def run_probe(cases: list[dict]) -> dict[str, dict]:

@@ -1,16 +1,17 @@
-"""Builders shared by the pure controller tests: validated examples, rendered children, fake pods."""
+"""Builders for the pure controller tests: validated examples, rendered children, fake pods, and the
+gate's render with what its proxy routes to."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from controller_support import example
-
-from pd_operator.controller import pdroles
+from pd_operator.controller import gate, pdroles
 from pd_operator.controller.diff import stamp
 from pd_operator.render import render
 from pd_operator.spec.validate import Validation, validate
+from support.renders import proxy_membership
+from support.specs import example
 
 OWNER_UID = "0b1c2d3e-0000-4000-8000-000000000001"
 
@@ -86,3 +87,28 @@ def with_status(manifests: list[dict], ready_replicas: int | None = None) -> lis
             m["status"] = {"readyReplicas": want if ready_replicas is None else ready_replicas}
         out.append(m)
     return out
+
+
+def gated(v: Validation, pods: list[dict]) -> tuple[list[dict], bool]:
+    """(the manifests rendered with the gate's routable set, whether a layout rolls)."""
+    routable, rolling = gate.routable(v.resolved, pods)
+    return render(v.resolved, routable=routable), rolling
+
+
+def proxy_deployment(manifests: list[dict]) -> dict:
+    return next(m for m in manifests
+                if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-proxy"))
+
+
+def routed_names(manifests: list[dict], role: str) -> list[str]:
+    """The instances of `role` the proxy routes to (its membership ConfigMap)."""
+    return [u.name for u in proxy_membership(manifests).role(role)]
+
+
+def gated_only_the_membership(v: Validation, out: list[dict]) -> None:
+    """Everything but the membership ConfigMap is as rendered, the proxy Deployment included."""
+    def others(manifests: list[dict]) -> list[dict]:
+        return [m for m in manifests
+                if not (m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy"))]
+    assert others(out) == others(render(v.resolved))
+    assert proxy_deployment(out)["spec"]["replicas"] == 1

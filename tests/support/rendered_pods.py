@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import copy
 
-from netpol import Pod
-
 from pd_operator.render import render
 from pd_operator.spec.ports import PROBE_PORT, kv_handshake, side_channel
 from pd_operator.spec.validate import Validation, validate
+from support.network_policy import Pod
 
 WORKLOADS = ("StatefulSet", "Deployment")
 

@@ -1,4 +1,5 @@
-"""Render the pd-operator chart with the real helm binary (`make tools` puts it in .tools/)."""
+"""Render the pd-operator chart with the real helm binary (`make tools` puts it in .tools/), with the
+defaults and each value set under tests/chart/values/."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "pd-operator"
-VALUES_DIR = Path(__file__).resolve().parent / "values"
+VALUES_DIR = REPO / "tests" / "chart" / "values"
 RELEASE = "pdo"
 NAMESPACE = "pd-system"
 # The default values plus every file under values/, by name.

@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import kubernetes_validate
-from render_cases import container, flag, of_kind, pod_argvs, proxy_membership, role_of, serving_sets
 
 from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import ROLE_KIND, PDRole
@@ -22,6 +21,7 @@ from pd_operator.proxy.membership import KEY, MOUNT_DIR, Upstream
 from pd_operator.spec.ports import PROBE_PORT, pod_ports
 from pd_operator.spec.reserved import OWNED_ENV
 from pd_operator.spec.validate import Validation
+from support.renders import container, flag, of_kind, pod_argvs, proxy_membership, role_of, serving_sets
 
 KV_TRANSFER_FIELDS = {
     "kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size", "kv_role", "kv_rank",

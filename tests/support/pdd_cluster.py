@@ -1,5 +1,5 @@
-"""Shared by the controller's integration tests: children, pods, conditions and writes of a
-PDDeployment on the real control plane, and `kubectl` the way a user changes it."""
+"""One PDDeployment (GLM by default) on the real control plane: its children, pods, conditions and the
+operator's writes, and `kubectl` the way a user changes it (the controller's integration tests)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ import json
 import urllib.parse
 
 import yaml
-from controller_support import ROOT, example
 
-from pd_operator.api.labels import DEPLOYMENT
 from pd_operator.api.types import PLURAL
-from pd_operator.render.kinds import CHILD_KINDS
 from pd_operator.render.proxy import members
-from support.cluster import ApiError, ControlPlane, wait_for
+from support import fleet
+from support.cluster import ControlPlane, wait_for
 from support.installed import condition, get_pdd, weights_claim
 from support.kube import kubectl
+from support.specs import ROOT, example
 
 GLM = "glm-flash"
 GLM_CHILDREN = {"PDRole/glm-flash-prefill", "PDRole/glm-flash-decode",
@@ -40,18 +39,8 @@ def listed(cp: ControlPlane, api_version: str, plural: str, namespace: str, sele
 
 
 def children(cp: ControlPlane, namespace: str, name: str = GLM) -> dict[str, dict]:
-    """Every object of a child kind carrying the PDDeployment's label, as Kind/name (kinds the
-    cluster does not serve, such as PodGroups without their API, have none)."""
-    out = {}
-    for (api_version, kind), plural in CHILD_KINDS.items():
-        try:
-            found = listed(cp, api_version, plural, namespace, f"{DEPLOYMENT}={name}")
-        except ApiError as err:
-            if err.status != 404:
-                raise
-            found = []
-        out |= {f"{kind}/{obj['metadata']['name']}": obj for obj in found}
-    return out
+    """Every child of the PDDeployment `name` (GLM's by default), as Kind/name."""
+    return fleet.children(cp, namespace, name)
 
 
 def pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[dict]:

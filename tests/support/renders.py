@@ -18,32 +18,24 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from pd_operator.proxy.membership import KEY, Membership, parse_document
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
 from pd_operator.spec.validate import Validation, validate
-from support.specs import resolve
+from support.specs import EXAMPLES, example, resolve
 from support.vllm_ascend_tree import write_tree
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
 INCOMPATIBLE = EXAMPLES / "incompatible-glm-tp8-tp3.yaml"
 VALID_EXAMPLES = sorted(p for p in EXAMPLES.glob("*.yaml") if not p.name.startswith("incompatible-"))
 POD_IP = "10.1.2.3"
 
 
-def load(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
-
-
 def validated(path: Path) -> Validation:
-    return validate(load(path))
+    return validate(example(path))
 
 
 def rendered(path: Path) -> list[dict]:
-    return render(resolve(load(path)))
+    return render(resolve(example(path)))
 
 
 def of_kind(manifests: list[dict], kind: str) -> list[dict]:
@@ -52,6 +44,12 @@ def of_kind(manifests: list[dict], kind: str) -> list[dict]:
 
 def serving_sets(manifests: list[dict]) -> list[dict]:
     return of_kind(manifests, "StatefulSet")
+
+
+def serving_argv(sts: dict) -> list[str]:
+    """The `vllm serve` argv after pd-preflight's `--` (and any shell prelude)."""
+    command = container(sts)["command"]
+    return command[command.index("--") + 1:]
 
 
 def container(workload: dict) -> dict:
