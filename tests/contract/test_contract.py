@@ -24,7 +24,6 @@ from pathlib import Path
 
 import mooncake
 import pytest
-import readers
 
 from pd_operator.api.types import KVTransferSpec, TimeoutSpec
 from pd_operator.proxy import protocol
@@ -35,7 +34,7 @@ from pd_operator.serving_image.installed import introspect, module_path, registe
 from pd_operator.spec.reserved import DEFAULT_ENV, OWNED_ENV
 from pd_operator.spec.validate import validate
 from support import upstream
-from support.env_readers import Readers, pod_reads, unread
+from support.env_readers import NATIVE_READERS, Readers, pod_reads, unread
 from support.renders import VALID_EXAMPLES, container, pod_argvs, rendered, serving_sets
 from support.specs import EXAMPLES, ROOT, example
 
@@ -227,7 +226,7 @@ def test_the_checker_catches_a_renamed_variable(image_readers):
 def test_pod_reads_finds_shell_and_python_reads():
     assert pod_reads('sh -c "x=$PD_POD_INDEX ${MY_VAR}" os.environ["A_B"] os.getenv("C_D")') == \
         {"PD_POD_INDEX", "MY_VAR", "A_B", "C_D"}
-    assert readers.NATIVE_READERS.keys() <= set(DEFAULT_ENV) | set(OWNED_ENV)
+    assert NATIVE_READERS.keys() <= set(DEFAULT_ENV) | set(OWNED_ENV)
 
 
 # --- units ------------------------------------------------------------------------------------------

@@ -17,15 +17,15 @@ import pytest
 
 from pd_operator.render import render
 from support.renders import VALID_EXAMPLES, container, role_of, run_pod, serving_sets
-from support.specs import resolve
+from support.specs import example, resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 MULTI_POD = next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek"))
 EX_CONFIG = 78
 
 
-def _manifests(example) -> list[dict]:
-    return render(resolve(example(example)))
+def _manifests(path) -> list[dict]:
+    return render(resolve(example(path)))
 
 
 def _decode(manifests: list[dict]) -> dict:
@@ -38,9 +38,9 @@ def _rendered_vllm_argv(cont: dict) -> list[str]:
     return command[command.index("--") + 1:]
 
 
-@pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)
-def test_every_rendered_pod_passes_its_preflight_and_execs_the_rendered_argv(example, tmp_path):
-    manifests = _manifests(example)
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_every_rendered_pod_passes_its_preflight_and_execs_the_rendered_argv(path, tmp_path):
+    manifests = _manifests(path)
     for sts in serving_sets(manifests):
         cont = container(sts)
         start = cont["command"].index("pd-preflight")

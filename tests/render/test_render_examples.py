@@ -10,6 +10,7 @@ from pd_operator.api.schema_check import schema_problems
 from pd_operator.render import render
 from support.render_properties import check_all
 from support.renders import INCOMPATIBLE, VALID_EXAMPLES, validated
+from support.specs import example
 
 
 def test_there_are_examples_of_each_kind():
@@ -18,9 +19,9 @@ def test_there_are_examples_of_each_kind():
             "qwen3-next-a2"} <= names
 
 
-@pytest.mark.parametrize("example", [*VALID_EXAMPLES, INCOMPATIBLE], ids=lambda p: p.stem)
-def test_example_passes_the_crd_schema(example):
-    assert schema_problems(example(example)) == []
+@pytest.mark.parametrize("path", [*VALID_EXAMPLES, INCOMPATIBLE], ids=lambda p: p.stem)
+def test_example_passes_the_crd_schema(path):
+    assert schema_problems(example(path)) == []
 
 
 @pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)

@@ -23,14 +23,13 @@ from support.renders import (
     VALID_EXAMPLES,
     config_map_data,
     container,
-    load,
     of_kind,
     pod_env,
     proxy_membership,
     role_of,
     serving_sets,
 )
-from support.specs import resolve
+from support.specs import example, resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
 MULTI_POD = next(p for p in VALID_EXAMPLES if p.stem.startswith("deepseek"))
@@ -41,7 +40,7 @@ def layout_hash(doc: dict) -> str:
 
 
 def changed(path: str, value) -> dict:
-    doc = load(GLM)
+    doc = example(GLM)
     *parents, leaf = path.split(".")
     node = doc
     for key in parents:
@@ -51,8 +50,8 @@ def changed(path: str, value) -> dict:
 
 
 def test_kv_layout_hash_is_on_both_roles_and_follows_what_must_match():
-    base = layout_hash(load(GLM))
-    manifests = render(resolve(load(GLM)))
+    base = layout_hash(example(GLM))
+    manifests = render(resolve(example(GLM)))
     for obj in [*serving_sets(manifests), *of_kind(manifests, "Service")[:2]]:
         assert obj["metadata"]["labels"]["pd.serving.dev/kv-layout"] == base
     assert layout_hash(changed("spec.prefill.blockSize", 1280)) != base      # engine block 640 -> 1280
@@ -65,7 +64,7 @@ def test_kv_layout_hash_is_on_both_roles_and_follows_what_must_match():
 
 
 def test_labels_and_selectors():
-    manifests = render(resolve(load(GLM)))
+    manifests = render(resolve(example(GLM)))
     for m in manifests:
         labels = m["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "pd-operator"
@@ -87,7 +86,7 @@ def test_labels_and_selectors():
 
 
 def test_apply_order():
-    kinds = [m["kind"] for m in render(resolve(load(GLM)))]
+    kinds = [m["kind"] for m in render(resolve(example(GLM)))]
     order = ["PDRole", "ConfigMap", "Service", "StatefulSet", "Deployment", "NetworkPolicy",
              "PodDisruptionBudget"]
     assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == order
@@ -117,7 +116,7 @@ def _run_probe(cont: dict, ordinal: int, ports: dict[str, int]) -> int:
 
 
 def test_multi_pod_probe_checks_http_on_the_leader_and_the_kv_port_elsewhere():
-    sts = next(s for s in serving_sets(render(resolve(load(MULTI_POD)))) if s["spec"]["replicas"] > 1)
+    sts = next(s for s in serving_sets(render(resolve(example(MULTI_POD)))) if s["spec"]["replicas"] > 1)
     cont = container(sts)
     http_port, kv_port = cont["readinessProbe"]["exec"]["command"][3:5]
     assert (http_port, kv_port) == ("8000", "36008")  # decode rank 2 (pod 1) of TP4: 36000 + 2 * 4
@@ -138,7 +137,7 @@ def test_multi_pod_probe_checks_http_on_the_leader_and_the_kv_port_elsewhere():
 
 
 def test_pods_of_a_multi_pod_instance_repel_each_other_and_keep_the_users_affinity():
-    doc = load(MULTI_POD)
+    doc = example(MULTI_POD)
     node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}
     doc["spec"]["decode"]["affinity"] = {"nodeAffinity": node_affinity}
@@ -177,7 +176,7 @@ def _edit_kv(cont: dict, change) -> None:
 
 @pytest.mark.parametrize("breakage", BREAKAGES, ids=str)
 def test_checks_catch_a_broken_render(breakage, tmp_path):
-    validation = validate(load(GLM))
+    validation = validate(example(GLM))
     manifests = copy.deepcopy(render(validation.resolved))
     BREAKAGES[breakage](container(serving_sets(manifests)[1]))
     with pytest.raises(AssertionError):
@@ -188,8 +187,8 @@ def test_probe_sidecars_read_the_pairing_the_engines_run(tmp_path):
     """Both probe sides rebuild, from the mounted pairing, the engine block sizes vLLM is given."""
     from pd_operator.transfer.probe import geometry, parser
 
-    for example in VALID_EXAMPLES:
-        validation = validate(load(example))
+    for path in VALID_EXAMPLES:
+        validation = validate(example(path))
         manifests = render(validation.resolved)
         for key, text in config_map_data(manifests).items():
             (tmp_path / key).write_text(text)
@@ -221,8 +220,8 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
             return membership_peers(args.membership)
         return prefill_peers(pairing)
 
-    for example in VALID_EXAMPLES:
-        doc = load(example)
+    for path in VALID_EXAMPLES:
+        doc = example(path)
         doc["spec"]["prefill"]["replicas"] = 2
         manifests = render(resolve(doc))
         pairing = json.loads(config_map_data(manifests)["pairing.json"])
@@ -235,9 +234,9 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
             (tmp_path / KEY).write_text(membership_data(members)[KEY])
             for sts in serving_sets(manifests):
                 if role_of(sts) == "decode":
-                    assert gate_peers(sts, pairing) == want, example
+                    assert gate_peers(sts, pairing) == want, path
 
         doc["spec"]["proxy"] = {"enabled": False}
         for sts in serving_sets(render(resolve(doc))):
             if role_of(sts) == "decode":
-                assert gate_peers(sts, pairing) == hosts, example
+                assert gate_peers(sts, pairing) == hosts, path

@@ -15,6 +15,7 @@ from support.network_policy import Pod, allowed
 from support.rendered_pods import component, kv_ports, stranger, validated_render, workload_pods
 from support.renders import VALID_EXAMPLES
 from support.spec_strategies import deployments
+from support.specs import example
 
 ELSEWHERE = "elsewhere"
 NAMESPACES = {"default": {"kubernetes.io/metadata.name": "default"},
@@ -68,9 +69,9 @@ FLOWS = [
 ]
 
 
-@pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)
-def test_flow_table_on_every_example(example):
-    validation, manifests = validated_render(example(example))
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_flow_table_on_every_example(path):
+    validation, manifests = validated_render(example(path))
     (policy,) = [m for m in manifests if m["kind"] == "NetworkPolicy"]
     pods = workload_pods(manifests)
     sources = _sources(pods, validation.deployment.namespace)
@@ -85,7 +86,7 @@ def test_flow_table_on_every_example(example):
         if got != expected:
             wrong.append(f"{source} -> {dest} ({port}): {'allowed' if got else 'denied'}")
     assert not wrong, wrong
-    assert checked >= 16, f"only {checked} flows applied to {example.stem}"
+    assert checked >= 16, f"only {checked} flows applied to {path.stem}"
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])

@@ -55,9 +55,9 @@ def test_the_checker_sees_each_problem():
     assert len(pod_problems("bad", bad)) == 5  # host PID, privileged, escalation, capability, host path
 
 
-@pytest.mark.parametrize("example", VALID_EXAMPLES, ids=lambda p: p.stem)
-def test_example_pods_are_unprivileged(example):
-    check(example(example))
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_example_pods_are_unprivileged(path):
+    check(example(path))
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from support.cluster import ApiError, Component, ControlPlane, pick_port, service_account_user, wait_for
-from support.kube import CHART, helm
+from support.kube import CHART, ROOT, helm  # noqa: F401  (bench/scale.py imports ROOT from here)
 from support.specs import example
 
 PORT_FLAGS = ("--health-port=", "--metrics-port=", "--webhook-port=")

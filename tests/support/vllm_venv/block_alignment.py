@@ -1,6 +1,6 @@
 """Run vLLM's own start-up config code on model configs and report the engine block or the refusal.
 
-Runs inside `.vllm-venv` (vLLM 0.34, CPU torch), started by test_vllm_blocksize.py and
+Runs inside `.vllm-venv` (vLLM 0.34, CPU torch), started by tests/kv/test_vllm_blocksize.py and
 test_vllm_differential.py. Reads a JSON list of cases on stdin and prints one JSON object per case:
 {"id": ..., "block": ..., "paddedStatePage": ...} or {"id": ..., "refused": "<exception>: <message>"}.
 
