@@ -216,3 +216,20 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     assert NOT_NONE_ASSERT.search("    assert validation.deployment is not None, x\n")
     assert VALIDATION_ASSERT.search("        assert validation.ok\n")
     assert not NOT_NONE_ASSERT.search("    assert pod is not None\n")
+
+
+def test_tests_reach_their_helpers_through_support_only():
+    """No sys.path edits under tests/ but in tests/support, and no test imports another test module."""
+    tests = Path(__file__).resolve().parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if tests / "support" in path.parents:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and \
+                    isinstance(node.value, ast.Name) and node.value.id == "sys":
+                found.append(f"{path.relative_to(tests)}:{node.lineno}: sys.path")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
+                found.append(f"{path.relative_to(tests)}:{node.lineno}: from {node.module} import")
+    assert not found, found
