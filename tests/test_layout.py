@@ -219,17 +219,20 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
 
 
 def test_tests_reach_their_helpers_through_support_only():
-    """No sys.path edits under tests/ but in tests/support, and no test imports another test module."""
+    """No sys.path edits under tests/ but in tests/support, and nothing imported from a test directory."""
     tests = Path(__file__).resolve().parent
+    files = [p for p in sorted(tests.rglob("*.py")) if tests / "support" not in p.parents]
+    local = {p.stem for p in files}  # modules only pytest's own sys.path entries would make importable
     found = []
-    for path in sorted(tests.rglob("*.py")):
-        if tests / "support" in path.parents:
-            continue
+    for path in files:
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr == "path" and \
                     isinstance(node.value, ast.Name) and node.value.id == "sys":
                 found.append(f"{path.relative_to(tests)}:{node.lineno}: sys.path")
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in local:
                 found.append(f"{path.relative_to(tests)}:{node.lineno}: from {node.module} import")
+            elif isinstance(node, ast.Import):
+                found += [f"{path.relative_to(tests)}:{node.lineno}: import {a.name}" for a in node.names
+                          if a.name.split(".")[0] in local]
     assert not found, found
