@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pd_operator.api.base import CEL_RULES
 from pd_operator.api.types import GROUP, KIND, PLURAL, ROLE_KIND, ROLE_PLURAL, VERSION, PDDeployment, PDRole
+from pd_operator.api_model import CEL_RULES
 
 # Keys JSON Schema has that a structural schema does not take.
 _DROP = ("title", "discriminator")

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
-from pd_operator.api.base import ApiModel, cel, preserve_unknown
 from pd_operator.api.serving_metrics import VllmMetric
+from pd_operator.api_model import ApiModel, cel, preserve_unknown
 from pd_operator.kv.model import DType, ModelKV
 from pd_operator.serving_image.capabilities import VERSION_PATTERN as VLLM_ASCEND_VERSION
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pd_operator.api.base import ApiModel
+from pd_operator.api_model import ApiModel
 from pd_operator.kv.dtypes import DTYPES, dtype_bytes
 
 

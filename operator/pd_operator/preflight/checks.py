@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from pd_operator.api.base import ApiModel
+from pd_operator.api_model import ApiModel
 from pd_operator.findings import Finding
 from pd_operator.serving_image.capabilities import ImageCapabilities
 from pd_operator.serving_image.installed import Installed, check

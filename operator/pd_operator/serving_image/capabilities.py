@@ -22,7 +22,7 @@ from typing import Protocol
 
 from pydantic import Field
 
-from pd_operator.api.base import ApiModel
+from pd_operator.api_model import ApiModel
 from pd_operator.findings import Finding
 from pd_operator.kv.dtypes import canonical_dtype
 from pd_operator.kv.model import IndexerGroup, ModelKV

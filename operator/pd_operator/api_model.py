@@ -1,4 +1,6 @@
-"""The pydantic base every API type derives from: camelCase on the wire, unknown fields refused."""
+"""The pydantic base every API type derives from: camelCase on the wire, unknown fields refused.
+
+Below every subpackage: the KV model (kv/model.py), the serving-image table and the API all derive from it."""
 
 from __future__ import annotations
 
