@@ -1,16 +1,35 @@
 """The one place the operator dials a pod: a proxy pod's state while a removed instance drains
 (controller/drain.py). Not the Kubernetes API, so apart from controller/client.py.
+
+Read defensively: `spec.proxy.image` is the tenant's, so whatever answers on a proxy pod's port may
+be hostile, and the operator serves every tenant. Each read has a size cap (an answer larger than
+MAX_ANSWER_BYTES is cut off, never held) and a TOTAL deadline (DEADLINE_S from connect to the last
+byte: every socket read waits only for what is left of it, so a server dripping one byte at a time
+cannot stretch the call). A proxy pod that misses either is unreachable, which the drain counts as
+unknown: it holds the instance until the role's bound, as any unreadable proxy does. The pods of one
+reconcile are read in parallel, so a reconcile spends at most about one deadline on them, whatever
+their number, and holds its worker thread no longer (reconciles of other PDDeployments run meanwhile
+on the runner's other threads, controller/runner.py).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
-
-import urllib3
+import socket
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from pd_operator.proxy.membership import STATE_PATH, ProxyState, parse_state
 
-TIMEOUT_S = 3.0
+DEADLINE_S = 3.0
+MAX_ANSWER_BYTES = 1 << 20
+"""An honest answer is about 100 bytes per upstream (instance names are DNS labels of at most 63
+characters), so 1 MiB leaves room for thousands of instances and costs the operator little."""
+CHUNK = 64 << 10
+PARALLEL = 8
+"""Proxy pods read at once (across reconciles): more wait for a thread, each at most a deadline."""
 
 
 class ProxyUnreachable(Exception):
@@ -22,23 +41,81 @@ class ProxyUnreachable(Exception):
         self.refused = refused
 
 
+class _DeadlineSocket(socket.socket):
+    """A socket whose every receive waits only for what is left until `deadline` (time.monotonic)."""
+
+    deadline = 0.0
+
+    def recv_into(self, buffer, nbytes=0, flags=0):  # type: ignore[no-untyped-def]
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed")
+        self.settimeout(left)
+        return super().recv_into(buffer, nbytes, flags)
+
+
+class _Connection(http.client.HTTPConnection):
+    def __init__(self, host: str, port: int, deadline: float) -> None:
+        super().__init__(host, port)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        sock = _DeadlineSocket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.deadline = self.deadline
+        try:
+            sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
+            sock.connect((self.host, self.port))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 class ProxyStateReader:
-    def __init__(self) -> None:
-        self._pods = urllib3.PoolManager(num_pools=4, maxsize=2)
+    def __init__(self, *, deadline_s: float = DEADLINE_S, max_bytes: int = MAX_ANSWER_BYTES) -> None:
+        self.deadline_s = deadline_s
+        self.max_bytes = max_bytes
+        self._threads = ThreadPoolExecutor(PARALLEL, thread_name_prefix="proxy-state")
 
     def read(self, pod_ip: str, port: int) -> ProxyState:
         """A proxy pod's answer at STATE_PATH, dialled directly (the NetworkPolicy does not select the
         proxy, and the answer changes too fast to go through the API). Raises ProxyUnreachable."""
-        host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+        connection = _Connection(pod_ip, port, time.monotonic() + self.deadline_s)
+        response = None
         try:
-            response = self._pods.request("GET", f"http://{host}:{port}{STATE_PATH}",
-                                          timeout=TIMEOUT_S, retries=False)
-        except urllib3.exceptions.HTTPError as err:
-            refused = isinstance(err.__cause__, ConnectionRefusedError)
-            raise ProxyUnreachable(f"{type(err).__name__}: {err}", refused=refused) from None
-        if response.status != 200:
-            raise ProxyUnreachable(f"HTTP {response.status}")
+            connection.request("GET", STATE_PATH, headers={"Accept": "application/json"})
+            response = connection.getresponse()
+            if response.status != 200:
+                raise ProxyUnreachable(f"HTTP {response.status}")
+            if response.length is not None and response.length > self.max_bytes:
+                raise ProxyUnreachable(f"an answer of {response.length} bytes, over the cap of {self.max_bytes} bytes")
+            body = bytearray()
+            while chunk := response.read(CHUNK):
+                body += chunk
+                if len(body) > self.max_bytes:
+                    raise ProxyUnreachable(f"an answer over the cap of {self.max_bytes} bytes")
+        except ConnectionRefusedError as err:
+            raise ProxyUnreachable(f"connection refused: {err}", refused=True) from None
+        except TimeoutError:
+            raise ProxyUnreachable(f"no whole answer within {self.deadline_s:g} s") from None
+        except (OSError, http.client.HTTPException) as err:
+            raise ProxyUnreachable(f"{type(err).__name__}: {err}") from None
+        finally:
+            if response is not None:  # it holds the socket when the server said it closes
+                response.close()
+            connection.close()
         try:
-            return parse_state(json.loads(response.data))
-        except ValueError as err:
-            raise ProxyUnreachable(f"unexpected answer: {err}") from None
+            return parse_state(json.loads(body))
+        except (ValueError, RecursionError) as err:  # RecursionError: JSON nested too deep
+            raise ProxyUnreachable(f"unexpected answer: {str(err)[:200]}") from None
+
+    def read_all(self, pods: Mapping[str, tuple[str, int]]) -> dict[str, ProxyState | ProxyUnreachable]:
+        """Every pod's state or why it could not be read, by pod name; `pods`: name -> (IP, port)."""
+        futures = {name: self._threads.submit(self.read, ip, port) for name, (ip, port) in pods.items()}
+        out: dict[str, ProxyState | ProxyUnreachable] = {}
+        for name, future in futures.items():
+            try:
+                out[name] = future.result()
+            except ProxyUnreachable as err:
+                out[name] = err
+        return out

@@ -105,18 +105,20 @@ def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict
     proxy = resolved.deployment.spec.proxy
     if not proxy.enabled:
         return None
-    reads = []
+    targets = {}
     for pod in pods:
         ip = (pod.get("status") or {}).get("podIP")
         if label(pod, ROLE) != PROXY or is_terminating(pod) or not ip \
                 or (pod.get("status") or {}).get("phase") != "Running":
             continue  # a proxy pod not running yet loads the current membership when it starts
-        name = pod["metadata"]["name"]
-        try:
-            reads.append(drain.ProxyRead(name, proxies.read(ip, proxy.port)))
-        except ProxyUnreachable as err:
-            if not err.refused:  # refused: no proxy process listens there, so it carries nothing
-                reads.append(drain.ProxyRead(name, None, str(err)))
+        targets[pod["metadata"]["name"]] = (ip, proxy.port)
+    reads = []
+    for name, read in proxies.read_all(targets).items():
+        if isinstance(read, ProxyUnreachable):
+            if not read.refused:  # refused: no proxy process listens there, so it carries nothing
+                reads.append(drain.ProxyRead(name, None, str(read)))
+        else:
+            reads.append(drain.ProxyRead(name, read))
     return reads
 
 
