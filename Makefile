@@ -124,11 +124,12 @@ demo: install tools testcluster
 plan: install
 	$(VENV)/bin/pdctl plan examples/glm-5.3-flash-tp8-dp2tp4.yaml
 
-bench: install tools testcluster
+bench: install tools testcluster upstream
 	$(PY) bench/plan.py
 	$(PY) bench/transfer.py
 	$(PY) bench/reconcile.py
 	$(PY) bench/scale.py
+	$(PY) bench/proxy.py
 
 bench-transfer: install
 	$(PY) bench/transfer.py

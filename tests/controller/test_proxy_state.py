@@ -17,7 +17,8 @@ from support.cluster import pick_port
 from support.misbehaving import FLOOD_BYTES, Misbehaving
 
 HOST = "127.0.0.1"
-SOUND = b'{"version": "aaaaaaaaaaaa", "upstreams": {"d-1": {"role": "decode", "inflight": 2, "awaitingDecode": 0}}}'
+SOUND = (b'{"version": "aaaaaaaaaaaa", '
+         b'"upstreams": {"d-1": {"role": "decode", "inflight": 2, "awaitingDecode": 0}}}')
 CAP = 1 << 20
 
 
@@ -67,9 +68,8 @@ def test_a_drip_within_every_socket_timeout_still_ends_at_the_total_deadline():
 
 def test_a_server_that_never_answers_is_unreachable():
     port = pick_port()
-    with Misbehaving(HOST, port, "silent"):
-        with pytest.raises(ProxyUnreachable, match="no whole answer") as err:
-            _reader().read(HOST, port)
+    with Misbehaving(HOST, port, "silent"), pytest.raises(ProxyUnreachable, match="no whole answer") as err:
+        _reader().read(HOST, port)
     assert not err.value.refused
 
 

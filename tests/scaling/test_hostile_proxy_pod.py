@@ -104,9 +104,11 @@ def test_a_hostile_proxy_pod_neither_stalls_nor_bloats_the_operator(control_plan
         def unknown() -> str | None:
             waiting = (_draining(cp, namespace).get(DEPARTING) or {}).get("waitingFor", "")
             return waiting if all(p["metadata"]["name"] in waiting for p in (flood_pod, drip_pod)) else None
-        waiting = wait_for(f"status.draining to count both proxy pods of {HOSTILE} unknown", unknown, TIMEOUT_S)
+        waiting = wait_for(f"status.draining to count both proxy pods of {HOSTILE} unknown", unknown,
+                           TIMEOUT_S)
         assert waiting.count("cannot be read") == 2, waiting
-        assert f"over the cap of {MAX_ANSWER_BYTES} bytes" in waiting and "no whole answer within" in waiting, waiting
+        assert f"over the cap of {MAX_ANSWER_BYTES} bytes" in waiting, waiting
+        assert "no whole answer within" in waiting, waiting
         assert flood.connections >= 1 and drip.connections >= 1
 
         other = fleet_doc(2, namespace, prefix="other")

@@ -159,6 +159,10 @@ class FakeEngine:
     dies: bool = False
     """Decode: pull the KV, then drop the connection before the first byte of the answer (the
     headers too unless streaming), as an engine pod that dies right after the pull."""
+    prefill_s: float = 0.0
+    """Prefill: how long computing a prompt takes (bench/proxy.py; tests leave it 0)."""
+    token_s: float = 0.0
+    """Decode, streaming: the time between two tokens."""
     host: str = HOST
     port: int = 0
     blocks: set[str] = field(default_factory=set)
@@ -262,6 +266,8 @@ class FakeEngine:
         if problems:
             return self._refuse(request_id, f"not a prefill request: {', '.join(problems)}")
         await self._at("answer", body)
+        if self.prefill_s:
+            await asyncio.sleep(self.prefill_s)
         self.blocks.add(request_id)
         chat = request.path.endswith("chat/completions")
         choice = ({"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
@@ -353,6 +359,8 @@ class FakeEngine:
         if self.dies:
             return await self._drop(request, out, body)
         for i, token in enumerate(tokens):
+            if i and self.token_s:
+                await asyncio.sleep(self.token_s)
             last = i == len(tokens) - 1
             choice = ({"index": 0, "delta": {"content": token}, "finish_reason": "length" if last else None}
                       if chat else {"index": 0, "text": token, "finish_reason": "length" if last else None})

@@ -57,7 +57,7 @@ class Misbehaving:
             thread.join(timeout=10)
         self._listener.close()
 
-    def _spawn(self, target, *args) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
         self._threads.append(thread)
         thread.start()
@@ -95,8 +95,9 @@ class Misbehaving:
         body = self.body() if callable(self.body) else self.body
         if self.mode in ("flood", "flood-unsized"):
             sized = self.mode == "flood"
-            head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {FLOOD_BYTES}\r\n\r\n"
-                    if sized else "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n")
+            head = ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {FLOOD_BYTES}\r\n\r\n" if sized
+                    else "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n")
             self._send(conn, head.encode())
             left = FLOOD_BYTES
             while left > 0 and not self._stop.is_set():

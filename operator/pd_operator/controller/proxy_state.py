@@ -20,8 +20,12 @@ import socket
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from pd_operator.proxy.membership import STATE_PATH, ProxyState, parse_state
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 DEADLINE_S = 3.0
 MAX_ANSWER_BYTES = 1 << 20
@@ -46,7 +50,7 @@ class _DeadlineSocket(socket.socket):
 
     deadline = 0.0
 
-    def recv_into(self, buffer, nbytes=0, flags=0):  # type: ignore[no-untyped-def]
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the deadline passed")
@@ -88,7 +92,8 @@ class ProxyStateReader:
             if response.status != 200:
                 raise ProxyUnreachable(f"HTTP {response.status}")
             if response.length is not None and response.length > self.max_bytes:
-                raise ProxyUnreachable(f"an answer of {response.length} bytes, over the cap of {self.max_bytes} bytes")
+                raise ProxyUnreachable(
+                    f"an answer of {response.length} bytes, over the cap of {self.max_bytes} bytes")
             body = bytearray()
             while chunk := response.read(CHUNK):
                 body += chunk
