@@ -28,12 +28,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-import _bench
+import _paths  # noqa: F401  (tests/ on sys.path)
+
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import side_layout
 from pd_operator.kv.compat import check_pair
 from pd_operator.kv.side import Side
 from pd_operator.kv.transfer_plan import TransferPlan, plan_transfer
+from support import bench
 
 PROMPT_TOKENS = 131_072
 REPEATS = 15
@@ -52,10 +54,10 @@ def median_ms(action: Callable[[], object], repeats: int) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _bench.parser(__doc__)
+    parser = bench.parser(__doc__)
     parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     parser.add_argument("--repeats", type=int, default=REPEATS)
-    args = _bench.parse(parser, argv, QUICK)
+    args = bench.parse(parser, argv, QUICK)
     tokens, repeats = args.prompt_tokens, args.repeats
     glm = presets.get("glm-5.3-flash")
     prefill, decode = Side("prefill", glm, 8), Side("decode", glm, 4, 2)
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if merged_plan.bytes != naive_plan.bytes:
         print("error: merged and naive plans move different byte counts", file=sys.stderr)
         return 1
-    _bench.report(__doc__, {
+    bench.report(__doc__, {
         "prompt_tokens": tokens,
         "engine_block_prefill_tokens": p_layout.engine_block_size,
         "engine_block_decode_tokens": d_layout.engine_block_size,

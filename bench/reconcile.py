@@ -56,9 +56,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-import _bench
+import _paths  # noqa: F401  (tests/ on sys.path)
 import yaml
+
 from pd_operator.render import render
+from support import bench
 from support.audit import Event
 from support.cluster import ControlPlane, wait_for
 from support.fleet import RECONCILES, conditions, fleet_doc, fleet_nodes, metric, pdd_path, rss_mb
@@ -181,14 +183,14 @@ def admission(cp: ControlPlane, workdir: pathlib.Path, concurrency: int, rounds:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _bench.parser(__doc__)
+    parser = bench.parser(__doc__)
     parser.add_argument("--objects", type=int, default=OBJECTS, help=f"PDDeployments (default {OBJECTS})")
     parser.add_argument("--concurrency", type=int, default=CONCURRENT,
                         help=f"parallel admission dry runs (default {CONCURRENT})")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of them (default {ROUNDS})")
     parser.add_argument("--drift-interval", type=float, default=DRIFT_S,
                         help=f"the operator's drift interval, s (default {DRIFT_S:.0f})")
-    args = _bench.parse(parser, argv, QUICK)
+    args = bench.parse(parser, argv, QUICK)
     count = args.objects
     with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp, ControlPlane(nodes=fleet_nodes(count)) as cp:
         workdir = pathlib.Path(tmp)
@@ -202,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             helm_uninstall(cp, release)
         print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
-    _bench.report(__doc__, {
+    bench.report(__doc__, {
         "objects": count,
         "bare_seconds_to_all_ready": f"{floor_s:.2f}",
         "operator_seconds_to_all_ready": f"{run['seconds']:.2f}",
@@ -214,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "operator_rss_mb": f"{run['rss_mb']:.1f}",
         "admission_concurrency": args.concurrency,
         **{f"admission_{key}_ms": f"{value:.1f}" for key, value in latency.items()},
-        "admission_pdd_vs_configmap_p50_ratio": f"{latency['pdd_server_p50'] / latency['configmap_server_p50']:.2f}",
+        "admission_pdd_vs_configmap_p50_ratio":
+            f"{latency['pdd_server_p50'] / latency['configmap_server_p50']:.2f}",
     })
     return 0 if run["noop_writes"] == 0 else 1
 

@@ -33,13 +33,15 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-import _bench
+import _paths  # noqa: F401  (tests/ on sys.path)
+
 from pd_operator.kv import presets
 from pd_operator.kv.blocksize import SideLayout, side_layout
 from pd_operator.kv.side import Side
 from pd_operator.kv.transfer_plan import TransferPlan, plan_transfer
 from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions
 from pd_operator.transfer.loopback import arena_bytes, requests
+from support import bench
 from support.ranks import Pairing, RankWorker, span, start_workers
 
 STREAMS = (1, 2, 4)
@@ -100,13 +102,13 @@ def ceiling(pairing: Pairing, plan: TransferPlan) -> Callable[[], list[dict]]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = _bench.parser(__doc__)
+    parser = bench.parser(__doc__)
     parser.add_argument("--prompt-tokens", type=int, default=32768)
     parser.add_argument("--lanes", type=int, default=8, help="MC_TCP_LANES_PER_PEER of every rank")
     parser.add_argument("--queue-limit", type=int, default=DEFAULT_QUEUE_LIMIT,
                         help="MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER of every rank")
     parser.add_argument("--repeats", type=int, default=3)
-    args = _bench.parse(parser, argv, QUICK)
+    args = bench.parse(parser, argv, QUICK)
 
     model = presets.get("glm-5.3-flash")
     p: SideLayout = side_layout(Side("prefill", model, 8))
@@ -133,11 +135,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     by_streams = {s: figures[f"streams_{s}"] for s in STREAMS}
     best = max(by_streams, key=lambda s: by_streams[s])
     top, naive_gbps = figures["ceiling"], figures["naive"]
-    _bench.report(__doc__, {
+    bench.report(__doc__, {
         "request_bytes": merged.bytes, "merged_entries": merged.entries, "naive_entries": naive.entries,
         "lanes_per_peer": args.lanes, "queue_limit": args.queue_limit,
         **{f"merged_gbps_streams_{s}": f"{value:.3f}" for s, value in by_streams.items()},
-        "merged_gbps": f"{by_streams[best]:.3f}", "naive_gbps": f"{naive_gbps:.3f}", "ceiling_gbps": f"{top:.3f}",
+        "merged_gbps": f"{by_streams[best]:.3f}", "naive_gbps": f"{naive_gbps:.3f}",
+        "ceiling_gbps": f"{top:.3f}",
         "merged_vs_ceiling": f"{by_streams[best] / top:.3f}",
         "merged_vs_naive": f"{by_streams[best] / naive_gbps:.3f}",
     })

@@ -1,26 +1,18 @@
-"""What every bench script shares, so that tests/bench can hold each to what it documents.
+"""What every bench/*.py script shares, so that a test can hold each to what it documents.
 
 A bench's docstring lists its figures under a `Figures:` line, one `- name: meaning` line each,
 and that list is the one home for them: `report` refuses to print a different set, and the smoke
-test (tests/bench/test_bench.py) runs every bench/*.py but this module with `--quick` and checks
-each listed figure comes out as a number. `--quick` keeps a bench's real code path at small sizes
-and one repetition: it checks that the bench runs, its figures mean little.
-
-Importing this module also puts tests/ on sys.path: the benches run outside pytest and use the test
-control plane and its helpers (`support.*`, tests/support/README.md).
+test (tests/bench/test_bench.py) runs every bench with `--quick` and checks each listed figure comes
+out as a number. `--quick` keeps a bench's real code path at small sizes and one repetition: it
+checks that the bench runs; its figures mean little.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 HEADER = "Figures:"
 _ITEM = re.compile(r"- (\w+): \S")
@@ -57,6 +49,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: Ma
           ) -> argparse.Namespace:
     """The arguments, with `quick` as the defaults under `--quick` (flags given still win)."""
     args = parser.parse_args(argv)
+    if unknown := set(quick) - set(vars(args)):
+        raise ValueError(f"quick settings for no argument: {sorted(unknown)}")
     if args.quick:
         parser.set_defaults(**quick)
         args = parser.parse_args(argv)
