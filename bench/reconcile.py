@@ -13,12 +13,11 @@ kwok nodes with 8 NPUs each, enough for every pod) serves both runs, one after t
    floor's: what the operator adds on top of what Kubernetes itself needs.
 
 From the API server's audit log: the operator's requests and writes per object; its writes during
-a drift pass over every object once all is Ready (`writes_per_noop_reconcile`, target 0: the
-bench exits 1 otherwise). The
-operator's resident memory at the end. Admission: --concurrency (20) parallel `kubectl apply --dry-run=server`
-of valid manifests (--rounds rounds), the API server's own latency for each from the audit log
-(received to answered, the webhook call included) as p50/p99, against the same for a ConfigMap
-(no webhook) in the same run.
+a drift pass over every object once all is Ready (`writes_per_noop_reconcile`, target 0: the bench
+exits 1 otherwise). The operator's resident memory at the end. Admission: --concurrency (20)
+parallel `kubectl apply --dry-run=server` of valid manifests (--rounds, 5 rounds), the API server's
+own latency for each from the audit log (received to answered, the webhook call included) as
+p50/p99, against the same for a ConfigMap (no webhook) in the same run.
 
 `--objects N` (default 100) sets the scale.
 
