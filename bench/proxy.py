@@ -8,11 +8,18 @@ concurrent streaming clients, each client sending its next request when the last
 fixed window. Per setup and level: requests/s, tokens/s, TTFT and end-to-end p50/p99, failed
 requests, and the proxy process's CPU (cores busy over the window) and RSS.
 
-Prints, besides one `<setup>_<streams>_<figure>: value` line per figure:
-- `proxy_vs_vllm_ascend_proxy_throughput_ratio`: pd-proxy's requests/s over the example proxy's at
-  the most streams (256; goal >= 1.5);
-- `proxy_added_ttft_p99_ms`: pd-proxy's TTFT p99 minus the direct calls' at 64 streams;
-- `proxy_failed_requests`: requests through pd-proxy that failed or came back incomplete, all levels.
+Every setup's figures at every level are printed first as `# <setup> <streams> streams: ...` lines.
+
+Figures:
+- pd_proxy_requests_per_s: through pd-proxy, at the most streams
+- vllm_ascend_proxy_requests_per_s: through the example proxy, at the most streams
+- direct_requests_per_s: the client calling the engines itself, at the most streams
+- proxy_vs_vllm_ascend_proxy_throughput_ratio: pd-proxy's requests/s over the example proxy's at
+  the most streams (256; goal >= 1.5)
+- proxy_added_ttft_p99_ms: pd-proxy's TTFT p99 minus the direct calls' at the middle level (64)
+- pd_proxy_cpu_cores: the pd-proxy process's busiest level, in cores
+- pd_proxy_rss_mb: the pd-proxy process's largest RSS over the levels
+- proxy_failed_requests: requests through pd-proxy that failed or came back incomplete, all levels
 
 `--quick`: levels 1, 8 and 32 for a short window (32 stands in for 256, 8 for 64): a smoke run.
 Everything shares this machine, so absolute figures vary with its load; the ratios compare setups
@@ -34,16 +41,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+import _paths  # noqa: F401  (tests/ on sys.path)
 import aiohttp
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from pd_operator.proxy.membership import Upstream, document  # noqa: E402
-from pd_operator.proxy.protocol import prefill_request  # noqa: E402
-from support.cluster import pick_port  # noqa: E402
-from support.fakevllm import HOST, MODEL, FakeEngine  # noqa: E402
-from support.upstream import CACHE  # noqa: E402
+from pd_operator.proxy.membership import Upstream, document
+from pd_operator.proxy.protocol import prefill_request
+from support import bench
+from support.cluster import pick_port
+from support.fakevllm import HOST, MODEL, FakeEngine
+from support.upstream import CACHE
 
 EXAMPLE_PROXY = CACHE / "vllm_ascend-0.30.0rc2" / "examples" / "disaggregated_prefill_v1" / \
     "load_balance_proxy_server_example.py"
@@ -297,35 +303,42 @@ async def main_async(levels: tuple[int, ...], window: float) -> dict[str, dict[i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small levels, short windows: a smoke run")
-    parser.add_argument("--window", type=float, help="seconds per level and setup")
-    parser.add_argument("--levels", type=int, nargs=3, metavar="STREAMS",
+    parser = bench.parser(__doc__)
+    parser.add_argument("--window", type=float, default=WINDOW_S, help="seconds per level and setup")
+    parser.add_argument("--levels", type=int, nargs=3, metavar="STREAMS", default=LEVELS,
                         help=f"three levels of concurrent streams (default {' '.join(map(str, LEVELS))})")
     parser.add_argument("--serve-engine", nargs=2, metavar=("ROLE", "INDEX"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = bench.parse(parser, argv, {"window": QUICK_WINDOW_S, "levels": QUICK_LEVELS})
     if args.serve_engine:
         asyncio.run(serve_engine(args.serve_engine[0], int(args.serve_engine[1])))
         return 0
-    levels = tuple(args.levels or (QUICK_LEVELS if args.quick else LEVELS))
-    window = args.window or (QUICK_WINDOW_S if args.quick else WINDOW_S)
-    results = asyncio.run(main_async(levels, window))
-    print(f"engines: {ENGINES} prefill, {ENGINES} decode; prefill {PREFILL_S * 1000:.0f} ms, "
-          f"{TOKENS} tokens at {1 / TOKEN_S:.0f}/s")
-    print(f"window_seconds: {window:g}")
+    levels = tuple(args.levels)
+    results = asyncio.run(main_async(levels, args.window))
+    print(f"# engines: {ENGINES} prefill, {ENGINES} decode; prefill {PREFILL_S * 1000:.0f} ms, "
+          f"{TOKENS} tokens at {1 / TOKEN_S:.0f}/s; {args.window:g} s per level")
     for setup, by_level in results.items():
         for streams, level in by_level.items():
-            for name, value in level.figures().items():
-                print(f"{setup}_{streams}_{name}: {value:.2f}" if isinstance(value, float)
-                      else f"{setup}_{streams}_{name}: {value}")
+            text = ", ".join(f"{name} {value:.2f}" if isinstance(value, float) else f"{name} {value}"
+                             for name, value in level.figures().items())
+            print(f"# {setup} {streams} streams: {text}")
     most, middle = levels[-1], levels[1]
     ours, theirs, direct = (results[s] for s in SETUPS)
-    print(f"proxy_vs_vllm_ascend_proxy_throughput_ratio: "
-          f"{ours[most].figures()['requests_per_s'] / theirs[most].figures()['requests_per_s']:.2f}")
-    print(f"proxy_added_ttft_p99_ms: "
-          f"{ours[middle].figures()['ttft_p99_ms'] - direct[middle].figures()['ttft_p99_ms']:.1f}")
     failed = [f for level in ours.values() for f in level.failed]
-    print(f"proxy_failed_requests: {len(failed)}")
+    ours_most = ours[most].figures()
+    busiest = max(level.figures().get("proxy_cpu_cores", 0.0) for level in ours.values())
+    largest = max(level.figures().get("proxy_rss_mb", 0.0) for level in ours.values())
+    bench.report(__doc__, {
+        "pd_proxy_requests_per_s": f"{ours_most['requests_per_s']:.2f}",
+        "vllm_ascend_proxy_requests_per_s": f"{theirs[most].figures()['requests_per_s']:.2f}",
+        "direct_requests_per_s": f"{direct[most].figures()['requests_per_s']:.2f}",
+        "proxy_vs_vllm_ascend_proxy_throughput_ratio":
+            f"{ours_most['requests_per_s'] / theirs[most].figures()['requests_per_s']:.2f}",
+        "proxy_added_ttft_p99_ms":
+            f"{ours[middle].figures()['ttft_p99_ms'] - direct[middle].figures()['ttft_p99_ms']:.1f}",
+        "pd_proxy_cpu_cores": f"{busiest:.2f}",
+        "pd_proxy_rss_mb": f"{largest:.1f}",
+        "proxy_failed_requests": len(failed),
+    })
     for setup, by_level in results.items():
         for level in by_level.values():
             for failure in level.failed[:3]:

@@ -1,6 +1,6 @@
 """Scaling latency on the real control plane: `kubectl scale` of a PDRole until the proxy routes to
 the new instance, and until a removed instance is gone, each against a bare StatefulSet scaled in
-the same run. Prints one `name: value` line per figure.
+the same run.
 
 One control plane (tests/support: kube-apiserver v1.36.3, etcd, controller-manager, scheduler, kwok
 nodes whose pods get loopback IPs) and the operator as the chart installs it. The GLM example
@@ -21,32 +21,48 @@ Here the emulated kubelet projects a changed ConfigMap within SYNC_S (0.2 s) and
 file every second; a real kubelet takes up to its sync period plus its ConfigMap cache TTL (about a
 minute by default), which adds to both operator figures on a cluster.
 
-`--repetitions N` (default 3).
+`--repetitions N` (default 3). The bench exits 1 when a request failed.
+
+Figures:
+- repetitions: scale-ups and downs of each kind
+- bare_scale_up_ready_seconds: bare, 1 -> 2 until the new pod is Ready (median)
+- bare_scale_down_gone_seconds: bare, 2 -> 1 until the pod is gone (median)
+- operator_scale_up_routed_seconds: operator, 1 -> 2 until the proxy routes to the new instance (median)
+- operator_scale_down_gone_seconds: operator, 2 -> 1 until the drained instance is gone (median)
+- scale_up_routed_vs_bare_ratio: operator over bare, up
+- scale_down_gone_vs_bare_ratio: operator over bare, down
+- bare_up_runs_seconds: every repetition's bare scale-up, space-separated
+- bare_down_runs_seconds: every repetition's bare scale-down
+- operator_up_runs_seconds: every repetition's operator scale-up
+- operator_down_runs_seconds: every repetition's operator scale-down
+- requests: client requests completed through the proxy
+- failed_requests: failed requests and the engines' protocol errors
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import pathlib
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+import _paths  # noqa: F401  (tests/ on sys.path)
 import yaml
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-
-from support.cluster import DEFAULT_NODES, ControlPlane  # noqa: E402
-from support.fakevllm import Load, until  # noqa: E402
-from support.installed import ROOT, example, helm_install, helm_uninstall, weights_claim  # noqa: E402
-from support.kube import kubectl  # noqa: E402
-from support.podnet import API_POLL_S, Kubelet, loopback  # noqa: E402
+from support import bench
+from support.cluster import DEFAULT_NODES, ControlPlane
+from support.fakevllm import Load, until
+from support.installed import helm_install, helm_uninstall, weights_claim
+from support.kube import ROOT, kubectl
+from support.podnet import API_POLL_S, Kubelet, loopback
+from support.specs import example
 
 REPETITIONS = 3
+QUICK = {"repetitions": 1}
 GLM = "glm-flash"
 P0, D0, D1 = f"{GLM}-prefill-0", f"{GLM}-decode-0", f"{GLM}-decode-1"
 BARE = "bare"
@@ -157,11 +173,11 @@ async def measure(cp: ControlPlane, workdir: pathlib.Path, repetitions: int) -> 
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = bench.parser(__doc__)
     parser.add_argument("--repetitions", type=int, default=REPETITIONS,
                         help=f"scale-ups and downs of each kind (default {REPETITIONS})")
-    repetitions = parser.parse_args(argv).repetitions
+    repetitions = bench.parse(parser, argv, QUICK).repetitions
     with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp, \
             ControlPlane(nodes=[loopback(DEFAULT_NODES[0])]) as cp:
         workdir = pathlib.Path(tmp)
@@ -172,20 +188,21 @@ def main(argv: list[str] | None = None) -> int:
                 result = asyncio.run(measure(cp, workdir, repetitions))
         finally:
             helm_uninstall(cp, release)
-        print(f"kubernetes: {cp.api('GET', '/version')['gitVersion']}")
+        print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
     medians = {k: statistics.median(getattr(result, k))
                for k in ("bare_up", "bare_down", "operator_up", "operator_down")}
-    print(f"repetitions: {repetitions}")
-    print(f"bare_scale_up_ready_seconds: {medians['bare_up']:.2f}")
-    print(f"bare_scale_down_gone_seconds: {medians['bare_down']:.2f}")
-    print(f"operator_scale_up_routed_seconds: {medians['operator_up']:.2f}")
-    print(f"operator_scale_down_gone_seconds: {medians['operator_down']:.2f}")
-    print(f"scale_up_routed_vs_bare_ratio: {medians['operator_up'] / medians['bare_up']:.2f}")
-    print(f"scale_down_gone_vs_bare_ratio: {medians['operator_down'] / medians['bare_down']:.2f}")
-    for key in medians:
-        print(f"{key}_runs_seconds: {' '.join(f'{v:.2f}' for v in getattr(result, key))}")
-    print(f"requests: {result.requests}")
-    print(f"failed_requests: {len(result.failed)}")
+    bench.report(__doc__, {
+        "repetitions": repetitions,
+        "bare_scale_up_ready_seconds": f"{medians['bare_up']:.2f}",
+        "bare_scale_down_gone_seconds": f"{medians['bare_down']:.2f}",
+        "operator_scale_up_routed_seconds": f"{medians['operator_up']:.2f}",
+        "operator_scale_down_gone_seconds": f"{medians['operator_down']:.2f}",
+        "scale_up_routed_vs_bare_ratio": f"{medians['operator_up'] / medians['bare_up']:.2f}",
+        "scale_down_gone_vs_bare_ratio": f"{medians['operator_down'] / medians['bare_down']:.2f}",
+        **{f"{key}_runs_seconds": " ".join(f"{v:.2f}" for v in getattr(result, key)) for key in medians},
+        "requests": result.requests,
+        "failed_requests": len(result.failed),
+    })
     for failure in result.failed[:10]:
         print(f"  {failure}", file=sys.stderr)
     return 0 if not result.failed else 1

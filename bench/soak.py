@@ -1,7 +1,7 @@
 """Soak on the real control plane: the operator as the chart installs it (its command, its
 ServiceAccount) reconciling many PDDeployments for a long time while a share of its API calls fail
 (500s and dropped connections from a FaultProxy in front of kube-apiserver, seeded), with spec
-changes throughout and kwok running the pods. Prints one `name: value` line per figure.
+changes throughout and kwok running the pods.
 
 The baseline is the same operator's own memory right after the fleet first became Ready, measured
 in this run: `rss_growth_ratio` is its resident memory at the end over that. `errors` are the
@@ -9,12 +9,27 @@ reconciles that failed (pd_operator_reconcile_errors_total: mostly the injected 
 `unhandled_exceptions` the operator's log records that carry a traceback plus a crash of the
 process; the second should stay at 0, the first grow only with faults.
 
-Defaults are the issue's: 200 PDDeployments, 10 minutes, 5% faults.
+Defaults are the issue's: 200 PDDeployments, 10 minutes, 5% faults. The bench exits 1 when the
+fleet never became Ready or an exception went unhandled.
+
+Figures:
+- objects: PDDeployments
+- fault_rate: the share of the operator's API calls failing
+- settled: 1 when the fleet first became all Ready within --settle-timeout, else 0
+- seconds_to_first_all_ready: from the first create to that
+- soak_minutes: how long the soak ran after that
+- rss_start_mb: the operator's resident memory then (the baseline)
+- rss_end_mb: its resident memory at the end
+- rss_growth_ratio: the second over the first
+- requests_per_minute: the operator's API requests during the soak
+- faults_injected: the faults the proxy injected during the soak
+- errors: reconciles that failed during the soak
+- unhandled_exceptions: log records with a traceback, plus a crash
+- ready_at_end: PDDeployments Ready at the end
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import random
@@ -22,17 +37,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+import _paths  # noqa: F401  (tests/ on sys.path)
 
-from support.cluster import ControlPlane, wait_for  # noqa: E402
-from support.faultproxy import FaultProxy  # noqa: E402
-from support.fleet import conditions, fleet_doc, fleet_nodes, merge_patch, metric, pdd_path, rss_mb  # noqa: E402
-from support.installed import helm_install, helm_uninstall, weights_claim  # noqa: E402
+from support import bench
+from support.cluster import ControlPlane, wait_for
+from support.faultproxy import FaultProxy
+from support.fleet import conditions, fleet_doc, fleet_nodes, merge_patch, metric, pdd_path, rss_mb
+from support.installed import helm_install, helm_uninstall, weights_claim
 
 NAMESPACE = "soak"
 ERRORS = "pd_operator_reconcile_errors_total"
 NPUS_PER_OBJECT = 12  # the 1P1D TP4 example with decode scaled up to 2 instances
+QUICK = {"objects": 3, "minutes": 0.25, "drift_interval": 2.0, "churn_interval": 2.0, "settle_timeout": 300.0}
 
 
 def ready_count(cp: ControlPlane) -> int:
@@ -65,8 +83,8 @@ def unhandled(log: str) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = bench.parser(__doc__)
     parser.add_argument("--objects", type=int, default=200, help="PDDeployments (default 200)")
     parser.add_argument("--minutes", type=float, default=10.0, help="soak duration (default 10)")
     parser.add_argument("--fault-rate", type=float, default=0.05, help="share of API calls failing (0.05)")
@@ -74,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn-interval", type=float, default=5.0, help="seconds between spec changes")
     parser.add_argument("--settle-timeout", type=float, default=1800.0,
                         help="how long the fleet may take to first become Ready (s)")
-    args = parser.parse_args(argv)
+    args = bench.parse(parser, argv, QUICK)
 
     names = [f"soak-{i:03d}" for i in range(args.objects)]
     nodes = fleet_nodes(args.objects, NPUS_PER_OBJECT)
@@ -125,19 +143,21 @@ def main(argv: list[str] | None = None) -> int:
             helm_uninstall(cp, release)
     problems = unhandled(log) + (["the operator process exited"] if crashed else [])
 
-    print(f"objects: {args.objects}")
-    print(f"fault_rate: {args.fault_rate}")
-    print(f"settled: {int(settled)}")
-    print(f"seconds_to_first_all_ready: {settle_s:.1f}")
-    print(f"soak_minutes: {minutes:.2f}")
-    print(f"rss_start_mb: {rss_start:.1f}")
-    print(f"rss_end_mb: {rss_end:.1f}")
-    print(f"rss_growth_ratio: {rss_end / rss_start:.3f}")
-    print(f"requests_per_minute: {requests / minutes:.0f}")
-    print(f"faults_injected: {injected}")
-    print(f"errors: {errors:.0f}")
-    print(f"unhandled_exceptions: {len(problems)}")
-    print(f"ready_at_end: {ready_end}")
+    bench.report(__doc__, {
+        "objects": args.objects,
+        "fault_rate": args.fault_rate,
+        "settled": int(settled),
+        "seconds_to_first_all_ready": f"{settle_s:.1f}",
+        "soak_minutes": f"{minutes:.2f}",
+        "rss_start_mb": f"{rss_start:.1f}",
+        "rss_end_mb": f"{rss_end:.1f}",
+        "rss_growth_ratio": f"{rss_end / rss_start:.3f}",
+        "requests_per_minute": f"{requests / minutes:.0f}",
+        "faults_injected": injected,
+        "errors": f"{errors:.0f}",
+        "unhandled_exceptions": len(problems),
+        "ready_at_end": ready_end,
+    })
     for text in problems[:5]:
         print(f"# unhandled: {text[:300]}", file=sys.stderr)
     return 0 if not problems and settled else 1

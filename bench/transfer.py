@@ -7,31 +7,45 @@ loopback through the real Mooncake engine (tcp), one process per rank, and compa
 - ceiling: every decode rank reads the same byte count as one contiguous transfer.
 
 Each figure is the median of --repeats pulls, taken in turns; throughput is bytes of the whole
-request over the time from the first rank's start to the last rank's end. Prints one
-`name: value` line per figure.
-Usage: bench/transfer.py [--prompt-tokens N] [--lanes N] [--queue-limit N] [--repeats N]
+request over the time from the first rank's start to the last rank's end.
+Usage: bench/transfer.py [--prompt-tokens N] [--lanes N] [--queue-limit N] [--repeats N] [--quick]
+
+Figures:
+- request_bytes: the KV bytes of the request
+- merged_entries: runs in the merged plan
+- naive_entries: runs in the naive plan
+- lanes_per_peer: MC_TCP_LANES_PER_PEER of every rank
+- queue_limit: MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER of every rank
+- merged_gbps_streams_1: merged, 1 concurrent batch per peer, GB/s
+- merged_gbps_streams_2: merged, 2 concurrent batches per peer, GB/s
+- merged_gbps_streams_4: merged, 4 concurrent batches per peer, GB/s
+- merged_gbps: the best of the three
+- naive_gbps: naive, GB/s
+- ceiling_gbps: one contiguous transfer per decode rank, GB/s
+- merged_vs_ceiling: merged_gbps over ceiling_gbps
+- merged_vs_naive: merged_gbps over naive_gbps
 """
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+import _paths  # noqa: F401  (tests/ on sys.path)
 
-from pd_operator.kv import presets  # noqa: E402
-from pd_operator.kv.blocksize import SideLayout, side_layout  # noqa: E402
-from pd_operator.kv.side import Side  # noqa: E402
-from pd_operator.kv.transfer_plan import TransferPlan, plan_transfer  # noqa: E402
-from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions  # noqa: E402
-from pd_operator.transfer.loopback import arena_bytes, requests  # noqa: E402
-from support.ranks import Pairing, RankWorker, span, start_workers  # noqa: E402
+from pd_operator.kv import presets
+from pd_operator.kv.blocksize import SideLayout, side_layout
+from pd_operator.kv.side import Side
+from pd_operator.kv.transfer_plan import TransferPlan, plan_transfer
+from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions
+from pd_operator.transfer.loopback import arena_bytes, requests
+from support import bench
+from support.ranks import Pairing, RankWorker, span, start_workers
 
 STREAMS = (1, 2, 4)
+QUICK = {"prompt_tokens": 2048, "repeats": 1}
 
 
 def gbps(reports: list[dict]) -> float:
@@ -87,14 +101,14 @@ def ceiling(pairing: Pairing, plan: TransferPlan) -> Callable[[], list[dict]]:
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench.parser(__doc__)
     parser.add_argument("--prompt-tokens", type=int, default=32768)
     parser.add_argument("--lanes", type=int, default=8, help="MC_TCP_LANES_PER_PEER of every rank")
     parser.add_argument("--queue-limit", type=int, default=DEFAULT_QUEUE_LIMIT,
                         help="MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER of every rank")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = bench.parse(parser, argv, QUICK)
 
     model = presets.get("glm-5.3-flash")
     p: SideLayout = side_layout(Side("prefill", model, 8))
@@ -121,18 +135,15 @@ def main() -> None:
     by_streams = {s: figures[f"streams_{s}"] for s in STREAMS}
     best = max(by_streams, key=lambda s: by_streams[s])
     top, naive_gbps = figures["ceiling"], figures["naive"]
-    print(f"request_bytes: {merged.bytes}")
-    print(f"merged_entries: {merged.entries}")
-    print(f"naive_entries: {naive.entries}")
-    print(f"lanes_per_peer: {args.lanes}")
-    print(f"queue_limit: {args.queue_limit}")
-    for s, value in by_streams.items():
-        print(f"merged_gbps_streams_{s}: {value:.3f}")
-    print(f"merged_gbps: {by_streams[best]:.3f}")
-    print(f"naive_gbps: {naive_gbps:.3f}")
-    print(f"ceiling_gbps: {top:.3f}")
-    print(f"merged_vs_ceiling: {by_streams[best] / top:.3f}")
-    print(f"merged_vs_naive: {by_streams[best] / naive_gbps:.3f}")
+    bench.report(__doc__, {
+        "request_bytes": merged.bytes, "merged_entries": merged.entries, "naive_entries": naive.entries,
+        "lanes_per_peer": args.lanes, "queue_limit": args.queue_limit,
+        **{f"merged_gbps_streams_{s}": f"{value:.3f}" for s, value in by_streams.items()},
+        "merged_gbps": f"{by_streams[best]:.3f}", "naive_gbps": f"{naive_gbps:.3f}",
+        "ceiling_gbps": f"{top:.3f}",
+        "merged_vs_ceiling": f"{by_streams[best] / top:.3f}",
+        "merged_vs_naive": f"{by_streams[best] / naive_gbps:.3f}",
+    })
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from support.cluster import ApiError, Component, ControlPlane, pick_port, service_account_user, wait_for
-from support.kube import CHART, ROOT, helm  # noqa: F401  (bench/scale.py imports ROOT from here)
+from support.kube import CHART, helm, kubectl
 from support.specs import example
 
 PORT_FLAGS = ("--health-port=", "--metrics-port=", "--webhook-port=")
@@ -202,6 +202,14 @@ def helm_install(cp: ControlPlane, workdir: pathlib.Path, *, release: str = RELE
     helm(cp.kubeconfig, "install", release, str(CHART), "-n", namespace, "--create-namespace", *sets)
     manifest = helm(cp.kubeconfig, "get", "manifest", release, "-n", namespace).stdout
     return Release(release, namespace, [d for d in yaml.safe_load_all(manifest) if d])
+
+
+def install_crds(cp: ControlPlane) -> None:
+    """The chart's CRDs (charts/pd-operator/crds: the generated crds/ and kopf's peering) as `helm
+    install` creates them, for objects the operator owns (PDRoles) applied without the operator; a
+    later `helm install` leaves CRDs that exist alone."""
+    kubectl(cp.kubeconfig, "apply", "--server-side", "-f", str(CHART / "crds"))
+    kubectl(cp.kubeconfig, "wait", "--for=condition=Established", "-f", str(CHART / "crds"))
 
 
 def helm_uninstall(cp: ControlPlane, release: Release) -> None:

@@ -1,0 +1,68 @@
+"""What every bench/*.py script shares, so that a test can hold each to what it documents.
+
+A bench's docstring lists its figures under a `Figures:` line, one `- name: meaning` line each,
+and that list is the one home for them: `report` refuses to print a different set, and the smoke
+test (tests/bench/test_bench.py) runs every bench with `--quick` and checks each listed figure comes
+out as a number. `--quick` keeps a bench's real code path at small sizes and one repetition: it
+checks that the bench runs; its figures mean little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+HEADER = "Figures:"
+_ITEM = re.compile(r"- (\w+): \S")
+
+
+def documented(doc: str) -> list[str]:
+    """The figure names listed under the docstring's `Figures:` line (up to the first other line)."""
+    lines = doc.splitlines()
+    if HEADER not in (line.strip() for line in lines):
+        raise ValueError(f"the docstring has no {HEADER!r} list")
+    start = [line.strip() for line in lines].index(HEADER) + 1
+    names = []
+    for line in lines[start:]:
+        item = _ITEM.match(line.strip())
+        if item is None:
+            if line.startswith((" ", "\t")) and names:
+                continue  # an item's meaning wrapped onto an indented line
+            break
+        names.append(item.group(1))
+    if not names:
+        raise ValueError(f"the docstring's {HEADER!r} list is empty")
+    return names
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """An argument parser for a bench with its docstring's first line and `--quick`."""
+    out = argparse.ArgumentParser(description=doc.splitlines()[0])
+    out.add_argument("--quick", action="store_true",
+                     help="small sizes, one repetition: checks that the bench runs (tests/bench)")
+    return out
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: Mapping[str, Any]
+          ) -> argparse.Namespace:
+    """The arguments, with `quick` as the defaults under `--quick` (flags given still win)."""
+    args = parser.parse_args(argv)
+    if unknown := set(quick) - set(vars(args)):
+        raise ValueError(f"quick settings for no argument: {sorted(unknown)}")
+    if args.quick:
+        parser.set_defaults(**quick)
+        args = parser.parse_args(argv)
+    return args
+
+
+def report(doc: str, figures: Mapping[str, object]) -> None:
+    """Print `name: value` for every figure, in the docstring's order; a figure printed but not
+    documented, or documented but not printed, is the bench's bug and stops it."""
+    names = documented(doc)
+    if set(names) != set(figures):
+        raise SystemExit(f"bench figures differ from its docstring: undocumented "
+                         f"{sorted(set(figures) - set(names))}, missing {sorted(set(names) - set(figures))}")
+    for name in names:
+        print(f"{name}: {figures[name]}")
