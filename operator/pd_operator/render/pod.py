@@ -6,7 +6,7 @@ import json
 import re
 
 from pd_operator.api.labels import HOSTNAME
-from pd_operator.render import kv_probe, scheduling, serving_config
+from pd_operator.render import kv_probe, scheduling, security, serving_config
 from pd_operator.render.command import pod_command
 from pd_operator.render.env import container_env
 from pd_operator.render.labels import labels, selector
@@ -77,9 +77,8 @@ def serving_container(ctx: Resolved, role: str, index: int, mounts: list[dict]) 
         "resources": resources(side.resources, side.npu_resource_name, ctx.shapes[role].npus_per_pod),
         "volumeMounts": mounts,
         **probes(ctx, role),
-        # The device plugin grants the NPUs: no privileged mode, no extra capabilities, and no
-        # setuid path to gain them (allowPrivilegeEscalation defaults to true when unset).
-        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
+        # The device plugin grants the NPUs: no privileged mode, no extra capabilities.
+        "securityContext": dict(security.ENGINE),
     }
 
 
@@ -113,6 +112,7 @@ def pod_template(ctx: Resolved, role: str, index: int) -> dict:
     if placement := affinity(ctx, role, index):
         spec["affinity"] = placement
     spec |= scheduling.pod_spec_fields(ctx, role, index)
+    spec |= security.pod_fields(spec)
     meta: dict = {"labels": labels(ctx, role, index)}
     if annotations := scheduling.pod_annotations(ctx, role, index):
         meta["annotations"] = annotations
