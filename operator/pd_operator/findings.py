@@ -139,6 +139,10 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "operator knows.",
         "Use a quay.io/ascend/vllm-ascend release tag, or set spec.image.vllmAscendVersion "
         "(and seedChange)."),
+    "ImageVersionConflict": (
+        "error", "spec.image.name is a vllm-ascend release tag (`vllm-ascend:v<version>`) and "
+        "spec.image.vllmAscendVersion names another release.",
+        "Drop vllmAscendVersion (the tag names the release) or correct the image name."),
     "ImageLacksConnector": (
         "error", "The image's vllm-ascend does not register the kv connector the spec asks for.",
         "Use a connector the image registers or an image whose vllm-ascend registers it."),
