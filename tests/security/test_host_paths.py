@@ -10,10 +10,8 @@ import posixpath
 
 import pytest
 import yaml
-from chart_render import operator_container, rendered, template
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from render_cases import EXAMPLES, VALID_EXAMPLES, load
 
 from pd_operator import cli
 from pd_operator.controller.admission import verdict
@@ -21,19 +19,22 @@ from pd_operator.controller.main import options_from
 from pd_operator.render import render
 from pd_operator.spec.host_paths import DEFAULT, GENERATION_MOUNTS, PROTECTED, WEIGHTS_ROOT, HostPathPolicy
 from pd_operator.spec.validate import validate
+from support.helm_chart import operator_container, rendered, template
+from support.renders import EXAMPLES, VALID_EXAMPLES
+from support.specs import example
 
 HOST_PATH_EXAMPLE = EXAMPLES / "deepseek-v3.2-multinode-decode.yaml"  # weights.hostPath /data/models
 CODES = {"HostPathProtected", "HostPathNotNormalised", "HostPathNotAllowed"}
 
 
 def with_weights(path: str) -> dict:
-    doc = load(HOST_PATH_EXAMPLE)
+    doc = example(HOST_PATH_EXAMPLE)
     doc["spec"]["model"]["weights"]["hostPath"]["path"] = path
     return doc
 
 
 def with_mounts(role: str, *paths: str, generation: str = "A3") -> dict:
-    doc = load(HOST_PATH_EXAMPLE)
+    doc = example(HOST_PATH_EXAMPLE)
     doc["spec"][role]["hostMounts"] = {"generation": generation, "paths": [{"path": p} for p in paths]}
     return doc
 
@@ -43,9 +44,9 @@ def host_path_errors(doc: dict, policy: HostPathPolicy = DEFAULT) -> dict[str, s
 
 
 def test_the_examples_mount_only_allowed_paths():
-    for example in VALID_EXAMPLES:
-        assert validate(load(example)).ok, example.name
-        assert host_path_errors(load(example)) == {}
+    for path in VALID_EXAMPLES:
+        assert validate(example(path)).ok, path.name
+        assert host_path_errors(example(path)) == {}
 
 
 def test_weights_at_the_root_are_refused_at_admission_naming_the_field():
@@ -90,7 +91,7 @@ def test_a_path_outside_the_allow_list_is_refused_until_the_admin_allows_it():
 def test_a_narrower_list_refuses_the_generation_mounts_it_leaves_out():
     narrow = HostPathPolicy.of([WEIGHTS_ROOT, "/usr/local/Ascend/driver", "/usr/local/dcmi",
                                 "/etc/ascend_install.info", "/usr/local/bin/npu-smi"])
-    assert host_path_errors(load(HOST_PATH_EXAMPLE), narrow) == {}  # A3 on both roles
+    assert host_path_errors(example(HOST_PATH_EXAMPLE), narrow) == {}  # A3 on both roles
     a2 = with_mounts("decode", generation="A2")
     assert host_path_errors(a2, narrow) == {"spec.decode.hostMounts.generation": "HostPathNotAllowed"}
     message = next(f.message for f in validate(a2, host_path_policy=narrow).errors)

@@ -42,6 +42,7 @@ from pd_operator.transfer.probe import (
 )
 from pd_operator.transfer.probe_geometry import probe_geometry
 from support.cluster import pick_port
+from support.kv_probe import LOOPBACK, PROBE, env, serve
 
 MODEL = presets.get("glm-5.3-flash")
 GEO = probe_geometry(PairInput(Side("prefill", MODEL, 2), Side("decode", MODEL, 1)))
@@ -265,8 +266,6 @@ def _get(url: str) -> tuple[int, dict]:
 def test_the_gate_process_keeps_answering_and_then_links(fuzz_peer):
     """The real `pd-kv-probe gate` (its own Mooncake engine) checks the fuzz peer round after round;
     then the fuzz peer hands out a real `pd-kv-probe serve`'s descriptor and the same gate links it."""
-    from test_probe import LOOPBACK, PROBE, env, serve  # the transfer tier's own runners
-
     peer, address = fuzz_peer
     pairing = ["--model", "glm-5.3-flash", "--prefill-tp", "2", "--decode-tp", "1"]
     sample: list[tuple[bytes, bool]] = []
