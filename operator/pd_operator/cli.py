@@ -25,6 +25,7 @@ from pd_operator.kv.summary import report_json, report_table
 from pd_operator.kv.transfer_plan import plan_transfer
 from pd_operator.render import render
 from pd_operator.render.yaml_text import to_yaml
+from pd_operator.spec.host_paths import WEIGHTS_ROOT, HostPathPolicy
 from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
 from pd_operator.spec.validate import validate
 
@@ -140,9 +141,25 @@ def _pd_documents(path: str) -> list:
     return docs
 
 
+def _host_path_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
+                         help="a node path PDDeployments may mount, as the operator's flag of that name "
+                              "(repeatable); default: the Ascend driver and tool paths of the node "
+                              f"presets and {WEIGHTS_ROOT}")
+
+
+def _host_path_policy(args: argparse.Namespace) -> HostPathPolicy:
+    try:
+        return HostPathPolicy.of(args.allow_host_path)
+    except ValueError as err:
+        raise InputError(f"--allow-host-path: {err}") from None
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Every document of every file through the one validator (CRD schema, CEL rules, names,
-    ports, overrides, KV compatibility): what the webhook and the controller would say."""
+    ports, overrides, host paths, KV compatibility): what the webhook and the controller would say
+    (with the same --allow-host-path as the operator)."""
+    policy = _host_path_policy(args)
     worst = EXIT_OK
     for path in args.files:
         try:
@@ -152,7 +169,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             worst = max(worst, EXIT_UNREADABLE)
             continue
         for index, doc in enumerate(docs):
-            result = validate(doc)
+            result = validate(doc, host_path_policy=policy)
             meta = doc.get("metadata") if isinstance(doc, dict) else None
             name = meta.get("name") if isinstance(meta, dict) else None
             label = f"{path}" + (f" ({name})" if isinstance(name, str) else "") + \
@@ -192,8 +209,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     if not docs:
         raise InputError(f"{args.file}: no PDDeployment in the file")
     manifests: list[dict] = []
+    policy = _host_path_policy(args)
     for doc in docs:
-        result = validate(doc)
+        result = validate(doc, host_path_policy=policy)
         if not result.ok:
             for f in result.errors:
                 print(f"{args.file}: {f.line()}", file=sys.stderr)
@@ -244,11 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check PDDeployment manifests; exit 1 on errors")
     validate.add_argument("files", nargs="+")
+    _host_path_flag(validate)
     validate.set_defaults(run=cmd_validate)
 
     render_cmd = sub.add_parser("render", help="the Kubernetes manifests a PDDeployment becomes")
     render_cmd.add_argument("file", help="PDDeployment manifest (or - for stdin)")
     render_cmd.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    _host_path_flag(render_cmd)
     render_cmd.set_defaults(run=cmd_render)
 
     models = sub.add_parser("models", help="list the built-in model presets")

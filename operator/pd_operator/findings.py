@@ -139,6 +139,10 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "operator knows.",
         "Use a quay.io/ascend/vllm-ascend release tag, or set spec.image.vllmAscendVersion "
         "(and seedChange)."),
+    "ImageVersionConflict": (
+        "error", "spec.image.name is a vllm-ascend release tag (`vllm-ascend:v<version>`) and "
+        "spec.image.vllmAscendVersion names another release.",
+        "Drop vllmAscendVersion (the tag names the release) or correct the image name."),
     "ImageLacksConnector": (
         "error", "The image's vllm-ascend does not register the kv connector the spec asks for.",
         "Use a connector the image registers or an image whose vllm-ascend registers it."),
@@ -202,6 +206,19 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "error", "The spec.scaling bounds cannot all hold: a minReplicas above its maxReplicas, "
         "minPrefillPerDecode above maxPrefillPerDecode, or role minimums that break the ratio.",
         "Make each minimum at most its maximum and the two minReplicas a pair the ratio admits."),
+    "HostPathNotNormalised": (
+        "error", "A host path the pods would mount is not a normalised absolute path ('..', '.', '//', a "
+        "trailing '/' or blanks).",
+        "Write the path in its plain form, e.g. /data/models."),
+    "HostPathProtected": (
+        "error", "A host path the pods would mount is /, or is, lies inside or contains a directory of the "
+        "node's credentials and runtimes (/var/lib/kubelet, /etc/kubernetes, /var/run, /proc, /root, ...; "
+        "spec/host_paths.py PROTECTED). No allow-list can permit it.",
+        "Mount a directory that holds only what the pods need, such as the weights directory."),
+    "HostPathNotAllowed": (
+        "error", "A host path the pods would mount is outside the cluster admin's allow-list (the chart's "
+        "hostPaths values; by default the Ascend driver and tool paths of the A2/A3/A5 presets and /data).",
+        "Use an allowed path, or ask the admin to add it (hostPaths.additional)."),
     "HostNetwork": (
         "warning", "The pods use the host network, so the NetworkPolicy does not isolate them.",
         "Only use hostNetwork for RDMA setups that need it."),

@@ -126,3 +126,15 @@ def test_the_block_rule_and_kv_cache_dtypes_follow_the_image_release():
     assert codes(with_cache_dtype(on(GLM, STOCK_030), "int8")) == []
     assert codes(on(QWEN, STOCK_029)) == [("ImageBlockRuleUnmodelled", "spec.image.name")]
     assert codes(on(QWEN, STOCK_030)) == []
+
+
+@pytest.mark.parametrize("version", ["0.30.0rc2", "0.29.0rc1"])
+def test_a_release_tag_contradicting_vllm_ascend_version_is_a_finding(version):
+    doc = on(GLM, {**STOCK_023, "vllmAscendVersion": version})
+    assert codes(doc) == [("ImageVersionConflict", "spec.image.vllmAscendVersion")]
+    message = next(f.message for f in validate(doc).errors)
+    assert "vllm-ascend 0.23.0 release image" in message and version in message
+    # Agreeing with the tag, or naming an image whose tag names no release, is no conflict.
+    assert ("ImageVersionConflict", "spec.image.vllmAscendVersion") not in codes(
+        on(GLM, {**STOCK_030, "vllmAscendVersion": "0.30.0rc2"}))
+    assert codes(on(GLM, SEED)) == []  # its tag names no release: vllmAscendVersion says which

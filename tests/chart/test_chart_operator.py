@@ -9,26 +9,31 @@ import pytest
 import yaml
 
 from pd_operator.controller.main import options_from
+from pd_operator.spec.host_paths import DEFAULT as DEFAULT_HOST_PATHS
 from support.helm_chart import RELEASE, REPO, operator_container, operator_deployment, rendered, template
 
 FULLNAME = f"{RELEASE}-pd-operator"
 COMMON = ["--health-port=8080", "--metrics-port=9090"]
 SELF_SIGNED = ["--webhook-port=9443", "--webhook-self-signed", f"--webhook-config-name={FULLNAME}"]
 CERT_DIR = ["--webhook-port=9443", "--webhook-cert-dir=/etc/pd-operator/webhook-tls"]
+HOST_PATHS = [f"--allow-host-path={p}" for p in DEFAULT_HOST_PATHS.allowed]
 
 EXPECTED_ARGS = {
-    "default": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json"],
+    "default": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json", *HOST_PATHS],
     "namespaced": [
         "run", "--namespace=llm-prod", "--namespace=llm-staging", *COMMON, *SELF_SIGNED, "--log-format=json",
+        *HOST_PATHS,
     ],
-    "cert-manager": ["run", "--all-namespaces", *COMMON, *CERT_DIR, "--log-format=json"],
-    "webhook-off": ["run", "--all-namespaces", *COMMON, "--no-webhook", "--log-format=plain"],
-    "metrics": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json"],
+    "cert-manager": ["run", "--all-namespaces", *COMMON, *CERT_DIR, "--log-format=json", *HOST_PATHS],
+    "webhook-off": ["run", "--all-namespaces", *COMMON, "--no-webhook", "--log-format=plain", *HOST_PATHS],
+    "metrics": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json", *HOST_PATHS],
     "peering": [
         "run", "--all-namespaces", *COMMON, *CERT_DIR, "--peering=pd-operator-peers", "--log-format=json",
+        *HOST_PATHS,
     ],
     "peering-namespaced": [
         "run", "--namespace=llm-prod", *COMMON, "--no-webhook", f"--peering={FULLNAME}", "--log-format=json",
+        *HOST_PATHS,
     ],
 }
 
@@ -134,3 +139,4 @@ def test_the_operator_accepts_the_rendered_command_line(value_set, tmp_path):
     assert options.webhook_cert_dir == (str(tmp_path) if cert_dir in EXPECTED_ARGS[value_set] else None)
     assert options.peering == {"peering": "pd-operator-peers", "peering-namespaced": FULLNAME}.get(value_set)
     assert options.log_format == ("plain" if value_set == "webhook-off" else "json")
+    assert options.host_path_policy == DEFAULT_HOST_PATHS

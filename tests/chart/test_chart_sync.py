@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pd_operator.controller.permissions import RULES, WEBHOOK_RULES
+from pd_operator.spec.host_paths import DEFAULT as DEFAULT_HOST_PATHS
 from pd_operator.tools import chart_sync
 from support.helm_chart import CHART, REPO, find, one, rendered, run_helm
 
@@ -43,6 +44,12 @@ def test_chart_crds_equal_the_generated_crds():
         assert copy.read_text() == source.read_text(), f"{copy} is stale: run `make chart-sync`"
     chart_files = {p.name for p in (CHART / "crds").glob("*.yaml")}
     assert chart_files == {s.name for s in sources} | chart_sync.CHART_OWNED_CRDS
+
+
+def test_chart_host_paths_file_is_the_operators_default():
+    text = (CHART / "files" / "host-paths.yaml").read_text()
+    assert text == chart_sync.host_paths_document()
+    assert tuple(yaml.safe_load(text)["allowed"]) == DEFAULT_HOST_PATHS.allowed
 
 
 def test_chart_rbac_file_equals_the_rules():
@@ -104,7 +111,8 @@ def test_sync_writes_copies_then_is_idempotent(tmp_path):
     root = _scratch_repo(tmp_path, {"a.yaml": "kind: CustomResourceDefinition\n"})
     changed = chart_sync.sync(root)
     assert {p.relative_to(root).as_posix() for p in changed} == {
-        "charts/pd-operator/files/rbac-rules.yaml", "charts/pd-operator/crds/a.yaml",
+        "charts/pd-operator/files/rbac-rules.yaml", "charts/pd-operator/files/host-paths.yaml",
+        "charts/pd-operator/crds/a.yaml",
     }
     assert (root / "charts/pd-operator/crds/a.yaml").read_text() == "kind: CustomResourceDefinition\n"
     assert chart_sync.sync(root) == []

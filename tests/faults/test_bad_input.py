@@ -291,3 +291,27 @@ def test_reviews_over_one_mib_are_answered(webhook):
     status, response = admission_review(webhook.url, obj, "UPDATE")
     assert status == 200 and response is not None and response["allowed"] is False
     assert len(json.dumps(obj)) * 2 > MB
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"model": {"weights": {"hostPath": {"path": "/"}}}}, "spec.model.weights.hostPath.path"),
+    ({"decode": {"hostMounts": {"paths": [{"path": "/var/lib/kubelet/pods"}]}}},
+     "spec.decode.hostMounts.paths[0].path"),
+    ({"prefill": {"hostMounts": {"paths": [{"path": "/mnt/elsewhere"}]}}},
+     "spec.prefill.hostMounts.paths[0].path"),
+], ids=["weights-root", "kubelet", "not-allowed"])
+def test_host_paths_are_refused_by_the_webhook_the_chart_configures(control_plane, webhook, spec, field):
+    """The chart's hostPaths reach the operator as flags, and its webhook refuses a host path the
+    node must not lend, naming the field (the CRD schema alone admits these)."""
+    obj = api_server_object(copy.deepcopy(webhook.base), webhook.namespace)
+    assert obj is not None
+    obj["metadata"] = {"name": "host-paths", "namespace": webhook.namespace}
+    for key, value in spec.items():
+        if key == "model":
+            obj["spec"]["model"]["weights"] = value["weights"]
+        else:
+            obj["spec"][key] = {**obj["spec"][key], **value}
+    status, message = dry_run(control_plane, "POST",
+                              f"/apis/{GROUP}/{VERSION}/namespaces/{webhook.namespace}/{PLURAL}", obj)
+    assert status != 200 and WEBHOOK_DENIED in message, message
+    assert f"{field}: " in message, message

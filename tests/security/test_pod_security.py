@@ -1,6 +1,8 @@
 """Every rendered pod, of every example and of generated valid specs: not privileged, no privilege
-escalation, no added capabilities, no host PID/IPC, host paths read-only, and the host network
-only when the spec asks for it, which the validator then reports (HostNetwork)."""
+escalation, no added capabilities (every container but the engine drops ALL), seccomp
+RuntimeDefault, no API token unless the pod names a ServiceAccount of its own, the proxy non-root
+on a read-only root, no host PID/IPC, host paths read-only, and the host network only when the spec
+asks for it, which the validator then reports (HostNetwork)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,20 @@ from support.renders import VALID_EXAMPLES
 from support.spec_strategies import deployments
 from support.specs import example
 
+ENGINE = "vllm"  # keeps the runtime's default capabilities (render/security.py says why)
+
 
 def pod_problems(name: str, pod: dict) -> list[str]:
     out = []
     if pod.get("hostPID") or pod.get("hostIPC"):
         out.append(f"{name}: shares the host PID or IPC namespace")
+    if (pod.get("securityContext") or {}).get("seccompProfile") != {"type": "RuntimeDefault"}:
+        out.append(f"{name}: no RuntimeDefault seccomp profile")
+    if "serviceAccountName" not in pod and pod.get("automountServiceAccountToken") is not False:
+        out.append(f"{name}: mounts the namespace's default ServiceAccount token")
+    proxy = any(c["name"] == "proxy" for c in pod["containers"])
+    if proxy and not (pod.get("securityContext") or {}).get("runAsNonRoot"):
+        out.append(f"{name}: the proxy pod may run as root")
     host_paths = {v["name"] for v in pod.get("volumes", []) if "hostPath" in v}
     for c in [*pod.get("initContainers", []), *pod["containers"]]:
         ctx = c.get("securityContext") or {}
@@ -27,6 +38,10 @@ def pod_problems(name: str, pod: dict) -> list[str]:
             out.append(f"{name}/{c['name']}: allowPrivilegeEscalation is not false")
         if (ctx.get("capabilities") or {}).get("add"):
             out.append(f"{name}/{c['name']}: adds capabilities")
+        if c["name"] != ENGINE and (ctx.get("capabilities") or {}).get("drop") != ["ALL"]:
+            out.append(f"{name}/{c['name']}: keeps capabilities")
+        if c["name"] == "proxy" and not (ctx.get("runAsNonRoot") and ctx.get("readOnlyRootFilesystem")):
+            out.append(f"{name}/{c['name']}: may run as root or write its root file system")
         for mount in c.get("volumeMounts", []):
             if mount["name"] in host_paths and not mount.get("readOnly"):
                 out.append(f"{name}/{c['name']}: host path {mount['mountPath']} is writable")
@@ -52,7 +67,16 @@ def test_the_checker_sees_each_problem():
     bad = {"hostPID": True, "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
            "containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}},
                            "volumeMounts": [{"name": "h", "mountPath": "/host"}]}]}
-    assert len(pod_problems("bad", bad)) == 5  # host PID, privileged, escalation, capability, host path
+    # host PID, seccomp, token, privileged, escalation, added capability, kept ones, host path
+    assert len(pod_problems("bad", bad)) == 8
+    proxy = {"automountServiceAccountToken": False,
+             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+             "containers": [{"name": "proxy", "securityContext": {
+                 "privileged": False, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}
+    assert len(pod_problems("proxy", proxy)) == 2  # the pod and the container may run as root
+    own_account = {**proxy, "serviceAccountName": "watcher"}
+    del own_account["automountServiceAccountToken"]
+    assert pod_problems("proxy", own_account) == pod_problems("proxy", proxy)  # a token it was given
 
 
 @pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)

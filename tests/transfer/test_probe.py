@@ -4,9 +4,7 @@ engine, over P2P handshakes (how vllm-ascend's PD connectors discover peers)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -15,33 +13,11 @@ from pd_operator.kv import presets
 from pd_operator.kv.side import Side
 from pd_operator.spec.pairing import PairInput
 from pd_operator.transfer.probe_geometry import probe_geometry
-from support.cluster import pick_port
+from support.kv_probe import LOOPBACK, PROBE, env, serve
 
 pytestmark = pytest.mark.transfer
 
 GLM_P8_D4 = ["--model", "glm-5.3-flash", "--prefill-tp", "8", "--decode-tp", "4"]
-PROBE = [sys.executable, "-m", "pd_operator.transfer.probe"]
-ENV_LOOPBACK = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "ERROR"}
-
-
-LOOPBACK = ["--local-hostname", "127.0.0.1"]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, **ENV_LOOPBACK}
-
-
-def serve(pairing: list[str]) -> tuple[subprocess.Popen, str]:
-    port = pick_port()
-    proc = subprocess.Popen([*PROBE, "serve", *pairing, *LOOPBACK,
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env())
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # printed once the buffer is registered and the endpoint is up
-    assert line, f"serve exited with {proc.wait()}"
-    assert json.loads(line)["serving"] == f"http://127.0.0.1:{port}/descriptor"
-    return proc, f"127.0.0.1:{port}"
-
 
 def check(peer: str, pairing: list[str]) -> tuple[int, dict]:
     done = subprocess.run([*PROBE, "check", "--peer", peer, *pairing, *LOOPBACK],

@@ -105,4 +105,8 @@ present a different CA: that combination is refused here.
 - --peering={{ include "pd-operator.peeringName" . }}
 {{- end }}
 - --log-format={{ .Values.logFormat }}
+{{- $allowed := .Values.hostPaths.allowed | default (.Files.Get "files/host-paths.yaml" | fromYaml).allowed }}
+{{- range concat $allowed .Values.hostPaths.additional | uniq }}
+- --allow-host-path={{ . }}
+{{- end }}
 {{- end }}

@@ -57,7 +57,8 @@ class PVCWeights(ApiModel):
 
 class HostPathWeights(ApiModel):
     path: str = Field(min_length=1, max_length=1024, pattern=r"^/")
-    """Directory on every NPU node that holds the weights (mounted read-only)."""
+    """Directory on every NPU node that holds the weights (mounted read-only). It must be a
+    normalised path the cluster admin allows (the operator chart's hostPaths; by default under /data)."""
 
 
 @cel("[has(self.pvc), has(self.hostPath), has(self.image)].filter(x, x).size() == 1",
@@ -190,7 +191,10 @@ class HostMountsSpec(ApiModel):
     /usr/local/sbin, /etc/hccn.conf), `A3` (npu-smi in /usr/local/bin), `A5` (950: /etc/hccl_rootinfo.json,
     /etc/hixlep, no hccn.conf), or `none` for only `paths`."""
     paths: list[HostPathMount] = Field(default_factory=list, max_length=32)
-    """Extra mounts; one with the same path as a generation mount replaces it (e.g. to change its type)."""
+    """Extra mounts; one with the same path as a generation mount replaces it (e.g. to change its type).
+    Each must be a normalised path the cluster admin allows (the operator chart's hostPaths; by default
+    the generations' driver and tool paths and /data); the node's credentials and runtime directories
+    (/var/lib/kubelet, /etc/kubernetes, /var/run, ...) and their parents never are."""
 
 
 MAX_INSTANCES = 512

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 from pd_operator.spec.validate import validate
 
 UPDATE_NOTE = "The update is rejected; the running deployment keeps serving its previous spec."
@@ -20,8 +21,8 @@ class Verdict:
     warnings: list[str]
 
 
-def verdict(body: dict, operation: str) -> Verdict:
-    result = validate(body)
+def verdict(body: dict, operation: str, host_path_policy: HostPathPolicy = DEFAULT) -> Verdict:
+    result = validate(body, host_path_policy=host_path_policy)
     warnings = [f"{f.path}: {f.message}" if f.path else f.message for f in result.warnings]
     errors = [f"{f.path}: {f.message}" if f.path else f.message for f in result.errors]
     if not errors:

@@ -24,6 +24,7 @@ from pd_operator.controller import handlers, logs, webhook
 from pd_operator.controller.client import Client, connect
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.runner import Runner
+from pd_operator.spec.host_paths import DEFAULT, WEIGHTS_ROOT, HostPathPolicy
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Options:
     log_format: str = "plain"
     kubeconfig: str | None = None
     drift_interval_s: float = 30.0
+    host_path_policy: HostPathPolicy = DEFAULT
 
 
 def _port(text: str) -> int:
@@ -74,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", metavar="PATH", help="default: in-cluster, else $KUBECONFIG")
     run.add_argument("--drift-interval", type=float, default=30.0, metavar="SECONDS",
                      help="reconcile an object nothing else reconciled for this long (default 30)")
+    run.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
+                     help="a node path (and what lies under it) PDDeployments may mount (repeatable); "
+                          "default: the Ascend driver and tool paths of the node presets and "
+                          f"{WEIGHTS_ROOT}")
     return top
 
 
@@ -86,6 +92,10 @@ def options_from(argv: Sequence[str]) -> Options:
         top.error("give --webhook-cert-dir DIR, --webhook-self-signed or --no-webhook")
     if args.drift_interval <= 0:
         top.error("--drift-interval must be positive")
+    try:
+        host_path_policy = HostPathPolicy.of(args.allow_host_path)
+    except ValueError as err:
+        top.error(f"--allow-host-path: {err}")
     if args.webhook_cert_dir:
         for name in ("tls.crt", "tls.key"):
             if not (pathlib.Path(args.webhook_cert_dir) / name).is_file():
@@ -95,7 +105,7 @@ def options_from(argv: Sequence[str]) -> Options:
                    webhook_cert_dir=args.webhook_cert_dir, webhook_self_signed=args.webhook_self_signed,
                    webhook_config_name=args.webhook_config_name, peering=args.peering,
                    log_format=args.log_format, kubeconfig=args.kubeconfig,
-                   drift_interval_s=args.drift_interval)
+                   drift_interval_s=args.drift_interval, host_path_policy=host_path_policy)
 
 
 def settings_for(options: Options, workdir: pathlib.Path, client: Client | None = None,
@@ -129,7 +139,8 @@ def run(options: Options, *, stop_flag: threading.Event | None = None,
     """Run until stopped (SIGINT/SIGTERM, or `stop_flag` when given)."""
     metrics = Metrics()
     client = connect(options.kubeconfig)
-    runner = Runner(client, metrics, drift_interval_s=options.drift_interval_s)
+    runner = Runner(client, metrics, drift_interval_s=options.drift_interval_s,
+                    host_path_policy=options.host_path_policy)
     registry = kopf.OperatorRegistry()
     health = webhook.WebhookHealth() if options.webhook else None
     handlers.register(registry, runner, webhook=health)

@@ -29,6 +29,7 @@ from pd_operator.render import Routable, render
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_version
 from pd_operator.spec import scaling
+from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 from pd_operator.spec.validate import Resolved, Validation, validate, with_instances
 
 logger = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mo
 
 
 def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: list[dict], pods: list[dict],
-              now: datetime | None = None) -> Outcome:
+              now: datetime | None = None, host_path_policy: HostPathPolicy = DEFAULT) -> Outcome:
     """Bring the children of one PDDeployment to its spec. `children` and `pods` are the objects
     carrying its `pd.serving.dev/deployment` label, as observed. Raises InvalidSpec (after recording
     the findings in the status) when the spec cannot be served, client.ApiError on API failures."""
@@ -244,7 +245,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     meta = body["metadata"]
     ns = meta["namespace"]
     validation = validate(manifest_of(body),
-                          read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k))
+                          read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k),
+                          host_path_policy=host_path_policy)
     outcome = Outcome()
     if validation.resolved is not None:
         asks = pdroles.asks(validation.resolved, children, meta["uid"])

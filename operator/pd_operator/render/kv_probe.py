@@ -20,7 +20,7 @@ Without the proxy (spec.proxy.enabled false) the gate links every prefill instan
 from __future__ import annotations
 
 from pd_operator.proxy.membership import KEY, MOUNT_DIR
-from pd_operator.render import proxy, serving_config
+from pd_operator.render import proxy, security, serving_config
 from pd_operator.spec.ports import HANDSHAKE_RPC, PROBE_PORT, PROBE_READY_PATH
 from pd_operator.spec.validate import Resolved
 
@@ -71,5 +71,5 @@ def sidecar(ctx: Resolved, role: str) -> dict:
                          *([proxy.membership_volume(ctx)[1]] if _gated_by_membership(ctx, role) else [])],
         "readinessProbe": readiness(role),
         "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
-        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
+        "securityContext": dict(security.SIDECAR),
     }

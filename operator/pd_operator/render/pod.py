@@ -6,34 +6,16 @@ import json
 import re
 
 from pd_operator.api.labels import HOSTNAME
-from pd_operator.api.types import HostMountsSpec
-from pd_operator.render import kv_probe, scheduling, serving_config
+from pd_operator.render import kv_probe, scheduling, security, serving_config
 from pd_operator.render.command import pod_command
 from pd_operator.render.env import container_env
 from pd_operator.render.labels import labels, selector
 from pd_operator.render.probes import probes
 from pd_operator.render.resources import resources
+from pd_operator.spec.host_paths import mounts as host_mounts
 from pd_operator.spec.ports import PROBE_RANGE, pod_ports
 from pd_operator.spec.validate import Resolved
 
-# Host files the Ascend runtime needs inside the container, by node generation, with the device
-# plugin handing out the NPUs themselves (vllm-ascend: docs/source/installation.md and the
-# multi-node PD tutorials' `docker run` mounts): (path, hostPath type). A path of type File or
-# Directory that is missing on the node keeps the pod from starting, so each generation lists
-# only what its nodes have: A2 (910B) keeps npu-smi in /usr/local/sbin and has /etc/hccn.conf; A3
-# keeps it in /usr/local/bin; A5 (950) has no hccn.conf but /etc/hccl_rootinfo.json and
-# /etc/hixlep/. The driver directory is on every generation; the DCMI library directory is only
-# mounted where present (DirectoryOrCreate leaves an empty directory otherwise).
-DRIVER = ("/usr/local/Ascend/driver", "Directory")
-DCMI = ("/usr/local/dcmi", "DirectoryOrCreate")
-INSTALL_INFO = ("/etc/ascend_install.info", "File")
-HOST_MOUNTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "A2": (DRIVER, DCMI, INSTALL_INFO, ("/usr/local/sbin/npu-smi", "File"), ("/etc/hccn.conf", "File")),
-    "A3": (DRIVER, DCMI, INSTALL_INFO, ("/usr/local/bin/npu-smi", "File")),
-    "A5": (DRIVER, DCMI, INSTALL_INFO, ("/usr/local/bin/npu-smi", "File"),
-           ("/etc/hccl_rootinfo.json", "File"), ("/etc/hixlep", "Directory")),
-    "none": (),
-}
 SHM_SIZE = "32Gi"  # vLLM's worker processes exchange tensors through /dev/shm
 TERMINATION_GRACE_SECONDS = 60
 PORT_NAMES = {"HTTP": "http", "DP RPC": "dp-rpc"}
@@ -56,13 +38,6 @@ def container_ports(ctx: Resolved, role: str) -> list[dict]:
     return out
 
 
-def host_paths(spec: HostMountsSpec) -> list[tuple[str, str]]:
-    """(path, type) of every host mount: the generation's, with explicit paths replacing or adding."""
-    out = dict(HOST_MOUNTS[spec.generation])
-    out |= {m.path: m.type for m in spec.paths}
-    return list(out.items())
-
-
 def _volume_name(path: str) -> str:
     """`host-` and the path as a DNS label: /usr/local/bin/npu-smi -> host-usr-local-bin-npu-smi."""
     return ("host-" + "-".join(filter(None, re.split(r"[^a-z0-9]+", path.lower()))))[:63].rstrip("-")
@@ -74,7 +49,7 @@ def _volumes(ctx: Resolved, role: str) -> tuple[list[dict], list[dict]]:
     volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
                            config_volume]
     mounts: list[dict] = [{"name": "dshm", "mountPath": "/dev/shm"}, config_mount]
-    for path, kind in host_paths(ctx.role(role).host_mounts):
+    for path, kind in host_mounts(ctx.role(role).host_mounts):
         name = _volume_name(path)
         volumes.append({"name": name, "hostPath": {"path": path, **({"type": kind} if kind else {})}})
         mounts.append({"name": name, "mountPath": path, "readOnly": True})
@@ -102,9 +77,8 @@ def serving_container(ctx: Resolved, role: str, index: int, mounts: list[dict]) 
         "resources": resources(side.resources, side.npu_resource_name, ctx.shapes[role].npus_per_pod),
         "volumeMounts": mounts,
         **probes(ctx, role),
-        # The device plugin grants the NPUs: no privileged mode, no extra capabilities, and no
-        # setuid path to gain them (allowPrivilegeEscalation defaults to true when unset).
-        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
+        # The device plugin grants the NPUs: no privileged mode, no extra capabilities.
+        "securityContext": dict(security.ENGINE),
     }
 
 
@@ -138,6 +112,7 @@ def pod_template(ctx: Resolved, role: str, index: int) -> dict:
     if placement := affinity(ctx, role, index):
         spec["affinity"] = placement
     spec |= scheduling.pod_spec_fields(ctx, role, index)
+    spec |= security.pod_fields(spec)
     meta: dict = {"labels": labels(ctx, role, index)}
     if annotations := scheduling.pod_annotations(ctx, role, index):
         meta["annotations"] = annotations

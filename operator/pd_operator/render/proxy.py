@@ -13,6 +13,7 @@ import json
 from pd_operator.api.types import ROLES
 from pd_operator.proxy import membership
 from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, parse_document
+from pd_operator.render import security
 from pd_operator.render.labels import labels, metadata, selector
 from pd_operator.render.resources import resources
 from pd_operator.spec.validate import Resolved
@@ -103,13 +104,14 @@ def deployment(ctx: Resolved) -> dict:
         "livenessProbe": {"httpGet": {"path": LIVE_PATH, "port": "http"}, "periodSeconds": 30,
                           "failureThreshold": 5},
         "volumeMounts": [mount],
-        "securityContext": {"privileged": False, "allowPrivilegeEscalation": False},
+        "securityContext": dict(security.PROXY),
         **({"resources": r} if (r := resources(spec.proxy.resources)) else {}),
     }
+    pod_spec: dict = {"containers": [container], "volumes": [volume], **ctx.pull_secrets()}
+    pod_spec |= security.pod_fields(pod_spec, non_root=True)
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": metadata(ctx, ctx.names.proxy, COMPONENT),
             "spec": {"replicas": spec.proxy.replicas,
                      "selector": {"matchLabels": selector(ctx, COMPONENT)},
                      "template": {"metadata": {"labels": labels(ctx, COMPONENT)},
-                                  "spec": {"containers": [container], "volumes": [volume],
-                                           **ctx.pull_secrets()}}}}
+                                  "spec": pod_spec}}}

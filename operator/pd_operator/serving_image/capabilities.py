@@ -193,6 +193,12 @@ def findings(image: ImageRef, connector: str, model: ModelKV | None, kv_cache_dt
     `kernel_blocks` is (prefill, decode) spec kernelBlockSize: MooncakeConnectorV2 of a release
     pairs blocks at kernel-block granularity and asserts "MooncakeConnector does not support
     different local and remote kernel block size" (kv_p2p/mooncake/pull_worker.py @ 0.30.0rc2)."""
+    tagged = release_of_tag(image.name)
+    if tagged and image.vllm_ascend_version and tagged != image.vllm_ascend_version:
+        return [Finding("ImageVersionConflict", "error", "spec.image.vllmAscendVersion", "",
+                        f"{image.name} is the vllm-ascend {tagged} release image, but vllmAscendVersion "
+                        f"says {image.vllm_ascend_version}; drop vllmAscendVersion (the tag names the "
+                        "release) or name the image you mean.")]
     caps = of_image(image)
     if caps is None:
         version = image.vllm_ascend_version or release_of_tag(image.name)

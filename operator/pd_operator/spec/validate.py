@@ -2,10 +2,10 @@
 
 It never raises on user input. Every problem becomes a Finding with the manifest field path, in
 the order a person would fix them: the document's shape (CRD schema and CEL rules, then the
-pydantic model), then each role's topology, ports, overrides and autoscaling, then the model
-description and what the serving image can serve (pd_operator.serving_image.capabilities), then KV
-compatibility of the
-pair.
+pydantic model), then each role's topology, ports, overrides and autoscaling, then the host paths
+the pods would mount (spec/host_paths.py: the admin's allow-list), then the model description and
+what the serving image can serve (pd_operator.serving_image.capabilities), then KV compatibility of
+the pair.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pd_operator.kv.model import ModelKV
 from pd_operator.kv.side import Side
 from pd_operator.names import DNS1035_LABEL, Names
 from pd_operator.serving_image import capabilities
-from pd_operator.spec import scaling
+from pd_operator.spec import host_paths, scaling
+from pd_operator.spec.host_paths import HostPathPolicy
 from pd_operator.spec.layout import layout_hash
 from pd_operator.spec.ports import port_findings
 from pd_operator.spec.reserved import OWNED_ENV, OWNED_FLAGS, PREFIX_CACHING_FLAGS, flag_name, owned_flag
@@ -331,9 +332,12 @@ def _image_findings(dep: PDDeployment, model: ModelKV | None) -> list[Finding]:
                            dep.spec.model.kv_cache_dtype, kernel_blocks)
 
 
-def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Validation:
+def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
+             host_path_policy: HostPathPolicy = host_paths.DEFAULT) -> Validation:
     """Validate one PDDeployment manifest. `read_config_map` lets the controller resolve
-    `spec.model.hfConfigMap`; without it (pdctl, the webhook) that check is deferred."""
+    `spec.model.hfConfigMap`; without it (pdctl, the webhook) that check is deferred.
+    `host_path_policy` is the cluster admin's allow-list of host paths (`--allow-host-path` of
+    pd-operator run and pdctl validate); the built-in default otherwise."""
     dep, findings = parse(doc)
     if dep is None:
         return Validation(findings)
@@ -343,6 +347,7 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None) -> Val
         findings += role_findings + _autoscaling_findings(dep, role)
         if plan is not None:
             shapes[role] = plan
+    findings += host_paths.findings(dep, host_path_policy)
     findings += scaling.findings(dep.spec.scaling)
     findings += _name_findings(dep, shapes)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)

@@ -13,17 +13,22 @@ out with the pairing's real engine block size, fills them with the deterministic
 publishes its segment name, the tensors' addresses and a fingerprint of the geometry as JSON at
 `GET /descriptor`. `check` fetches that, refuses a peer built for another pairing, pulls every
 decode rank's runs of the plan through the transfer engine, verifies every byte and prints
-`{ok, latencyMs, gbps, bytes, entries, errors}`. `gate` checks every prefill instance of the
-deployment in `--config` (or the `--peer`s given) every `--every` seconds, prints one JSON line per
-round and answers `GET /ready` with 200 while the last round linked every peer, 503 otherwise
-(`GET /link` returns the last round). Bad input: one line on stderr, exit 2.
+`{ok, latencyMs, gbps, bytes, entries, errors}`. A peer's descriptor is checked field by field
+(parse_descriptor) before anything uses it: whatever a peer sends, the check fails with an error
+naming what is wrong and the gate keeps answering, since a crashed gate container would restart the
+whole multi-pod instance (controller/pods.py counts any container's restarts). `gate` checks every
+prefill instance of the deployment in `--config` (or the `--peer`s given) every `--every` seconds,
+prints one JSON line per round and answers `GET /ready` with 200 while the last round linked every
+peer, 503 otherwise (`GET /link` returns the last round). Bad input: one line on stderr, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -31,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -55,6 +61,7 @@ from pd_operator.transfer.probe_geometry import (
     GeometryError,
     ProbeGeometry,
     fingerprint_differences,
+    peer_value,
     probe_geometry,
 )
 from pd_operator.transfer.ranks import PREFILL_BACKGROUND, differences, write_request
@@ -191,34 +198,106 @@ def json_server(host: str, port: int, routes: dict[str, Route]) -> ThreadingHTTP
 
 # --- check -------------------------------------------------------------------------------------
 
-def fetch_descriptor(peer: str, timeout: float) -> dict:
-    url = f"http://{peer}{DESCRIPTOR_PATH}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
-            return dict(json.loads(answer.read()))
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        raise ProbeFailure(f"cannot fetch the descriptor from {url}: {err}") from None
-
-
 class ProbeFailure(Exception):
     pass
 
 
-def peers_of(desc: dict) -> dict[int, Peer]:
+MAX_DESCRIPTOR_BYTES = 64 * 2**20
+"""Far above any real descriptor (a region per rank, group, component and probed layer)."""
+MAX_NAME = 255
+MAX_RANKS = 4096
+ADDRESS_SPACE = 2**64
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """A peer's published test buffer, checked: every region lies inside the buffer."""
+
+    segment: str
+    base: int
+    bytes: int
+    geometry: dict
+    peers: dict[int, Peer]
+    """Per prefill rank: its regions, as the puller reads them."""
+
+
+def _integer(value: Any, what: str, low: int, high: int) -> int:
+    """`value` when it is a JSON integer in [low, high]."""
+    if type(value) is not int or not low <= value <= high:
+        raise ProbeFailure(f"the peer's descriptor has {what} {peer_value(value)}, not an integer from {low} "
+                           f"to {high}")
+    return value
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME or not value.isprintable():
+        raise ProbeFailure(f"the peer's descriptor has {what} {peer_value(value)}, not a name of 1 to "
+                           f"{MAX_NAME} printable characters")
+    return value
+
+
+SEGMENT = re.compile(r"[A-Za-z0-9.\-\[\]:]{1,250}:[0-9]{1,5}")
+"""A Mooncake P2P segment name: `host:rpc_port` (transfer/engine.py)."""
+
+
+def parse_descriptor(raw: bytes) -> Descriptor:
+    """The descriptor a peer sent, or ProbeFailure saying what is wrong with it (never another
+    exception: the bytes come from the network)."""
+    if len(raw) > MAX_DESCRIPTOR_BYTES:
+        raise ProbeFailure(f"the peer's descriptor is over {MAX_DESCRIPTOR_BYTES} bytes")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as err:  # bad JSON or UTF-8, digits over the limit, deep nesting
+        raise ProbeFailure(f"the peer's descriptor is not JSON: {peer_value(str(err))}") from None
+    if not isinstance(doc, dict):
+        raise ProbeFailure(f"the peer's descriptor is {peer_value(doc)}, not a JSON object")
+    segment = doc.get("segment")
+    if not isinstance(segment, str) or not SEGMENT.fullmatch(segment) or \
+            not 0 < int(segment.rsplit(":", 1)[1]) < 65536:
+        raise ProbeFailure(f"the peer's descriptor has segment {peer_value(segment)}, not host:port")
+    base = _integer(doc.get("base"), "base", 0, ADDRESS_SPACE - 1)
+    size = _integer(doc.get("bytes"), "bytes", 0, ADDRESS_SPACE - base)
+    geometry, regions = doc.get("geometry"), doc.get("regions")
+    if not isinstance(geometry, dict):
+        raise ProbeFailure(f"the peer's descriptor has geometry {peer_value(geometry)}, not an object")
+    if not isinstance(regions, list):
+        raise ProbeFailure(f"the peer's descriptor has regions {peer_value(regions)}, not a list")
     by_rank: dict[int, dict] = {}
-    for r in desc["regions"]:
-        by_rank.setdefault(int(r["rank"]), {})[(r["group"], r["component"], int(r["layer"]))] = \
-            (int(r["address"]), int(r["bytes"]))
-    return {rank: Peer(rank, desc["segment"], regs) for rank, regs in by_rank.items()}
+    for i, region in enumerate(regions):
+        where = f"regions[{i}]"
+        if not isinstance(region, dict):
+            raise ProbeFailure(f"the peer's descriptor has {where} {peer_value(region)}, not an object")
+        rank = _integer(region.get("rank"), f"{where}.rank", 0, MAX_RANKS - 1)
+        key = (_name(region.get("group"), f"{where}.group"),
+               _name(region.get("component"), f"{where}.component"),
+               _integer(region.get("layer"), f"{where}.layer", 0, 2**31 - 1))
+        address = _integer(region.get("address"), f"{where}.address", base, base + size)
+        length = _integer(region.get("bytes"), f"{where}.bytes", 0, base + size - address)
+        regs = by_rank.setdefault(rank, {})
+        if key in regs:
+            raise ProbeFailure(f"the peer's descriptor lists rank {rank}'s region {key} twice")
+        regs[key] = (address, length)
+    return Descriptor(segment, base, size, geometry,
+                      {rank: Peer(rank, segment, regs) for rank, regs in by_rank.items()})
+
+
+def fetch_descriptor(peer: str, timeout: float) -> Descriptor:
+    url = f"http://{peer}{DESCRIPTOR_PATH}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            raw = answer.read(MAX_DESCRIPTOR_BYTES + 1)
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:
+        raise ProbeFailure(f"cannot fetch the descriptor from {url}: {peer_value(str(err))}") from None
+    return parse_descriptor(raw)
 
 
 class Checker:
     """One engine and one decode arena, reused for every check (the gate checks for as long as
     the pod lives)."""
 
-    def __init__(self, args: argparse.Namespace, geo: ProbeGeometry) -> None:
+    def __init__(self, geo: ProbeGeometry, eng: Engine) -> None:
         self.geo = geo
-        self.eng = engine(args)
+        self.eng = eng
         self.memory, self.ranks = decode_arena(geo)
         self.eng.register(int(self.memory.ctypes.data), len(self.memory))
 
@@ -228,18 +307,18 @@ class Checker:
         geo = self.geo
         try:
             desc = fetch_descriptor(peer, timeout)
-            mismatch = fingerprint_differences(geo.fingerprint(), desc.get("geometry", {}))
+            mismatch = fingerprint_differences(geo.fingerprint(), desc.geometry)
             if mismatch:
                 raise ProbeFailure("the peer serves another pairing: " + "; ".join(mismatch))
             # P2P handshake discovery must find the peer's segment and its registered buffer.
-            if self.eng.first_buffer(desc["segment"]) != desc["base"]:
-                raise ProbeFailure(f"the handshake with segment {desc['segment']} did not return the "
+            if self.eng.first_buffer(desc.segment) != desc.base:
+                raise ProbeFailure(f"the handshake with segment {desc.segment} did not return the "
                                    "buffer it published")
         except (ProbeFailure, EngineError) as err:
             result["errors"].append(str(err))
             return result
         self.memory.fill(UNWRITTEN)  # a byte left from an earlier round must not pass as pulled
-        peers = peers_of(desc)
+        peers = desc.peers
         seconds = 0.0
         for rank, (rank_memory, rank_views) in enumerate(self.ranks):
             report = pull(self.eng, geo.request.plan, rank, arena.addresses(rank_views), peers)
@@ -275,7 +354,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     geo = geometry(args)
     began = time.monotonic()
     try:
-        result = Checker(args, geo).check(args.peer, args.timeout)
+        result = Checker(geo, engine(args)).check(args.peer, args.timeout)
     except EngineError as err:
         result = {"peer": args.peer, "ok": False, "latencyMs": None, "gbps": None, "bytes": 0, "entries": 0,
                   "errors": [str(err)]}
@@ -330,7 +409,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         error = None
         if checker is None:
             try:
-                checker = Checker(args, geo)
+                checker = Checker(geo, engine(args))
             except EngineError as err:  # stay up and not ready: a restart would restart the group
                 error = str(err)
         try:

@@ -7,6 +7,7 @@ for a different pairing fails with the difference instead of misreading bytes. P
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, replace
 
 from pd_operator.kv.blocksize import SideLayout, side_layout
@@ -79,6 +80,20 @@ def probe_geometry(pair: PairInput, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
     return ProbeGeometry(p, d, request, p_pool, d_pool)
 
 
+def _brief_repr() -> reprlib.Repr:
+    brief = reprlib.Repr()
+    brief.maxlevel, brief.maxstring, brief.maxother, brief.maxlong = 3, 60, 60, 40
+    return brief
+
+
+_BRIEF = _brief_repr()
+
+
+def peer_value(value: object) -> str:
+    """A value a peer sent, shown briefly: it came from the network, of any size and depth."""
+    return _BRIEF.repr(value)
+
+
 def fingerprint_differences(mine: dict, theirs: dict, path: str = "") -> list[str]:
     """Keys on which two fingerprints differ, as `path: ours X, peer Y`."""
     out = []
@@ -88,5 +103,5 @@ def fingerprint_differences(mine: dict, theirs: dict, path: str = "") -> list[st
         if isinstance(a, dict) and isinstance(b, dict):
             out += fingerprint_differences(a, b, where)
         elif a != b:
-            out.append(f"{where}: this side has {a!r}, the peer {b!r}")
+            out.append(f"{where}: this side has {a!r}, the peer {peer_value(b)}")
     return out
