@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -82,6 +81,8 @@ def pod_env(cont: dict, ordinal: int) -> dict[str, str]:
 # an example claims (MooncakeConnectorV2, the seed change, GLM-Next model code).
 SEED_TREE: dict = {}
 VENV_BIN = Path(sys.executable).parent
+# The stand-in `vllm`: it records its argv in $PD_TEST_ARGV (also the stock-serving image's `vllm`).
+RECORDER = Path(__file__).with_name("recorder.py")
 # A pod has its own network namespace; without one, ports of this shared machine would look busy.
 NETNS = ["unshare", "-rn"] if shutil.which("unshare") and subprocess.run(
     ["unshare", "-rn", "true"], capture_output=True).returncode == 0 else []
@@ -127,9 +128,7 @@ def run_pod(manifests: list[dict], sts: dict, ordinal: int, work: Path, *,
         (mounted / key).write_text(text)
     recorder = work / "bin" / "vllm"
     recorder.parent.mkdir(exist_ok=True)
-    recorder.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                        "open(os.environ['PD_TEST_ARGV'], 'w').write(json.dumps(sys.argv))\n")
-    recorder.chmod(recorder.stat().st_mode | stat.S_IEXEC)
+    shutil.copy(RECORDER, recorder)  # its `#!/usr/bin/env python3` finds VENV_BIN's on PATH
     site = work / "site"
     shutil.rmtree(site, ignore_errors=True)
     site.mkdir()
