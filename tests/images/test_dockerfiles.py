@@ -1,8 +1,9 @@
-"""Static checks of the two images (no docker engine here): every COPY source exists in the build
-context (the repository root), every base image and every pip install is pinned, the operator image
-runs as non-root with only the operator's runtime dependencies, and the serving image is a known
-vllm-ascend release rebuilt from the seed change's ref, checked at build time and recorded, with the
-console scripts the rendered pods run."""
+"""Static checks of the two images (the `images` tier builds and runs them: test_operator_image.py):
+every COPY source exists in the build context (the repository root), every base image (a build
+argument's default included) and every pip install is pinned, the host's CA bundle reaches pip only as
+a build secret, the operator image's final stage runs as non-root with only the operator's runtime
+dependencies, and the serving image is a known vllm-ascend release rebuilt from the seed change's ref,
+checked at build time and recorded, with the console scripts the rendered pods run."""
 
 from __future__ import annotations
 
@@ -52,16 +53,34 @@ def args_of(rest: str) -> list[str]:
     return json.loads(rest) if rest.startswith("[") else shlex.split(rest)
 
 
-def copies(path: Path) -> list[tuple[list[str], str]]:
-    """(sources, destination) of every COPY/ADD from the build context."""
-    out = []
+def stages(path: Path) -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage (a FROM starts one; global ARGs before it are dropped)."""
+    out: list[list[tuple[str, str]]] = []
     for keyword, rest in instructions(path):
-        if keyword not in ("COPY", "ADD"):
-            continue
-        words = args_of(rest)
-        assert not any(w.startswith("--from") for w in words), "multi-stage copies are not used"
-        words = [w for w in words if not w.startswith("--")]
-        out.append((words[:-1], words[-1]))
+        if keyword == "FROM":
+            out.append([])
+        if out:
+            out[-1].append((keyword, rest))
+    return out
+
+
+def copies(path: Path) -> list[tuple[list[str], str]]:
+    """(sources, destination) of every COPY/ADD from the build context; a copy from an earlier stage
+    (`--from=NAME`) must name one."""
+    out = []
+    named: set[str] = set()
+    for stage in stages(path):
+        for keyword, rest in stage:
+            words = args_of(rest)
+            if keyword == "FROM" and len(words) == 3 and words[1].upper() == "AS":
+                named.add(words[2])
+            if keyword not in ("COPY", "ADD"):
+                continue
+            origin = [w.partition("=")[2] for w in words if w.startswith("--from=")]
+            assert all(o in named for o in origin), f"{path}: COPY --from={origin} names no earlier stage"
+            if not origin:
+                words = [w for w in words if not w.startswith("--")]
+                out.append((words[:-1], words[-1]))
     return out
 
 
@@ -92,12 +111,33 @@ def test_every_copy_source_exists_in_the_build_context(image):
             assert (ROOT / source).exists(), f"{image}: COPY source {source} does not exist"
 
 
+def global_args(path: Path) -> dict[str, str]:
+    """The build arguments declared before the first FROM (the only ones a FROM line can use)."""
+    out = {}
+    for keyword, rest in instructions(path):
+        if keyword == "FROM":
+            break
+        if keyword == "ARG":
+            name, _, default = rest.partition("=")
+            out[name] = default.strip('"')
+    return out
+
+
 @pytest.mark.parametrize("image", list(IMAGES))
 def test_every_base_image_is_pinned_by_version(image):
-    bases = [args_of(rest)[0] for keyword, rest in instructions(IMAGES[image]) if keyword == "FROM"]
+    """A base set by a build argument is pinned by the argument's default (the tier passes a local one)."""
+    args = global_args(IMAGES[image])
+    names: set[str] = set()
+    bases = []
+    for stage in stages(IMAGES[image]):
+        words = args_of(stage[0][1])
+        if words[0] not in names:  # FROM an earlier stage is pinned by that stage's FROM
+            bases.append(re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m[1] or m[2]], words[0]))
+        if len(words) == 3:
+            names.add(words[2])
     assert bases
     for base in bases:
-        assert "$" not in base, f"{image}: FROM {base} is set by a build argument"
+        assert "$" not in base, f"{image}: FROM {base} uses an argument without a default"
         name, _, tag = base.partition("@")[0].rpartition(":")
         assert name and "/" not in tag, f"{image}: FROM {base} has no tag"
         assert tag != "latest" and PINNED_TAG.match(tag), f"{image}: FROM {base} is a floating tag"
@@ -145,11 +185,36 @@ def test_serving_image_adds_the_base_dependencies_vllm_lacks():
 
 
 def test_operator_image_runs_as_non_root():
-    users = [rest for keyword, rest in instructions(IMAGES["operator"]) if keyword == "USER"]
+    final = stages(IMAGES["operator"])[-1]
+    users = [rest for keyword, rest in final if keyword == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
-    entry = [args_of(rest) for keyword, rest in instructions(IMAGES["operator"]) if keyword == "ENTRYPOINT"]
+    entry = [args_of(rest) for keyword, rest in final if keyword == "ENTRYPOINT"]
     assert entry[-1] == ["pd-operator"]
     assert "pd-operator" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def test_operator_image_final_stage_has_no_build_tools():
+    """Only the build stage's venv reaches the final stage, after pip and setuptools left it."""
+    build, final = stages(IMAGES["operator"])
+    assert not [rest for keyword, rest in final if keyword == "RUN" and "pip" in rest]
+    assert [args_of(rest) for keyword, rest in final if keyword == "COPY"] == [
+        ["--from=build", "/opt/pd-operator", "/opt/pd-operator"]]
+    assert any("pip uninstall -y -q pip setuptools" in rest for keyword, rest in build if keyword == "RUN")
+    env = " ".join(rest for keyword, rest in final if keyword == "ENV")
+    assert "PATH=/opt/pd-operator/bin:" in env and "PYTHONDONTWRITEBYTECODE=1" in env
+
+
+@pytest.mark.parametrize("image", list(IMAGES))
+def test_the_hosts_ca_bundle_never_lands_in_a_layer(image):
+    """PyPI's TLS may need the build host's CA bundle: only a RUN's secret mount may bring it."""
+    for keyword, rest in instructions(IMAGES[image]):
+        mentions = any(word in rest for word in ("PIP_CERT", "cacert", "ca-certificates.crt"))
+        assert not mentions or (keyword == "RUN" and "--mount=type=secret,id=cacert" in rest), (keyword, rest)
+    if image == "operator":  # the images tier builds it where PyPI needs the host's CA
+        for keyword, rest in instructions(IMAGES[image]):
+            if keyword == "RUN" and "pip install" in rest:
+                assert rest.startswith("--mount=type=secret,id=cacert "), rest
+                assert "export PIP_CERT=/run/secrets/cacert" in rest, rest
 
 
 def build_args(path: Path) -> dict[str, str]:
