@@ -257,6 +257,71 @@ def remove(name: str) -> None:
     podman("rm", "--force", "--time", "0", name, check=False)
 
 
+def security_options(pod_spec: Mapping, container: Mapping) -> list[str]:
+    """podman options for what a kubelet enforces of a pod's and its container's securityContext (the
+    container's fields win): user and group, read-only root, dropped capabilities, no privilege
+    escalation. seccompProfile RuntimeDefault is podman's default profile."""
+    ctx = {**(pod_spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+    if ctx.get("runAsNonRoot") and ctx.get("runAsUser") in (0, None):
+        raise ValueError("runAsNonRoot needs a numeric non-root runAsUser here (no image user lookup)")
+    options = []
+    if "runAsUser" in ctx:
+        options += ["--user", f"{ctx['runAsUser']}:{ctx.get('runAsGroup', 0)}"]
+    if ctx.get("readOnlyRootFilesystem"):
+        # Only the pod's volumes are writable: no tmpfs of podman's own on /tmp, /run, /var/tmp.
+        options += ["--read-only", "--read-only-tmpfs=false"]
+    options += [f"--cap-drop={cap}" for cap in (ctx.get("capabilities") or {}).get("drop") or []]
+    options += [f"--cap-add={cap}" for cap in (ctx.get("capabilities") or {}).get("add") or []]
+    if ctx.get("allowPrivilegeEscalation") is False:
+        options += ["--security-opt", "no-new-privileges"]
+    if ctx.get("privileged"):
+        options.append("--privileged")
+    return options
+
+
+def env_options(container: Mapping, fields: Mapping[str, str]) -> list[str]:
+    """`--env` options for a container's env, downward-API fields taken from `fields` (fieldPath ->
+    value, e.g. {"status.podIP": "127.0.0.1"})."""
+    options = []
+    for entry in container.get("env") or []:
+        if "value" in entry:
+            value = str(entry["value"])
+        else:
+            path = (entry.get("valueFrom", {}).get("fieldRef") or {}).get("fieldPath")
+            if path not in fields:
+                raise ValueError(f"env {entry['name']}: no value for {entry.get('valueFrom')}")
+            value = fields[path]
+        options += ["--env", f"{entry['name']}={value}"]
+    return options
+
+
+# Volume kinds a kubelet always mounts read-only.
+READ_ONLY_VOLUMES = {"configMap", "secret", "projected", "downwardAPI"}
+# What a sizeLimit's binary suffixes are in podman's tmpfs `size=` option.
+TMPFS_SIZE_SUFFIX = {"Ki": "k", "Mi": "m", "Gi": "g"}
+
+
+def volume_options(pod_spec: Mapping, container: Mapping, sources: Mapping[str, pathlib.Path]) -> list[str]:
+    """podman options for a container's volumeMounts: an emptyDir is a tmpfs (its sizeLimit kept); any
+    other volume is the host directory `sources` names for it, read-only for the kinds a kubelet mounts
+    read-only (configMap, secret, projected, downwardAPI) or when the mount says so."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+    options = []
+    for mount in container.get("volumeMounts") or []:
+        volume = volumes[mount["name"]]
+        if "emptyDir" in volume:
+            size = str((volume["emptyDir"] or {}).get("sizeLimit", ""))
+            for suffix, short in TMPFS_SIZE_SUFFIX.items():
+                size = size.replace(suffix, short)
+            options += ["--tmpfs", f"{mount['mountPath']}:mode=1777" + (f",size={size}" if size else "")]
+            continue
+        if mount["name"] not in sources:
+            raise ValueError(f"volume {mount['name']} ({sorted(volume)}) has no host directory here")
+        read_only = mount.get("readOnly") or bool(READ_ONLY_VOLUMES & set(volume))
+        options += ["--volume", f"{sources[mount['name']]}:{mount['mountPath']}{':ro' if read_only else ''}"]
+    return options
+
+
 class InContainer:
     """For a Component whose argv is `run_argv(..., name=self.container)`: stopping or killing it also
     removes the container. Killing only the podman client would leave the container running."""

@@ -8,7 +8,8 @@ with the chart's own command and arguments, authenticated only as the chart's Se
         op.kill()                                        # SIGKILL, for crash tests
 
 The Deployment the chart creates runs on a kwok node, where nothing executes; the real process
-runs here with POD_IP=127.0.0.1 (what the downward API would give it), so the API server calls
+runs here (or in the operator image: `release.operator_container(cp, workdir, image)`, the
+`images` tier) with POD_IP=127.0.0.1 (what the downward API would give it), so the API server calls
 its webhook on loopback. Its health, metrics and webhook ports are moved to free ones (the
 chart's fixed 8080/9090/9443 may be taken on a shared machine); every other argument is the chart's.
 """
@@ -28,7 +29,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
-from support.cluster import ApiError, Component, ControlPlane, pick_port, service_account_user, wait_for
+from support import containers
+from support.cluster import HOST, ApiError, Component, ControlPlane, pick_port, service_account_user, wait_for
 from support.kube import CHART, helm, kubectl
 from support.specs import example
 
@@ -113,6 +115,19 @@ class OperatorProcess(Component):
         return dict(wait_for(what, ok, timeout)[0])
 
 
+class OperatorContainer(containers.InContainer, OperatorProcess):
+    """The operator in its image: `podman run` in the foreground, so stop() is the kubelet's SIGTERM
+    (podman passes it on) and kill() a crash; either removes the container."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: pathlib.Path, container: str) -> None:
+        self.container = container
+        super().__init__(argv, env, log)
+
+
+# Where a kubelet projects a pod's ServiceAccount token (its automounted `kube-api-access-*` volume).
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
 @dataclass
 class Release:
     """An installed chart: what it rendered and who its operator is."""
@@ -155,6 +170,35 @@ class Release:
         return OperatorProcess(argv, {**os.environ, "POD_IP": "127.0.0.1", "POD_NAMESPACE": self.namespace,
                                       "POD_ID": f"{self.name}-local", **(env or {})},
                                workdir / "operator.log")
+
+    def operator_container(self, cp: ControlPlane, workdir: pathlib.Path, image: str, *,
+                           extra_args: Sequence[str] = ()) -> OperatorContainer:
+        """The chart's operator container run as a kubelet would run it, in `image` (support.containers):
+        the chart's command, args, env and securityContext (read-only root, its user, capabilities
+        dropped, no privilege escalation), its emptyDir as a tmpfs, and the ServiceAccount's token,
+        CA and namespace where a pod finds them, with KUBERNETES_SERVICE_HOST/PORT (in-cluster
+        config, no kubeconfig). On the host's network: the API server on loopback is the service,
+        and it calls the webhook at POD_IP=127.0.0.1. Not started yet."""
+        (deployment,) = self.find("Deployment")
+        pod = deployment["spec"]["template"]["spec"]
+        token = workdir / "serviceaccount"
+        token.mkdir(mode=0o755, exist_ok=True)
+        for name, text in (("token", cp.service_account_token(self.namespace, self.service_account)),
+                           ("ca.crt", cp.ca_pem.decode()), ("namespace", self.namespace)):
+            (token / name).write_text(text)
+        name = containers.container_name(f"{self.name}-operator")
+        fields = {"metadata.name": name, "metadata.namespace": self.namespace, "status.podIP": "127.0.0.1"}
+        options = ["--network=host",
+                   *containers.security_options(pod, self.container),
+                   *containers.env_options(self.container, fields),
+                   *containers.volume_options(pod, self.container, {}),
+                   "--volume", f"{token}:{SERVICE_ACCOUNT_DIR}:ro",
+                   "--env", f"KUBERNETES_SERVICE_HOST={HOST}",
+                   "--env", f"KUBERNETES_SERVICE_PORT={cp.port}",
+                   "--entrypoint", self.container["command"][0]]
+        command = [*self.container["command"][1:], *local_ports(self.container["args"]), *extra_args]
+        argv = containers.run_argv(image, command, options=options, name=name)
+        return OperatorContainer(argv, containers.environment(), workdir / "operator-container.log", name)
 
 
 def weights_claim(doc: dict) -> str | None:
