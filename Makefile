@@ -28,7 +28,7 @@ UPSTREAM_STAMP := $(UPSTREAM)/.fetched
 # Committed files that generators write; `make verify` fails when regenerating changes them.
 GENERATED := crds $(CHART)/crds $(CHART)/files docs
 
-.PHONY: install system-deps vllm-env tools testcluster upstream chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean
+.PHONY: install system-deps vllm-env tools testcluster upstream chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean images-deps
 
 # Mooncake's wheel links libibverbs even on machines without RDMA hardware.
 system-deps:
@@ -111,7 +111,13 @@ crds: install
 chart-sync: install
 	$(PY) -m pd_operator.tools.chart_sync
 
-test: install vllm-env tools testcluster upstream
+# The `images` tier's podman (apt), its locally made Debian base and the images it builds
+# (tests/support/containers.py), under .cache/containers. Cold: podman's packages, debootstrap and the
+# builds, printing progress; warm: seconds (an image whose inputs did not change is not rebuilt).
+images-deps: install
+	PYTHONPATH=tests $(PY) -m support.containers
+
+test: install vllm-env tools testcluster upstream images-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install tools
@@ -149,4 +155,4 @@ verify: install tools
 	  if [ -n "$$new" ]; then echo "verify: generated but not committed: $$new" >&2; exit 1; fi
 
 clean:
-	rm -rf $(VENV) $(TOOLS) $(UPSTREAM) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) $(UPSTREAM) .cache/containers .pytest_cache .hypothesis .mypy_cache .ruff_cache
