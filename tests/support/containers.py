@@ -98,8 +98,7 @@ def environment() -> dict[str, str]:
             "CONTAINERS_STORAGE_CONF": str(STATE / "storage.conf")}
 
 
-def podman(*args: str, check: bool = True, input: bytes | None = None,
-           timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def podman(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`podman ARGS` with the tier's configuration; `check` raises with its output when it fails."""
     done = subprocess.run(["podman", *args], env=environment(), capture_output=True, text=True,
                           timeout=timeout)
@@ -181,14 +180,21 @@ def _copy_sources(dockerfile: pathlib.Path) -> list[str]:
     return sources
 
 
+def local_images(text: str, build_args: Mapping[str, str]) -> set[str]:
+    """The local images (made here, never pulled) a Dockerfile or its build arguments name."""
+    named = set(re.findall(r"localhost/[\w./:-]+", text)) | set(build_args.values())
+    return {name for name in named if name.startswith("localhost/")}
+
+
 def inputs_hash(dockerfile: pathlib.Path, context: pathlib.Path, build_args: Mapping[str, str]) -> str:
     """What decides an image: the Dockerfile, the build arguments, every file its COPYs read (as git
     sees them: ignored files are not sent, see .dockerignore) and the local images it builds on."""
-    digest = hashlib.sha256(dockerfile.read_bytes())
+    text = dockerfile.read_text()
+    digest = hashlib.sha256(text.encode())
     for key, value in sorted(build_args.items()):
         digest.update(f"\0arg {key}={value}".encode())
-        if value.startswith("localhost/"):
-            digest.update(podman("image", "inspect", "--format", "{{.Id}}", value).stdout.encode())
+    for image in sorted(local_images(text, build_args)):
+        digest.update(podman("image", "inspect", "--format", "{{.Id}}", image).stdout.encode())
     sources = _copy_sources(dockerfile)
     if sources:
         listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *sources],
@@ -204,9 +210,9 @@ def inputs_hash(dockerfile: pathlib.Path, context: pathlib.Path, build_args: Map
 def build(image: str, dockerfile: pathlib.Path, context: pathlib.Path,
           build_args: Mapping[str, str] | None = None, timeout: float = 1800) -> str:
     """`podman build` of `image` unless an image of that name already carries the hash of these inputs.
-    Builds that name BASE_IMAGE in a build argument make it first. Returns `image`."""
+    A build that names BASE_IMAGE (in the Dockerfile or a build argument) makes it first. Returns `image`."""
     args = dict(build_args or {})
-    if BASE_IMAGE in args.values():
+    if BASE_IMAGE in local_images(dockerfile.read_text(), args):
         base_image()
     wanted = inputs_hash(dockerfile, context, args)
     if label(image, INPUTS_LABEL) == wanted:
