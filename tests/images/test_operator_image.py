@@ -14,24 +14,13 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
 
 import pytest
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from support import containers
-from support.cluster import ControlPlane, wait_for
-from support.installed import (
-    Release,
-    condition,
-    example,
-    get_pdd,
-    helm_install,
-    helm_uninstall,
-    is_ready,
-    wait_webhook_called,
-    weights_claim,
-)
+from support.cluster import wait_for
+from support.installed import condition, example, get_pdd, is_ready, wait_webhook_called, weights_claim
 
 pytestmark = pytest.mark.images
 
@@ -46,14 +35,6 @@ def operator_image() -> str:
     return containers.build(*containers.OPERATOR)
 
 
-@pytest.fixture
-def release(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Release]:
-    installed = helm_install(control_plane, tmp_path)
-    yield installed
-    # The self-signed webhook configuration fails closed: left behind, it refuses every later write.
-    helm_uninstall(control_plane, installed)
-
-
 def proc_status(container: str) -> dict[str, str]:
     """/proc/1/status of the container's main process (the operator), read from inside it."""
     done = containers.podman("exec", container, "cat", "/proc/1/status")
@@ -62,6 +43,7 @@ def proc_status(container: str) -> dict[str, str]:
 
 def test_operator_image_reconciles_a_pddeployment_as_the_chart_runs_it(
         control_plane, namespace, release, operator_image, tmp_path):
+    """`release`: the chart installed by helm (support.fixtures), uninstalled after the module."""
     cp = control_plane
     mark = cp.audit.mark()
     with release.operator_container(cp, tmp_path, operator_image) as op:
