@@ -13,20 +13,19 @@ cannot see it.
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from support import containers
 from support.cluster import wait_for
-from support.installed import condition, example, get_pdd, is_ready, wait_webhook_called, weights_claim
+from support.installed import condition, get_pdd, is_ready, wait_webhook_called, weights_claim
+from support.specs import example
 
 pytestmark = pytest.mark.images
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 # One of the examples test_helm_install.py reconciles to Ready with the operator as a local process.
-EXAMPLE = ROOT / "examples" / "glm-5.3-flash-1p1d-tp4.yaml"
+EXAMPLE = "glm-5.3-flash-1p1d-tp4.yaml"
 READY_TIMEOUT_S = 300
 
 
