@@ -109,6 +109,8 @@ class Received:
     request_id: str
     path: str
     body: dict
+    authorization: str | None = None
+    """The Authorization header the engine got (vLLM's --api-key checks it)."""
     order: int = field(default_factory=lambda: next(_ARRIVALS))
     """When it arrived, comparable across every engine of the process."""
 
@@ -240,7 +242,7 @@ class FakeEngine:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         request_id = request.headers.get("X-Request-Id", "")
-        self.received.append(Received(request_id, request.path, body))
+        self.received.append(Received(request_id, request.path, body, request.headers.get("Authorization")))
         if self.canned:
             return web.Response(status=self.canned.status, body=self.canned.body,
                                 headers={"Content-Type": self.canned.content_type})
@@ -514,8 +516,6 @@ class ProxyProcess:
         assert script.is_file(), f"{script} is not installed (make install)"
         port = pick_port(HOST)
         admin = pick_port(HOST)
-        while admin == port:
-            admin = pick_port(HOST)
         return cls([str(script), "--membership", str(membership), "--host", HOST, "--port", str(port),
                     "--admin-port", str(admin), "--poll-interval", "0.2", *extra], HOST, port, log, admin,
                    env=env, preexec_fn=preexec_fn)

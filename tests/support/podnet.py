@@ -41,9 +41,8 @@ from pathlib import Path
 from pd_operator.api.labels import DEPLOYMENT, POD_INDEX, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.proxy.membership import Membership, ProxyState
-from pd_operator.render.proxy import ADMIN_PORT_NAME
+from pd_operator.render.proxy import ADMIN_PORT_NAME, members
 from pd_operator.render.proxy import COMPONENT as PROXY
-from pd_operator.render.proxy import members
 from support.cluster import ApiError, ControlPlane, NodePool
 from support.fakevllm import WAIT_S, FakeEngine, ProxyProcess, project, until
 

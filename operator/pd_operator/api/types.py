@@ -315,9 +315,11 @@ class ProxyLimits(ApiModel):
     is 8-20 MB, a third more as base64)."""
     max_buffered_bytes: int = Field(default=128 * MiB, ge=1 * MiB, le=16_384 * MiB)
     """Request body bytes held at once over all requests; a request whose body would pass it is
-    answered 503 with Retry-After before its body is read. The proxy holds up to about 3 bytes per
-    body byte while a request is routed (the body, its parsed form, the copy sent on), so its memory
-    stays under about 3 x this plus ~100 MiB; the default memory limit (1Gi) allows that."""
+    answered 503 with Retry-After before its body is read. Bodies over 1/64 of it may fill only
+    three quarters, so large uploads (stalled or not) leave room for ordinary requests. The proxy
+    holds up to about 3 bytes per body byte while a request is routed (the body, its parsed form,
+    the copy sent on), so its memory stays under about 3 x this plus ~100 MiB; the default memory
+    limit (1Gi) allows that."""
     max_concurrent_requests: int = Field(default=1024, ge=1, le=65_536)
     """Requests served at once; more are answered 503 with Retry-After at once, never queued. The
     proxy lowers it at start when its open-file limit could not hold that many (it logs so)."""

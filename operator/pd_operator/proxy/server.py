@@ -27,17 +27,19 @@ an engine takes (vllm-project/vllm: vllm/v1/engine/input_processor.py @ v0.34.0,
 has sent bytes nothing is retried. A request is prefilled at most --max-prefills times.
 
 Bounds (api/types.py ProxyLimits, the options in options.py): it faces clients, so nothing a client
-sends or withholds grows it without limit. A connection that has not sent a request's headers
-within --header-timeout is closed (aiohttp's keep-alive timer runs from the connection's start and
-closes it while no whole request has arrived); a body must be JSON, at most --max-body-bytes, whole
-within --body-timeout, and fit in --max-buffered-bytes with every other body held, else the request
-is answered 4xx or 503 before its body is read. Requests past --max-concurrent-requests are answered
-503 with Retry-After, never queued. Open files: the open-file limit is raised to its hard limit at
-start and split between client connections, upstream connections and a reserve; past its share a
-new client connection closes the oldest connection that is between requests (a half-sent one
-first), or is itself refused, so accept() never meets EMFILE. Engines get --answer-timeout for a
-whole answer and --idle-timeout between stream chunks; a client that does not read its stream
-for --idle-timeout loses it (decode's request is cancelled, so a drain does not wait on it).
+sends or withholds grows it without limit. A connection that has not sent a request's headers within
+--header-timeout is closed (aiohttp's keep-alive timer runs from the connection's start and closes
+it while no whole request has arrived); a body must be JSON, at most --max-body-bytes, whole within
+--body-timeout, and fit in --max-buffered-bytes with every other body held, else the request is
+answered 4xx or 503 before its body is read (bodies over 1/64 of the budget may fill only three
+quarters of it: stalled large uploads leave room for ordinary requests). Requests past --max-
+concurrent-requests are answered 503 with Retry-After, never queued. Open files: the open-file limit
+is raised to its hard limit at start and split between client connections, upstream connections and
+a reserve; past its share a new client connection closes the oldest connection that is between
+requests (a half-sent one first), or is itself refused, so accept() never meets EMFILE. Engines get
+--answer-timeout for a whole answer and --idle-timeout between stream chunks; a client that does not
+read its stream for --idle-timeout loses it (decode's request is cancelled, so a drain does not wait
+on it).
 
 Separation: the clients' port serves only the OpenAI paths and /healthcheck (the readiness probe);
 /pd/state and /reset_prefix_cache are on --admin-port, which the Service does not expose and the
@@ -92,9 +94,12 @@ MODELS_TIMEOUT_S = 5.0
 UPSTREAM_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 """No connection was made: the member received nothing of the request."""
-REQUEST_ID = re.compile(r"[A-Za-z0-9._~:/+=@-]{1,128}")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 """An X-Request-Id the proxy passes on: it goes into engine headers, bodies and KV parameters."""
 RETRY_AFTER_S = "1"
+SMALL_BODY_SHARE = 64
+SMALL_RESERVE = 4
+"""A body over 1/SMALL_BODY_SHARE of --max-buffered-bytes may not take its last 1/SMALL_RESERVE."""
 FD_RESERVE = 64
 """Open files kept for everything but connections: listening sockets, the log, the event loop,
 membership reads, admin connections."""
@@ -398,7 +403,7 @@ class Proxy:
 
         def reserve(n: int) -> None:
             nonlocal reserved
-            if self.buffered + n > self.limits.max_buffered_bytes:
+            if self.buffered + n > self._room(reserved + n):
                 raise BadRequest(busy("the proxy holds as many request bodies as it may; retry later"),
                                  close=True)
             self.buffered += n
@@ -434,6 +439,13 @@ class Proxy:
         self.buffered -= reserved
         raise BadRequest(invalid(400, problem))
 
+    def _room(self, body: int) -> int:
+        """What self.buffered may reach with a body of `body` bytes: large bodies may fill only part
+        of the budget, so uploads of large bodies that stall (or crowd in) leave room for ordinary
+        requests."""
+        budget = self.limits.max_buffered_bytes
+        return budget if body <= budget // SMALL_BODY_SHARE else budget - budget // SMALL_RESERVE
+
     # --- completions --------------------------------------------------------------------------------
 
     def _completions_of(self, path: str) -> Callable:
@@ -444,7 +456,7 @@ class Proxy:
     async def completions(self, request: web.Request, path: str) -> web.StreamResponse:
         client_id = request.headers.get("X-Request-Id")
         if client_id is not None and not REQUEST_ID.fullmatch(client_id):
-            return invalid(400, "X-Request-Id must be 1 to 128 of A-Z a-z 0-9 . _ ~ : / + = @ -")
+            return invalid(400, "X-Request-Id must be 1 to 128 of A-Z a-z 0-9 . _ : -")
         try:
             body, reserved = await self._body(request)
         except BadRequest as bad:
