@@ -273,7 +273,7 @@ async def _fd_exhaustion(tmp_path: Path) -> None:
         await normal_request(proxy)
         await normal_request(proxy)
         open_files = len(os.listdir(f"/proc/{proxy.proc.pid}/fd"))
-        closed = [await _closed_now(r) for r, _ in conns].count(True)
+        closed = (await asyncio.gather(*(_closed_now(r) for r, _ in conns))).count(True)
         for _, writer in conns:
             writer.close()
         log = proxy.log.read_text()
