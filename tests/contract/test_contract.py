@@ -305,6 +305,7 @@ def test_timeouts_are_rendered_in_the_unit_upstream_reads():
 EXAMPLE_PROXY = "examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py"
 # The membership endpoints pd-proxy replaces with its mounted file (pd_operator/proxy/__init__.py).
 MEMBERSHIP_ROUTES = {"/instances/add", "/instances/remove"}
+ADMIN_ROUTES = {"/reset_prefix_cache"}
 CLIENT_BODIES = [
     {"model": "m", "prompt": "hi", "max_tokens": 64, "stream": True,
      "stream_options": {"include_usage": True}},
@@ -317,7 +318,7 @@ CLIENT_BODIES = [
 def test_pd_proxy_speaks_the_example_proxys_protocol(version, source):
     """pd-proxy asks prefill exactly what vllm-ascend's example proxy asks (its own
     `build_prefill_request`, run from the release's source), and serves every route the example
-    serves but the membership ones."""
+    serves but the membership ones (/reset_prefix_cache on its admin port)."""
     script = source / EXAMPLE_PROXY
     assert script.is_file(), f"vllm-ascend {version} has no {EXAMPLE_PROXY}"
     tree = ast.parse(script.read_text())
@@ -332,8 +333,13 @@ def test_pd_proxy_speaks_the_example_proxys_protocol(version, source):
               for d in n.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
               and d.func.attr in ("get", "post") and d.args and isinstance(d.args[0], ast.Constant)}
     assert {"/v1/completions", "/v1/chat/completions", "/healthcheck"} <= routes
-    ours = {r.resource.canonical for r in Proxy(Path("unused")).app().router.routes() if r.resource}
+    proxy = Proxy(Path("unused"))
+    clients, admin = ({r.resource.canonical for r in app.router.routes() if r.resource}
+                      for app in (proxy.app(), proxy.admin_app()))
+    ours = clients | admin
     assert routes - MEMBERSHIP_ROUTES <= ours, f"pd-proxy lacks {routes - MEMBERSHIP_ROUTES - ours}"
+    # What acts on every engine is on the admin port only (pd_operator/proxy/server.py).
+    assert admin >= ADMIN_ROUTES and not ADMIN_ROUTES & clients
 
 
 def test_the_cached_archives_are_the_pinned_bytes():

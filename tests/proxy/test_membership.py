@@ -149,11 +149,15 @@ def test_prefill_is_asked_for_one_token_and_a_remote_decode():
     assert "max_completion_tokens" not in prefill_request({"prompt": "p"})
 
 
-def test_decode_gets_the_clients_body_with_prefills_kv_params():
+def test_decode_gets_the_clients_body_with_prefills_kv_params_only():
     body = {"prompt": "p", "max_tokens": 50, "stream": True}
     params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [[1]]}
     assert decode_request(body, {"kv_transfer_params": params}) == {**body, "kv_transfer_params": params}
-    assert decode_request(body, {"choices": []}) == body
+    own = {**body, "kv_transfer_params": {"remote_host": "169.254.169.254", "remote_block_ids": [[9]]}}
+    assert decode_request(own, {"kv_transfer_params": params})["kv_transfer_params"] == params
+    for answer in ({"choices": []}, {"kv_transfer_params": None}, {"kv_transfer_params": {}}, []):
+        with pytest.raises(ValueError, match="not a JSON object|no kv_transfer_params"):
+            decode_request(own, answer)  # never the client's own
 
 
 def test_usage_gets_prefills_cached_tokens_in_whole_answers_and_the_usage_event_only():

@@ -7,14 +7,16 @@ The expectations are a client's of vLLM's OpenAI server and of vllm-ascend's exa
 pd-proxy's docstring and docs/architecture.md state them:
 - a 4xx is the request's own fault: it goes to the client as the engine sent it, not retried (the
   example retries every 4xx but 400; a 404 "model not found" is no better on another try);
-- a 5xx, a refused connection or an answer prefill cannot have sent (not a JSON object) is tried
-  again on a member not tried yet, up to --max-retries attempts per role; then the client gets the
-  last engine's error as it was, or the proxy's own 502 when no engine answered one;
+- a 5xx, a refused connection or an answer prefill cannot have sent (not a JSON object, or one
+  without kv_transfer_params: decode must never get the client's own) is tried again on a member
+  not tried yet, up to --max-retries attempts per role; then the client gets the last engine's
+  error as it was, or the proxy's own 502 when no engine answered one;
 - a decode that refuses the connection got nothing: the same prefilled request goes to another
   decode. A decode that fails after it got the request (a 5xx, a connection dropped before the
   first byte) may have pulled the KV, and prefill frees pulled blocks: the request is prefilled
-  again for the next decode (the fake engines' blocks can be pulled once, so a decode sent the old
-  blocks would fail its pull, and that is checked: no engine records an error);
+  again for the next decode, at most --max-prefills times in all (the fake engines' blocks can be
+  pulled once, so a decode sent the old blocks would fail its pull, and that is checked: no engine
+  records an error);
 - once decode has sent bytes nothing is retried: decode has pulled prefill's KV by then (the example
   proxy never retries after the first chunk); a stream that breaks ends the client's stream.
 
@@ -55,6 +57,8 @@ pytestmark = pytest.mark.scaling
 
 ATTEMPTS = 3
 """--max-retries: attempts per call."""
+PREFILLS = 2
+"""--max-prefills: prefills of one request (each decode failure after it may have pulled costs one)."""
 ROTATIONS = 4
 """Requests a scenario with one misbehaving member may send to see both kinds of first pick."""
 CHUNKS = 4
@@ -65,6 +69,7 @@ OK = "answers"
 E400, E404, E500, E502, E503 = "400", "404", "500", "502", "503"
 NOT_JSON = "not JSON"
 ARRAY = "a JSON array"
+NO_KV = "an answer without kv_transfer_params"
 REFUSED = "refuses connections"
 CUT = "breaks after its first bytes"
 DIES = "dies after pulling the KV"
@@ -87,6 +92,9 @@ def canned(behaviour: str, name: str) -> Canned | None:
         return Canned(200, b"<html><body>upstream connect error</body></html>", "text/html")
     if behaviour == ARRAY:
         return Canned(200, b"[1, 2]")
+    if behaviour == NO_KV:  # a prefill that is no kv_producer: decode would compute the prompt itself
+        return Canned(200, json.dumps({"id": "x", "object": "text_completion", "choices": [
+            {"index": 0, "text": "x", "finish_reason": "length"}]}).encode())
     return None
 
 
@@ -128,20 +136,25 @@ SCENARIOS = {
     "prefill-answers-not-json": Scenario((NOT_JSON, NOT_JSON), (OK,), False, 502, GATEWAY,
                                          (NOT_JSON,) * ATTEMPTS, ()),
     "prefill-answers-an-array": Scenario((ARRAY, OK), (OK,), True, 200, WHOLE, (ARRAY, OK), (OK,)),
+    # Without prefill's KV location decode would get none, or the client's own: never passed on.
+    "prefill-answers-without-kv-params": Scenario((NO_KV, NO_KV), (OK,), False, 502, GATEWAY,
+                                                  (NO_KV,) * ATTEMPTS, ()),
+    "prefill-answers-without-kv-params-on-one-member": Scenario((NO_KV, OK), (OK,), True, 200, WHOLE,
+                                                                (NO_KV, OK), (OK,)),
     "decode-400-not-retried": Scenario((OK,), (E400, E400), True, 400, FORWARDED, (OK,), (E400,)),
-    # A decode 5xx may come after its pull: each decode attempt gets a new prefill.
-    "decode-503-on-every-member": Scenario((OK,), (E503, E503), True, 503, FORWARDED, (OK,) * ATTEMPTS,
-                                           (E503,) * ATTEMPTS),
+    # A decode 5xx may come after its pull: each decode attempt gets a new prefill, up to PREFILLS.
+    "decode-503-on-every-member": Scenario((OK,), (E503, E503), True, 503, FORWARDED, (OK,) * PREFILLS,
+                                           (E503,) * PREFILLS),
     "decode-503-on-one-member": Scenario((OK,), (E503, OK), False, 200, WHOLE, (OK, OK), (E503, OK)),
     "decode-503-on-one-member-streaming": Scenario((OK,), (E503, OK), True, 200, WHOLE, (OK, OK),
                                                    (E503, OK)),
-    "decode-502-on-every-member": Scenario((OK,), (E502, E502), False, 502, FORWARDED, (OK,) * ATTEMPTS,
-                                           (E502,) * ATTEMPTS),
+    "decode-502-on-every-member": Scenario((OK,), (E502, E502), False, 502, FORWARDED, (OK,) * PREFILLS,
+                                           (E502,) * PREFILLS),
     "decode-dies-after-pulling": Scenario((OK,), (DIES, OK), False, 200, WHOLE, (OK, OK), (DIES, OK)),
     "decode-dies-after-pulling-streaming": Scenario((OK,), (DIES, OK), True, 200, WHOLE, (OK, OK),
                                                     (DIES, OK)),
     "decode-dies-after-pulling-on-every-member": Scenario((OK,), (DIES, DIES), False, 502, GATEWAY,
-                                                          (OK,) * ATTEMPTS, (DIES,) * ATTEMPTS),
+                                                          (OK,) * PREFILLS, (DIES,) * PREFILLS),
     "prefill-member-refuses": Scenario((REFUSED, OK), (OK,), False, 200, WHOLE, (REFUSED, OK), (OK,)),
     "decode-member-refuses": Scenario((OK,), (REFUSED, OK), True, 200, WHOLE, (OK,), (REFUSED, OK)),
     "only-prefill-refuses": Scenario((REFUSED,), (OK,), False, 502, GATEWAY, (REFUSED,) * ATTEMPTS, ()),
@@ -283,8 +296,9 @@ async def _run(scenario: Scenario, tmp_path: Path) -> None:
     mixed = scenario.mixed()
     first_tries: set[str | None] = set()
     try:
+        bounds = ("--max-retries", str(ATTEMPTS), "--max-prefills", str(PREFILLS))
         async with ProxyProcess.on_loopback(membership, tmp_path / "proxy.log", "--retry-delay", "0",
-                                            "--max-retries", str(ATTEMPTS)) as proxy, \
+                                            *bounds) as proxy, \
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_S)) as client:
             run = Run(scenario, engines, members, behaviour, proxy, client)
             tries = {"prefill": scenario.prefill_tries, "decode": scenario.decode_tries}

@@ -76,10 +76,15 @@ def test_labels_and_selectors():
         assert labels["app.kubernetes.io/component"] == labels["pd.serving.dev/role"]
         # Selectors are immutable, so the layout hash (which changes with the image) is not in them.
         assert "pd.serving.dev/kv-layout" not in sts["spec"]["selector"]["matchLabels"]
-    (policy,) = of_kind(manifests, "NetworkPolicy")
+    policy, proxy_policy = of_kind(manifests, "NetworkPolicy")
     own, namespace = policy["spec"]["ingress"]
     assert own == {"from": [{"podSelector": {"matchLabels": {"pd.serving.dev/deployment": "glm-flash"}}}]}
     assert namespace["ports"] == [{"protocol": "TCP", "port": 8000}]
+    assert proxy_policy["spec"]["podSelector"]["matchLabels"]["pd.serving.dev/role"] == "proxy"
+    clients, admin = proxy_policy["spec"]["ingress"]
+    assert clients == {"ports": [{"protocol": "TCP", "port": 8000}]}
+    operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pd-system"}}}
+    assert admin == {"from": [operator], "ports": [{"protocol": "TCP", "port": 8001}]}
     budgets = of_kind(manifests, "PodDisruptionBudget")
     roles = [b["spec"]["selector"]["matchLabels"]["pd.serving.dev/role"] for b in budgets]
     assert roles == ["prefill", "decode"]

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from pd_operator.api.labels import DEPLOYMENT, ROLE
+from pd_operator.api.types import ProxySpec
 from pd_operator.controller.proxy_state import MAX_ANSWER_BYTES
 from pd_operator.proxy.membership import ProxyState, state_document
 from pd_operator.render.proxy import COMPONENT as PROXY
@@ -86,7 +87,7 @@ def test_a_hostile_proxy_pod_neither_stalls_nor_bloats_the_operator(control_plan
     wait_for(f"{HOSTILE} Ready", lambda: _ready(cp, namespace, HOSTILE), TIMEOUT_S)
     flood_pod, drip_pod = wait_for("two running proxy pods with IPs",
                                    lambda: len(pods := _proxy_pods(cp, namespace)) == 2 and pods, TIMEOUT_S)
-    port = hostile["spec"].get("proxy", {}).get("port", 8000)
+    port = ProxySpec.model_validate(hostile["spec"].get("proxy", {})).admin_port  # where /pd/state is read
     config_map = f"/api/v1/namespaces/{namespace}/configmaps/{HOSTILE}-proxy"
 
     def sound_and_idle() -> bytes:

@@ -1,8 +1,9 @@
-"""The rendered NetworkPolicy admits only the deployment's own pods to the KV handshake, side
-channel and KV-link probe ports, and the engines' HTTP port only from its namespace.
+"""The rendered NetworkPolicies admit only the deployment's own pods to the KV handshake, side
+channel and KV-link probe ports, the engines' HTTP port only from its namespace, and the proxy's
+admin port only from the operator's namespace.
 
-Flows are checked with the pure evaluator in support/network_policy.py against every example and against
-generated valid specs.
+Flows are checked with the pure evaluator in support/network_policy.py against every example and
+against generated valid specs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
+from pd_operator.render.policy import OPERATOR_NAMESPACE
 from pd_operator.spec.validate import validate
 from support.network_policy import Pod, allowed
 from support.rendered_pods import component, kv_ports, stranger, validated_render, workload_pods
@@ -19,7 +21,8 @@ from support.specs import example
 
 ELSEWHERE = "elsewhere"
 NAMESPACES = {"default": {"kubernetes.io/metadata.name": "default"},
-              ELSEWHERE: {"kubernetes.io/metadata.name": ELSEWHERE}}
+              ELSEWHERE: {"kubernetes.io/metadata.name": ELSEWHERE},
+              OPERATOR_NAMESPACE: {"kubernetes.io/metadata.name": OPERATOR_NAMESPACE}}
 
 
 def _dest_ports(validation, pods: dict[str, Pod]) -> dict[str, tuple[Pod, int]]:
@@ -31,6 +34,9 @@ def _dest_ports(validation, pods: dict[str, Pod]) -> dict[str, tuple[Pod, int]]:
         for kind, port in kv_ports(validation, role).items():
             out[f"{role} {kind}"] = (by_component[role], port)
         out[f"{role} HTTP"] = (by_component[role], spec.serving_port)
+    if "proxy" in by_component:
+        out["proxy HTTP"] = (by_component["proxy"], spec.proxy.port)
+        out["proxy admin"] = (by_component["proxy"], spec.proxy.admin_port)
     return out
 
 
@@ -41,6 +47,8 @@ def _sources(pods: dict[str, Pod], namespace: str) -> dict[str, Pod]:
     out["pod of another PDDeployment"] = stranger(decode, name="other-deployment")
     out["pod in another namespace with the same labels"] = stranger(decode, namespace=ELSEWHERE)
     out["plain pod of the namespace"] = Pod("client", namespace, {"app": "client"})
+    out["the operator's pod"] = Pod("pd-operator", OPERATOR_NAMESPACE,
+                                    {"app.kubernetes.io/name": "pd-operator"})
     return out
 
 
@@ -66,13 +74,22 @@ FLOWS = [
     ("plain pod of the namespace", "prefill KV handshake", False),
     ("plain pod of the namespace", "decode KV side channel", False),
     ("plain pod of the namespace", "prefill KV-link probe", False),
+    # The proxy's clients' port is open to all; its admin port to the operator's namespace only.
+    ("plain pod of the namespace", "proxy HTTP", True),
+    ("pod in another namespace with the same labels", "proxy HTTP", True),
+    ("the operator's pod", "proxy admin", True),
+    ("the operator's pod", "decode HTTP", False),
+    ("own decode", "proxy admin", False),
+    ("plain pod of the namespace", "proxy admin", False),
+    ("pod in another namespace with the same labels", "proxy admin", False),
+    ("pod of another PDDeployment", "proxy admin", False),
 ]
 
 
 @pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
 def test_flow_table_on_every_example(path):
     validation, manifests = validated_render(example(path))
-    (policy,) = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
     pods = workload_pods(manifests)
     sources = _sources(pods, validation.deployment.namespace)
     dests = _dest_ports(validation, pods)
@@ -81,7 +98,7 @@ def test_flow_table_on_every_example(path):
         if source not in sources or dest not in dests:
             continue  # e.g. no proxy when it is disabled
         pod, port = dests[dest]
-        got = allowed([policy], sources[source], pod, port, namespaces=NAMESPACES)
+        got = allowed(policies, sources[source], pod, port, namespaces=NAMESPACES)
         checked += 1
         if got != expected:
             wrong.append(f"{source} -> {dest} ({port}): {'allowed' if got else 'denied'}")
@@ -95,7 +112,7 @@ def test_generated_specs_keep_strangers_off_kv_ports(doc):
     validation = validate(doc)
     assume(validation.ok)
     _, manifests = validated_render(doc)
-    (policy,) = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
     pods = workload_pods(manifests)
     for pod in pods.values():
         role = component(pod)
@@ -104,7 +121,7 @@ def test_generated_specs_keep_strangers_off_kv_ports(doc):
         own = stranger(pod, labels={"pd.serving.dev/deployment": validation.deployment.name})
         foreign = stranger(pod, name=f"{validation.deployment.name}x")
         for port in kv_ports(validation, role).values():
-            assert allowed([policy], own, pod, port), f"own pod -> {pod.name}:{port} denied"
-            assert not allowed([policy], foreign, pod, port), f"other deployment -> {pod.name}:{port}"
+            assert allowed(policies, own, pod, port), f"own pod -> {pod.name}:{port} denied"
+            assert not allowed(policies, foreign, pod, port), f"other deployment -> {pod.name}:{port}"
             client = Pod("client", pod.namespace, {})
-            assert not allowed([policy], client, pod, port), f"plain pod -> {pod.name}:{port}"
+            assert not allowed(policies, client, pod, port), f"plain pod -> {pod.name}:{port}"

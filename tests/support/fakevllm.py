@@ -109,6 +109,8 @@ class Received:
     request_id: str
     path: str
     body: dict
+    authorization: str | None = None
+    """The Authorization header the engine got (vLLM's --api-key checks it)."""
     order: int = field(default_factory=lambda: next(_ARRIVALS))
     """When it arrived, comparable across every engine of the process."""
 
@@ -240,7 +242,7 @@ class FakeEngine:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         request_id = request.headers.get("X-Request-Id", "")
-        self.received.append(Received(request_id, request.path, body))
+        self.received.append(Received(request_id, request.path, body, request.headers.get("Authorization")))
         if self.canned:
             return web.Response(status=self.canned.status, body=self.canned.body,
                                 headers={"Content-Type": self.canned.content_type})
@@ -498,24 +500,30 @@ def swap(path: Path, doc: dict) -> str:
 class ProxyProcess:
     """A `pd-proxy` process (`argv`) serving at host:port, its output in `log`."""
 
-    def __init__(self, argv: list[str], host: str, port: int, log: Path,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], host: str, port: int, log: Path, admin_port: int,
+                 env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None) -> None:
         self.argv, self.host, self.port, self.log, self.env = argv, host, port, log, env
+        self.admin_port, self.preexec_fn = admin_port, preexec_fn
         self.url = f"http://{host}:{port}"
+        self.admin_url = f"http://{host}:{admin_port}"
         self.proc: subprocess.Popen | None = None
 
     @classmethod
-    def on_loopback(cls, membership: Path, log: Path, *extra: str) -> ProxyProcess:
-        """The installed `pd-proxy` console script on 127.0.0.1 and a free port."""
+    def on_loopback(cls, membership: Path, log: Path, *extra: str, env: dict[str, str] | None = None,
+                    preexec_fn: Callable[[], None] | None = None) -> ProxyProcess:
+        """The installed `pd-proxy` console script on 127.0.0.1 and two free ports (clients, admin)."""
         script = Path(sys.executable).with_name("pd-proxy")
         assert script.is_file(), f"{script} is not installed (make install)"
         port = pick_port(HOST)
+        admin = pick_port(HOST)
         return cls([str(script), "--membership", str(membership), "--host", HOST, "--port", str(port),
-                    "--poll-interval", "0.2", *extra], HOST, port, log)
+                    "--admin-port", str(admin), "--poll-interval", "0.2", *extra], HOST, port, log, admin,
+                   env=env, preexec_fn=preexec_fn)
 
     async def start(self) -> ProxyProcess:
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                         preexec_fn=self.preexec_fn)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         await until("pd-proxy to listen", self._listening)
         return self
@@ -554,16 +562,17 @@ class ProxyProcess:
         except OSError:
             return False
 
-    async def get(self, path: str) -> tuple[int, Any]:
-        async with self._session.get(self.url + path) as resp:
+    async def get(self, path: str, admin: bool = False) -> tuple[int, Any]:
+        """On the clients' port, or the admin port."""
+        async with self._session.get((self.admin_url if admin else self.url) + path) as resp:
             return resp.status, await resp.json()
 
-    async def post(self, path: str, body: dict) -> tuple[int, Any]:
-        async with self._session.post(self.url + path, json=body) as resp:
+    async def post(self, path: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        async with self._session.post(self.url + path, json=body, headers=headers) as resp:
             return resp.status, await resp.json()
 
     async def state(self) -> ProxyState:
-        status, body = await self.get(STATE_PATH)
+        status, body = await self.get(STATE_PATH, admin=True)
         assert status == 200, body
         return parse_state(body)
 

@@ -23,6 +23,7 @@ VALUES: dict[str, str | None] = {
     "--block-size": "16",
     "--kv-transfer-config": '{"kv_connector":"MooncakeConnectorV2","kv_role":"kv_consumer"}',
     "--port": "9999",
+    "--api-key": "user-key",
     "--host": "127.0.0.1",
     "--dtype": "float16",
     "--kv-cache-dtype": "fp8",

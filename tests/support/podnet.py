@@ -2,7 +2,7 @@
 PDDeployment would run, each on its pod's IP: the real `pd-proxy` and fake vLLM engines.
 
 Why: scaling under load on the real control plane needs the processes where the API says the pods
-are. The operator asks each proxy pod `GET http://<podIP>:<port>/pd/state` before it deletes an
+are. The operator asks each proxy pod `GET http://<podIP>:<admin port>/pd/state` before it deletes an
 instance, the proxy reaches the engines by their pods' DNS names, and a client reaches the proxy
 pod; so pod IPs must be addresses this machine serves, and pod names must resolve to them.
 
@@ -41,8 +41,8 @@ from pathlib import Path
 from pd_operator.api.labels import DEPLOYMENT, POD_INDEX, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.proxy.membership import Membership, ProxyState
+from pd_operator.render.proxy import ADMIN_PORT_NAME, members
 from pd_operator.render.proxy import COMPONENT as PROXY
-from pd_operator.render.proxy import members
 from support.cluster import ApiError, ControlPlane, NodePool
 from support.fakevllm import WAIT_S, FakeEngine, ProxyProcess, project, until
 
@@ -71,9 +71,13 @@ def _ready(pod: dict) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def _http_port(container: dict) -> int:
-    (port,) = [p["containerPort"] for p in container.get("ports") or [] if p.get("name") == "http"]
+def _port(container: dict, name: str) -> int:
+    (port,) = [p["containerPort"] for p in container.get("ports") or [] if p.get("name") == name]
     return int(port)
+
+
+def _http_port(container: dict) -> int:
+    return _port(container, "http")
 
 
 def _owner(pod: dict, kind: str) -> str:
@@ -240,7 +244,8 @@ class Kubelet:
         argv = [in_pod(a, ip, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
         (self.workdir / name).mkdir(parents=True, exist_ok=True)
         process = ProxyProcess([sys.executable, str(POD_DNS), str(self.hosts), *argv], ip,
-                               _http_port(container), self.workdir / name / "proxy.log")
+                               _http_port(container), self.workdir / name / "proxy.log",
+                               _port(container, ADMIN_PORT_NAME))
         await process.start()
         self.proxies[uid] = process
 

@@ -18,6 +18,7 @@ from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import ROLE_KIND, PDRole
 from pd_operator.names import Names
 from pd_operator.proxy.membership import KEY, MOUNT_DIR, Upstream
+from pd_operator.render.env import ENGINE_API_KEY_ENV
 from pd_operator.spec.ports import PROBE_PORT, pod_ports
 from pd_operator.spec.reserved import OWNED_ENV
 from pd_operator.spec.validate import Validation
@@ -105,7 +106,8 @@ def check_containers(validation: Validation, manifests: list[dict]) -> None:
         names = [e["name"] for e in cont["env"]]
         assert not [n for n, c in Counter(names).items() if c > 1], names
         owned = {n for n in names if n in OWNED_ENV}
-        assert set(OWNED_ENV) <= owned
+        keyless = validation.deployment.spec.proxy.api_key is None  # the engines' key: with one only
+        assert set(OWNED_ENV) - ({ENGINE_API_KEY_ENV} if keyless else set()) == owned
         npus = validation.shapes[role].npus_per_pod
         npu = validation.deployment.role(role).npu_resource_name
         assert cont["resources"]["limits"][npu] == cont["resources"]["requests"][npu] == npus

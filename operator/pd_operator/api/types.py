@@ -288,15 +288,92 @@ class PrefillSpec(RoleSpec):
     """The prefill role."""
 
 
+MiB = 1 << 20
+
+
+class ProxyLimits(ApiModel):
+    """What one proxy pod holds at most, and how long it waits; past a bound a client gets a 4xx or
+    5xx answer (or its connection closed) instead of the proxy's memory or file descriptors growing.
+    pd-proxy reads each field as a command-line option (pd_operator.proxy.options)."""
+
+    header_timeout_seconds: float = Field(default=10, ge=0.5, le=300)
+    """A connection must send a request's headers within this long of opening (or of the previous
+    answer), else it is closed: half-sent requests (slowloris) do not hold file descriptors."""
+    body_timeout_seconds: float = Field(default=60, ge=0.5, le=3600)
+    """A request's body must arrive whole within this long of its headers (else 408)."""
+    idle_timeout_seconds: float = Field(default=120, ge=0.5, le=3600)
+    """The longest a streamed decode answer may stay silent (its first token included: a decode
+    that queues the request under load sends nothing meanwhile) and the longest a client may leave
+    a stream unread; after it the stream ends (504 when nothing was sent yet) and decode's request
+    is cancelled."""
+    answer_timeout_seconds: float = Field(default=900, ge=1, le=86_400)
+    """The longest wait for an answer that comes whole: prefill's, and decode's when not streamed
+    (it is silent until the last token). 504 after it."""
+    max_body_bytes: int = Field(default=32 * MiB, ge=4096, le=1024 * MiB)
+    """Largest request body (413 above it). 32 MiB holds a 1M-token prompt as text (about 4 bytes a
+    token) or as token ids (about 7), or a few high-resolution images as base64 data URLs (a 4K PNG
+    is 8-20 MB, a third more as base64)."""
+    max_buffered_bytes: int = Field(default=128 * MiB, ge=1 * MiB, le=16_384 * MiB)
+    """Request body bytes held at once over all requests; a request whose body would pass it is
+    answered 503 with Retry-After before its body is read. Bodies over 1/64 of it may fill only
+    three quarters, so large uploads (stalled or not) leave room for ordinary requests. The proxy
+    holds up to about 3 bytes per body byte while a request is routed (the body, its parsed form,
+    the copy sent on), so its memory stays under about 3 x this plus ~100 MiB; the default memory
+    limit (1Gi) allows that."""
+    max_concurrent_requests: int = Field(default=1024, ge=1, le=65_536)
+    """Requests served at once; more are answered 503 with Retry-After at once, never queued. The
+    proxy lowers it at start when its open-file limit could not hold that many (it logs so)."""
+    max_retries: int = Field(default=3, ge=1, le=16)
+    """Attempts per call to a role before the client gets the error (as the example proxy's)."""
+    max_prefills: int = Field(default=2, ge=1, le=16)
+    """Prefills of one request: a decode that failed after it may have pulled the KV needs a new
+    prefill, and each one holds prefill KV blocks until its abort timeout."""
+
+    @model_validator(mode="after")
+    def _one_body_fits(self) -> ProxyLimits:
+        if self.max_buffered_bytes < self.max_body_bytes:
+            raise ValueError(f"spec.proxy.limits.maxBufferedBytes ({self.max_buffered_bytes}) is below "
+                             f"maxBodyBytes ({self.max_body_bytes}): the largest body could never be read; "
+                             "raise maxBufferedBytes or lower maxBodyBytes")
+        return self
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the PDDeployment's namespace."""
+
+    name: DNSLabel
+    key: str = Field(default="api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+@cel("!has(self.adminPort) || !has(self.port) || self.adminPort != self.port",
+     "spec.proxy.adminPort must differ from spec.proxy.port")
 class ProxySpec(ApiModel):
-    """The routing proxy: each request goes to a prefill instance, then to a decode instance."""
+    """The routing proxy: each request goes to a prefill instance, then to a decode instance. It does
+    not terminate TLS: put it behind the cluster's gateway or ingress for that."""
 
     enabled: bool = True
     replicas: int = Field(default=1, ge=0, le=64)
     port: Port = 8000
+    """The clients' port (the Service `<name>-proxy` exposes this one only)."""
+    admin_port: Port = 8001
+    """The port of /pd/state (what the operator reads to drain) and /reset_prefix_cache: not in the
+    Service, and the proxy's NetworkPolicy admits only the operator's namespace to it."""
     image: str | None = Field(default=None, max_length=512)
     """Defaults to the serving image, which has this package installed and so runs `pd-proxy`."""
+    api_key: SecretKeyRef | None = None
+    """A Secret key holding the API key clients must send (`Authorization: Bearer <key>`) on every
+    /v1 path. The engines get the same key (VLLM_API_KEY) and the proxy sends it to them, so a client
+    cannot reach an engine's /v1 paths without it either. Unset: no authentication."""
+    limits: ProxyLimits = Field(default_factory=ProxyLimits)
     resources: Resources = Field(default_factory=Resources)
+    """Merged over the defaults per key: requests cpu 500m and memory 256Mi, limits memory 1Gi."""
+
+    @model_validator(mode="after")
+    def _two_ports(self) -> ProxySpec:
+        if self.admin_port == self.port:
+            raise ValueError(f"spec.proxy.adminPort ({self.admin_port}) must differ from spec.proxy.port: "
+                             "the admin endpoints are not for clients")
+        return self
 
 
 class RoleBounds(ApiModel):

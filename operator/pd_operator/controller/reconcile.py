@@ -14,6 +14,7 @@ significant transitions.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -25,7 +26,7 @@ from pd_operator.controller.client import ApiError, Client, NotServed
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
-from pd_operator.render import Routable, render
+from pd_operator.render import Routable, policy, render
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_version
 from pd_operator.spec import scaling
@@ -33,6 +34,8 @@ from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 from pd_operator.spec.validate import Resolved, Validation, validate, with_instances
 
 logger = logging.getLogger(__name__)
+OPERATOR_NAMESPACE = os.environ.get("POD_NAMESPACE") or policy.OPERATOR_NAMESPACE
+"""Where this operator runs (the chart sets POD_NAMESPACE): proxy admin ports admit it alone."""
 
 
 class InvalidSpec(Exception):
@@ -72,7 +75,7 @@ def _now() -> datetime:
 def _desired(resolved: Resolved, body: dict, pods: list[dict]) -> tuple[list[dict], Routable, bool]:
     """(the manifests to apply, the instances the proxy may route to, whether a layout rolls)."""
     routable, rolling = gate.routable(resolved, pods)
-    manifests = render(resolved, routable=routable)
+    manifests = render(resolved, routable=routable, operator_namespace=OPERATOR_NAMESPACE)
     return [stamp(pdroles.applied_form(m), body) for m in manifests], routable, rolling
 
 
@@ -112,7 +115,7 @@ def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict
         if label(pod, ROLE) != PROXY or is_terminating(pod) or not ip \
                 or (pod.get("status") or {}).get("phase") != "Running":
             continue  # a proxy pod not running yet loads the current membership when it starts
-        targets[pod["metadata"]["name"]] = (ip, proxy.port)
+        targets[pod["metadata"]["name"]] = (ip, proxy.admin_port)
     reads = []
     for name, read in proxies.read_all(targets).items():
         if isinstance(read, ProxyUnreachable):

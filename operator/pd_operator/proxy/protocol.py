@@ -8,7 +8,8 @@ examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py @ v0.30.0
    token (`max_tokens`, `min_tokens`, and `max_completion_tokens` when the client set it), no
    streaming and no `stream_options`;
 2. decode gets the client's body unchanged except for `kv_transfer_params`, which become the ones
-   prefill answered (where its blocks are: engine id, block ids, host, port, request id);
+   prefill answered (where its blocks are: engine id, block ids, host, port, request id), always:
+   the client's own never reach an engine, and a prefill answer without them is an error;
 3. the client gets decode's answer; where it reports usage (the whole answer when not streaming,
    the usage-only event of a stream) `prompt_tokens_details.cached_tokens` is prefill's, since
    prefill is where the prompt was computed.
@@ -34,11 +35,23 @@ def prefill_request(body: dict) -> dict:
     return out
 
 
-def decode_request(body: dict, prefill_answer: dict) -> dict:
-    """Decode's request: the client's body with prefill's kv_transfer_params (when it gave any;
-    without them decode computes the prompt itself, as with the example proxy)."""
+def kv_params(prefill_answer: object) -> dict:
+    """Where prefill's blocks are; ValueError when the answer does not say. Unlike the example
+    proxy, which then passes the client's body on as it is, an answer without them is prefill's
+    failure: the client's own kv_transfer_params would reach decode, and they can name any host
+    to pull from and another request's blocks."""
+    if not isinstance(prefill_answer, dict):
+        raise ValueError("the answer is not a JSON object")
     params = prefill_answer.get("kv_transfer_params")
-    return {**body, "kv_transfer_params": params} if params else dict(body)
+    if not isinstance(params, dict) or not params:
+        raise ValueError("the answer carries no kv_transfer_params")
+    return params
+
+
+def decode_request(body: dict, prefill_answer: dict) -> dict:
+    """Decode's request: the client's body with prefill's kv_transfer_params in place of any the
+    client sent. ValueError when prefill gave none (kv_params)."""
+    return {**body, "kv_transfer_params": kv_params(prefill_answer)}
 
 
 def cached_tokens(prefill_answer: dict) -> int:

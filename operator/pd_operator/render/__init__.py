@@ -17,7 +17,12 @@ from pd_operator.api.types import ROLES
 from pd_operator.render import proxy, scheduling, serving_config
 from pd_operator.render.autoscaling import autoscalers
 from pd_operator.render.pdroles import pd_role
-from pd_operator.render.policy import disruption_budget, network_policy
+from pd_operator.render.policy import (
+    OPERATOR_NAMESPACE,
+    disruption_budget,
+    network_policy,
+    proxy_network_policy,
+)
 from pd_operator.render.proxy import Routable
 from pd_operator.render.workloads import headless_service, stateful_set
 from pd_operator.spec.validate import Resolved
@@ -25,8 +30,10 @@ from pd_operator.spec.validate import Resolved
 __all__ = ["Routable", "render"]
 
 
-def render(ctx: Resolved, routable: Routable | None = None) -> list[dict]:
-    """`routable`: the instances the proxy's membership lists (controller/gate.py); None: every one."""
+def render(ctx: Resolved, routable: Routable | None = None, operator_namespace: str = OPERATOR_NAMESPACE
+           ) -> list[dict]:
+    """`routable`: the instances the proxy's membership lists (controller/gate.py); None: every one.
+    `operator_namespace`: the only namespace the proxy's admin port admits (render/policy.py)."""
     proxy_on = ctx.deployment.spec.proxy.enabled
     instances = ctx.instances()
     out: list[dict] = [pd_role(ctx, role) for role in ROLES]
@@ -41,6 +48,8 @@ def render(ctx: Resolved, routable: Routable | None = None) -> list[dict]:
     if proxy_on:
         out.append(proxy.deployment(ctx))
     out.append(network_policy(ctx))
+    if proxy_on:
+        out.append(proxy_network_policy(ctx, operator_namespace))
     out += [disruption_budget(ctx, role) for role in ROLES]
     out += autoscalers(ctx)
     # Plain JSON data with no sub-object shared between manifests or fields, so a caller that

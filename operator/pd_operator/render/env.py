@@ -7,6 +7,7 @@ collide; a user value for a default replaces the default.
 from __future__ import annotations
 
 from pd_operator.api.labels import POD_INDEX
+from pd_operator.api.types import SecretKeyRef
 from pd_operator.render.command import POD_INDEX_ENV
 from pd_operator.serving_image import capabilities
 from pd_operator.spec.ports import HANDSHAKE_RPC
@@ -46,8 +47,19 @@ def owned_env(ctx: Resolved) -> list[dict]:
         _value("ASCEND_TRANSFER_TIMEOUT", timeouts.transfer_ms),
         _value("ASCEND_CONNECT_TIMEOUT", timeouts.connect_ms),
         _field(POD_INDEX_ENV, f"metadata.labels['{POD_INDEX}']"),
+        # The proxy's API key: vLLM then wants it on every /v1 path (vllm-project/vllm:
+        # vllm/entrypoints/serve/middleware/register.py @ v0.34.0 reads VLLM_API_KEY when no --api-key).
+        *secret_env(ctx.deployment.spec.proxy.api_key, ENGINE_API_KEY_ENV),
     ]
     return out
+
+
+ENGINE_API_KEY_ENV = "VLLM_API_KEY"
+
+
+def secret_env(ref: SecretKeyRef | None, name: str) -> list[dict]:
+    """The env var `name` from a Secret key (nothing without one)."""
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}] if ref else []
 
 
 def _user(env) -> dict:

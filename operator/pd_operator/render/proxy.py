@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 
-from pd_operator.api.types import ROLES
-from pd_operator.proxy import membership
+from pd_operator.api.types import ROLES, Resources
+from pd_operator.proxy import membership, options
 from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, parse_document
 from pd_operator.render import security
+from pd_operator.render.env import secret_env
 from pd_operator.render.labels import labels, metadata, selector
 from pd_operator.render.resources import resources
 from pd_operator.spec.validate import Resolved
@@ -22,7 +23,9 @@ COMPONENT = "proxy"
 HEALTH_PATH = "/healthcheck"
 """Readiness: 200 only with a prefill and a decode member."""
 LIVE_PATH = membership.STATE_PATH
-"""Liveness: answers whenever the process serves, members or not (no members is not a crash)."""
+"""Liveness, on the admin port: answers whenever the process serves, members or not (no members is
+not a crash)."""
+ADMIN_PORT_NAME = "admin"
 VOLUME = "membership"
 
 
@@ -78,16 +81,30 @@ def members(config_map: dict) -> Membership | None:
 
 
 def proxy_argv(ctx: Resolved) -> list[str]:
+    proxy = ctx.deployment.spec.proxy
     return ["pd-proxy", "--membership", f"{MOUNT_DIR}/{KEY}", "--host", "0.0.0.0",
-            "--port", str(ctx.deployment.spec.proxy.port)]
+            "--port", str(proxy.port), "--admin-port", str(proxy.admin_port), *options.argv(proxy.limits)]
 
 
 def service(ctx: Resolved) -> dict:
+    """The clients' port only: the admin port is for the operator, which dials each pod."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": metadata(ctx, ctx.names.proxy, COMPONENT),
             "spec": {"selector": selector(ctx, COMPONENT),
                      "ports": [{"name": "http", "port": ctx.deployment.spec.proxy.port, "targetPort": "http",
                                 "protocol": "TCP"}]}}
+
+
+DEFAULT_REQUESTS = {"cpu": "500m", "memory": "256Mi"}
+DEFAULT_LIMITS = {"memory": "1Gi"}
+"""Under the default limits (api/types.py ProxyLimits) the proxy stays under about 3 x
+maxBufferedBytes + 100 MiB (384 + 100 MiB); no CPU limit, so a burst is not throttled."""
+
+
+def proxy_resources(spec: Resources) -> dict:
+    """The user's proxy resources over the defaults, key by key."""
+    return resources(Resources(requests={**DEFAULT_REQUESTS, **spec.requests},
+                               limits={**DEFAULT_LIMITS, **spec.limits}))
 
 
 def deployment(ctx: Resolved) -> dict:
@@ -99,13 +116,15 @@ def deployment(ctx: Resolved) -> dict:
         "image": spec.proxy.image or spec.image.name,
         "imagePullPolicy": spec.image.pull_policy,
         "command": proxy_argv(ctx),
-        "ports": [{"name": "http", "containerPort": spec.proxy.port, "protocol": "TCP"}],
+        **({"env": env} if (env := secret_env(spec.proxy.api_key, options.API_KEY_ENV)) else {}),
+        "ports": [{"name": "http", "containerPort": spec.proxy.port, "protocol": "TCP"},
+                  {"name": ADMIN_PORT_NAME, "containerPort": spec.proxy.admin_port, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "periodSeconds": 10},
-        "livenessProbe": {"httpGet": {"path": LIVE_PATH, "port": "http"}, "periodSeconds": 30,
+        "livenessProbe": {"httpGet": {"path": LIVE_PATH, "port": ADMIN_PORT_NAME}, "periodSeconds": 30,
                           "failureThreshold": 5},
         "volumeMounts": [mount],
         "securityContext": dict(security.PROXY),
-        **({"resources": r} if (r := resources(spec.proxy.resources)) else {}),
+        "resources": proxy_resources(spec.proxy.resources),
     }
     pod_spec: dict = {"containers": [container], "volumes": [volume], **ctx.pull_secrets()}
     pod_spec |= security.pod_fields(pod_spec, non_root=True)

@@ -20,6 +20,7 @@ OWNED_ENV: dict[str, str] = {
     "ASCEND_TRANSFER_TIMEOUT": "spec.kvTransfer.timeouts.transferMs",
     "ASCEND_CONNECT_TIMEOUT": "spec.kvTransfer.timeouts.connectMs",
     "PD_POD_INDEX": "the pod's ordinal in its instance (downward API)",
+    "VLLM_API_KEY": "spec.proxy.apiKey",
 }
 
 # Defaults the user may override through env without a finding.
@@ -55,6 +56,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--kv-cache-dtype": "spec.model.kvCacheDtype",
     "--served-model-name": "spec.model.servedModelName",
     "--max-model-len": "spec.model.maxModelLen",
+    "--api-key": "spec.proxy.apiKey (the proxy sends the engines that key)",
 }
 
 
