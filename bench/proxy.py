@@ -141,7 +141,7 @@ def pd_proxy(urls: dict[str, list[str]], workdir: pathlib.Path, port: int) -> Pr
     membership.write_text(json.dumps(document(*members)))
     script = pathlib.Path(sys.executable).with_name("pd-proxy")
     return Process([str(script), "--membership", str(membership), "--host", HOST, "--port", str(port),
-                    "--log-level", "WARNING"], workdir / "pd-proxy.log")
+                    "--admin-port", str(pick_port(HOST)), "--log-level", "WARNING"], workdir / "pd-proxy.log")
 
 
 def example_proxy(urls: dict[str, list[str]], workdir: pathlib.Path, port: int) -> Process:

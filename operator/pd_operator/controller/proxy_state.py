@@ -82,8 +82,9 @@ class ProxyStateReader:
         self._threads = ThreadPoolExecutor(PARALLEL, thread_name_prefix="proxy-state")
 
     def read(self, pod_ip: str, port: int) -> ProxyState:
-        """A proxy pod's answer at STATE_PATH, dialled directly (the NetworkPolicy does not select the
-        proxy, and the answer changes too fast to go through the API). Raises ProxyUnreachable."""
+        """A proxy pod's answer at STATE_PATH on its admin port, dialled directly (the proxy's
+        NetworkPolicy admits the operator's namespace there; the answer changes too fast to go
+        through the API). Raises ProxyUnreachable."""
         connection = _Connection(pod_ip, port, time.monotonic() + self.deadline_s)
         response = None
         try:
