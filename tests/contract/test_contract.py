@@ -6,7 +6,7 @@ module defines the class); every environment variable the operator sets is read 
 the image (support/env_readers.py); the units of the timeout variables; pd-proxy's prefill request against the
 example proxy's own builder, and its routes; the image capability table (connectors, GLM-Next model
 code, the default model runner, no released seed change) and the place the preflight looks for the
-seed's function.
+seed's function; the connector's Mooncake metadata mode and transport against the KV-link probe's.
 Not covered: anything that needs an NPU or torch_npu (vllm-ascend cannot be imported here), the
 seed change's own source (no snapshot of PR #16755 exists here; images/vllm-ascend checks it at
 build time), HCCL/torch_npu reading their variables (only that vllm-ascend's guides set them).
@@ -33,6 +33,7 @@ from pd_operator.serving_image.capabilities import GLM_NEXT, PD_CONNECTORS, RELE
 from pd_operator.serving_image.installed import introspect, module_path, registered_connectors
 from pd_operator.spec.reserved import DEFAULT_ENV, OWNED_ENV
 from pd_operator.spec.validate import validate
+from pd_operator.transfer.engine import P2P
 from support import upstream
 from support.env_readers import NATIVE_READERS, Readers, pod_reads, unread
 from support.renders import VALID_EXAMPLES, container, pod_argvs, rendered, serving_sets
@@ -347,3 +348,29 @@ def test_the_cached_archives_are_the_pinned_bytes():
         upstream.fetch(version)
         archive = upstream.CACHE / f"vllm_ascend-{version}.tar.gz"
         assert hashlib.sha256(archive.read_bytes()).hexdigest() == digest
+
+
+# --- the KV-link gate against the connector's engine -------------------------------------------
+
+ENGINE_INIT = re.compile(r"\.initialize\(\s*\w+\s*,\s*\"(\w+)\"\s*,\s*\"(\w+)\"\s*,")
+
+
+def test_the_gate_shares_the_connectors_metadata_mode_not_its_transport(version, source):
+    """vllm-ascend's PD connectors open Mooncake with P2P handshakes on the `ascend` transport
+    (vllm_ascend/distributed/kv_transfer/utils/mooncake_transfer_engine.py); the probe opens it with
+    the same metadata mode on `tcp` (transfer/engine.py). docs/architecture.md says what a passing
+    gate therefore proves; this pins both facts per release, so a connector that changed its mode or
+    transport fails here first."""
+    text = (source / "vllm_ascend/distributed/kv_transfer/utils/mooncake_transfer_engine.py").read_text()
+    assert ENGINE_INIT.findall(text) == [(P2P, "ascend")]
+    probe = (ROOT / "operator/pd_operator/transfer/engine.py").read_text()
+    assert 'protocol: str = "tcp"' in probe
+
+
+def test_the_npu_wheel_ascend_transport_needs_an_npu_context(version, source):
+    """The Mooncake NPU wheel a release's image installs carries the `ascend` transport as a library
+    that sets an NPU device through AscendCL: a container without an NPU (the probe sidecar: the
+    device plugin gives the NPUs to the engine container) cannot open it."""
+    wheel = upstream.fetch_mooncake(mooncake_tag(source)) / "mooncake"
+    library = (wheel / "ascend_transport.so").read_bytes()
+    assert b"aclrtSetDevice" in library
