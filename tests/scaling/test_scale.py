@@ -23,9 +23,9 @@ import yaml
 from pd_operator.api.labels import FORWARDED_REPLICAS, KV_LAYOUT
 from pd_operator.api.types import GROUP, VERSION
 from support.cluster import ControlPlane, wait_for
-from support.installed import ROOT, condition, get_pdd, weights_claim
+from support.installed import condition, get_pdd, weights_claim
 from support.kube import kubectl
-from support.specs import example
+from support.specs import ROOT, example
 
 pytestmark = [pytest.mark.integration, pytest.mark.scaling]
 

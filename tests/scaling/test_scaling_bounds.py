@@ -21,8 +21,7 @@ from pd_operator.render import render
 from pd_operator.render.proxy import members
 from pd_operator.spec.scaling import Hold, bound, findings
 from pd_operator.spec.validate import validate, with_instances
-from support.installed import ROOT
-from support.specs import example
+from support.specs import ROOT, example
 
 pytestmark = pytest.mark.scaling
 
