@@ -20,7 +20,7 @@ FINDING = "<finding code>"
 """Stands for a finding code (see the findings catalog) in REASONS."""
 
 _ROLE_REASONS = [
-    ("True", "InstancesReady", "Every instance of the role has all its pods Ready on the wanted KV layout."),
+    ("True", "InstancesReady", "Every instance of the role has all its pods Ready, on one KV layout."),
     ("True", "ScaledToZero", "The role runs no instances (its PDRole asks for none)."),
     ("False", "InstancesNotReady", "Some instances are starting or loading the model; see their pods."),
     ("False", "Unschedulable", "The scheduler cannot place a pod of the role; the message is the "
@@ -45,8 +45,17 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("Ready", "True", "Serving", "Prefill, decode (and the proxy when used) are ready."),
     ("Ready", "False", "<reason of the first failing condition>", "Copied from the first condition above "
      "that is not True (or GangUnavailable), or a finding code when the spec is invalid."),
-    ("Progressing", "True", "RollingOut", "A new KV layout is rolling out; the proxy pairs only instances of "
-     "the new layout."),
+    ("Progressing", "True", "RolloutInProgress", "A new pod template rolls through the instances "
+     "(spec.<role>.rollout): each leaves the proxy, drains, is replaced and re-joins once Ready; the "
+     "message counts the instances updated. The proxy pairs prefill and decode of one KV layout only."),
+    ("Progressing", "Unknown", "RolloutPaused", "spec.<role>.rollout.paused is true: no further instance "
+     "moves. Set it to false to continue."),
+    ("Progressing", "False", "RolloutBlocked", "No outdated instance can move while each role keeps "
+     "replicas - maxUnavailable serving (a KV-layout change with a role of few instances, or a partition "
+     "that leaves new instances no partner of their layout); the message says what to change."),
+    ("Progressing", "False", "ProgressDeadlineExceeded", "No instance was replaced or became Ready on the "
+     "new template within spec.<role>.rollout.progressDeadlineSeconds: the rollout stopped and the others "
+     "keep serving. Fix the template; applying the previous spec again rolls back only what moved."),
     ("Progressing", "True", "WaitingForPods", "Children are applied; pods are not all ready yet."),
     ("Progressing", "False", "Complete", "Every child is up to date and ready."),
     ("Progressing", "False", "InvalidSpec", "The spec is invalid; fix it to continue."),

@@ -42,6 +42,7 @@ PDROLE_COLUMNS: list[dict] = [
     {"name": "Current", "type": "integer", "jsonPath": ".status.replicas",
      "description": "Instances the operator runs: the request held at spec.scaling's bounds"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Up-to-date", "type": "integer", "jsonPath": ".status.updatedReplicas"},
     {"name": "Draining", "type": "integer", "jsonPath": ".status.draining",
      "description": "Removed instances still draining before they are deleted"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -21,6 +21,9 @@ INSTANCE = f"{GROUP}/instance"
 """The instance's ordinal within its role."""
 KV_LAYOUT = f"{GROUP}/kv-layout"
 """The kv-layout hash of a serving pod (spec/layout.py): prefill and decode pair only when equal."""
+REVISION = f"{GROUP}/revision"
+"""A serving pod's template revision (render/workloads.py): the rollout replaces instances whose pods
+carry another than their role's current one (controller/rollout.py)."""
 COMPONENT = "app.kubernetes.io/component"
 # The pod's ordinal in its StatefulSet, set by the StatefulSet controller (GA in 1.32;
 # k8s.io/api: apps/v1/types.go PodIndexLabel @ v0.36.3): 0 is an instance's leader.

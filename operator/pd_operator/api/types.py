@@ -243,6 +243,41 @@ class AutoscalingSpec(ApiModel):
     first."""
 
 
+@cel("(has(self.maxUnavailable) ? self.maxUnavailable : 1) > 0 || "
+     "(has(self.maxSurge) && self.maxSurge > 0)",
+     "maxUnavailable and maxSurge cannot both be 0: no instance could move")
+class RolloutSpec(ApiModel):
+    """How a change of the role's pod template (image, engine arguments, env, resources) reaches its
+    running instances (controller/rollout.py), named as a Deployment's rolling update and a
+    StatefulSet's partition are. An instance moves whole, the way a scale-down removes one: it
+    leaves the proxy, drains, its pods are replaced, and it re-joins once all of them are Ready on
+    the new template (decode: once its KV link passes too). Old and new instances of different KV
+    layouts are never paired."""
+
+    max_unavailable: int = Field(default=1, ge=0, le=MAX_INSTANCES)
+    """At most this many of the role's `replicas` instances may be out of service (drained, being
+    replaced, loading) because of the rollout. 0 needs `maxSurge`."""
+    max_surge: int = Field(default=0, ge=0, le=MAX_INSTANCES)
+    """Up to this many extra instances on the new template run during the rollout (they need NPUs of
+    their own); they come up first and leave, drained, when it ends. A KV-layout change (a new image,
+    block size or TP) with one decode or one prefill instance needs 1 here to keep serving."""
+    partition: int = Field(default=0, ge=0, le=MAX_INSTANCES)
+    """Only instances whose ordinal is at or above this move (a canary); those below stay on the old
+    template until it is lowered."""
+    paused: bool = False
+    """Take no further instance out; those already moving finish."""
+    progress_deadline_seconds: int | None = Field(default=None, ge=1, le=7 * 86_400)
+    """Seconds without progress (an instance replaced or Ready on the new template) after which the
+    rollout stops with Progressing=False/ProgressDeadlineExceeded, keeping the rest serving. Unset:
+    the role's `startupTimeoutSeconds` plus its drain bound, the longest a healthy replacement takes."""
+
+    @model_validator(mode="after")
+    def _can_move(self) -> RolloutSpec:
+        if self.max_unavailable == 0 and self.max_surge == 0:
+            raise ValueError("maxUnavailable and maxSurge cannot both be 0: no instance could move")
+        return self
+
+
 class RoleSpec(ApiModel):
     replicas: int = Field(default=1, ge=0, le=MAX_INSTANCES)
     """Instances of this role; each is one vLLM engine (TP x DP x PP NPUs). The role's PDRole
@@ -276,6 +311,8 @@ class RoleSpec(ApiModel):
     """How long a pod may take to load the model before it is restarted."""
     autoscaling: AutoscalingSpec | None = None
     """Scale the role on vLLM's serving metrics through an HPA."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """How a template change rolls through the role's instances."""
 
 
 @cel("self.pipelineParallelSize == 1",
@@ -546,11 +583,25 @@ class Condition(ApiModel):
     last_transition_time: str | None = None
 
 
+class InstanceStatus(ApiModel):
+    name: str
+    """The instance (its StatefulSet)."""
+    revision: str
+    """The pod-template revision its pods run (label pd.serving.dev/revision); `mixed` while its pods
+    are being replaced, empty when it has none."""
+    ready: bool
+
+
 class RoleStatus(ApiModel):
     desired_instances: int = 0
     ready_instances: int = 0
+    updated_instances: int = 0
+    """Instances whose pods all run `revision` (ready or not)."""
+    revision: str = ""
+    """The revision of the role's current pod template."""
     shape: str = ""
     """For `kubectl get`: instances x DP x TP (x PP), e.g. `2xDP2xTP4`."""
+    instances: list[InstanceStatus] = Field(default_factory=list)
 
 
 class KVLayoutStatus(ApiModel):
@@ -579,7 +630,8 @@ RoleName = Literal["prefill", "decode"]
 
 
 class DrainingStatus(ApiModel):
-    """An instance removed by a scale-down that is kept until nothing needs it (controller/drain.py)."""
+    """An instance removed by a scale-down, or taken out for a rollout to replace it, that is kept
+    until nothing needs it (controller/drain.py)."""
 
     name: str
     """The instance (its StatefulSet)."""
@@ -605,8 +657,11 @@ class PDDeploymentStatus(ApiModel):
     proxy_endpoint: str | None = None
     """`host:port` of the proxy Service inside the cluster."""
     draining: list[DrainingStatus] = Field(default_factory=list)
-    """Instances removed by a scale-down that still drain (they left the proxy and are deleted once
-    nothing needs them)."""
+    """Instances removed by a scale-down, or being replaced by a rollout, that still drain (they left
+    the proxy and are deleted or replaced once nothing needs them)."""
+    rollout_progress_time: str | None = None
+    """When the rollout last progressed (an instance was replaced or became Ready on the new
+    template): what spec.<role>.rollout.progressDeadlineSeconds counts from."""
 
 
 class PDDeployment(ApiModel):
@@ -650,6 +705,8 @@ class PDRoleStatus(ApiModel):
     """Instances the operator runs: spec.replicas held at the PDDeployment's spec.scaling bounds."""
     ready_replicas: int = 0
     """Instances whose pods are all Ready on the wanted KV layout."""
+    updated_replicas: int = 0
+    """Instances whose pods all run the role's current pod template (the UP-TO-DATE column)."""
     draining: int = 0
     """Instances a scale-down removed that still drain (left the proxy, deleted once nothing needs
     them; the PDDeployment's status.draining names them)."""

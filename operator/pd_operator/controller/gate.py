@@ -1,18 +1,19 @@
 """The proxy's gates: route only to instances that can serve, to a decode instance only over a
 proven KV link, and never pair prefill and decode pods of different KV layouts. Pure.
 
-Ready: an instance joins the membership once all its pods exist and are Ready on the wanted KV
-layout (a new instance of a scale-up, one whose rank restarts), and leaves it while one is not.
+Ready: an instance joins the membership once all its pods exist, are Ready and run one KV layout
+(a new instance of a scale-up, one whose rank restarts, one a rollout replaced), and leaves it
+while one is not.
 
 KV link: the proxy lists only decode instances whose pods all report a working link to every
-prefill instance (controller/links.py); a decode instance whose link breaks leaves the list, and
-comes back when its gate passes again.
+prefill instance of their layout (controller/links.py); a decode instance whose link breaks
+leaves the list, and comes back when its gate passes again.
 
-Rollout: instance names (and so the proxy's upstreams) do not change when the KV layout does, so
-while a layout change rolls through the StatefulSets the proxy could send a request from a
-new-layout prefill to an old-layout decode. While any serving pod still carries another
-`pd.serving.dev/kv-layout` than the wanted one, the proxy only lists instances whose pods are all
-Ready on the wanted layout.
+Rollout: an instance the rollout takes out (controller/rollout.py) leaves the membership before
+its pods are replaced. Instance names (and so the proxy's upstreams) do not change when the KV
+layout does, so each member carries the layout its pods run and the proxy pairs a prefill only
+with a decode of the same layout (proxy/membership.py): old and new instances serve side by side,
+never together.
 
 The gate returns the routable set; the renderer writes the proxy's membership ConfigMap from it
 (render/proxy.py), never its Deployment, so gating restarts no proxy pod. With no instance left for
@@ -22,33 +23,30 @@ ProxyReady=False/NoUpstreams).
 
 from __future__ import annotations
 
-from pd_operator.api.labels import KV_LAYOUT, ROLE
+from collections.abc import Iterable
+
+from pd_operator.api.labels import KV_LAYOUT, REVISION
 from pd_operator.api.types import ROLES
-from pd_operator.controller.links import linked_instances
+from pd_operator.controller import rollout
+from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label
-from pd_operator.render import Routable
+from pd_operator.render.workloads import revision
 from pd_operator.spec.validate import Resolved
 
 
-def is_rolling(pods: list[dict], layout_hash: str) -> bool:
-    return any(label(p, KV_LAYOUT) not in (None, layout_hash)
-               for p in pods if label(p, ROLE) in ROLES)
-
-
-def ready_instances(pods: list[dict], expected_pods: dict[str, int], layout_hash: str
-                    ) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {role: set() for role in ROLES}
+def observe(resolved: Resolved, pods: list[dict], leaving: Iterable[str]
+            ) -> dict[str, dict[int, rollout.InstanceState]]:
+    """The rollout planner's view of every instance with live pods. `leaving`: instance names that
+    left the membership to be replaced (status.draining)."""
+    leaving = set(leaving)
+    expected = resolved.pods_per_instance()
+    wanted: dict[str, str] = {role: revision(resolved, role) for role in ROLES}
+    out: dict[str, dict[int, rollout.InstanceState]] = {role: {} for role in ROLES}
     for (role, index), members in by_instance(pods).items():
-        if instance_ready(members, expected_pods[role], layout_hash):
-            out[role].add(index)
+        ready = instance_ready(members, expected[role]) and (
+            role != "decode" or all(link_ready(p) for p in members))
+        out[role][index] = rollout.InstanceState(
+            updated=all(label(p, REVISION) == wanted[role] for p in members),
+            ready=ready, layout=label(members[0], KV_LAYOUT) or "",
+            leaving=resolved.names.instance(role, index) in leaving and index < resolved.role(role).replicas)
     return out
-
-
-def routable(resolved: Resolved, pods: list[dict]) -> tuple[Routable, bool]:
-    """(the instances the proxy may route to, whether a layout roll is in progress)."""
-    replicas, expected = resolved.replicas(), resolved.pods_per_instance()
-    ready = ready_instances(pods, expected, resolved.layout_hash)
-    linked = linked_instances(pods, expected["decode"], replicas["decode"])
-    allowed = {"prefill": ready["prefill"] & set(range(replicas["prefill"])),
-               "decode": ready["decode"] & linked}
-    return allowed, is_rolling(pods, resolved.layout_hash)

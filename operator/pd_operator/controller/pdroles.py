@@ -109,14 +109,16 @@ def scaling_condition(hold: Hold | None, subject: str) -> tuple[bool, str, str]:
     return True, hold.bound, f"{subject}: {hold.message()}"
 
 
-def status(resolved: Resolved, role: str, effective: int, ready: int, draining: int, hold: Hold | None,
-           previous: dict, generation: int | None, now: str) -> dict:
-    """The PDRole's whole status; the condition's lastTransitionTime moves only when its status does."""
+def status(resolved: Resolved, role: str, effective: int, figures: tuple[int, int], draining: int,
+           hold: Hold | None, previous: dict, generation: int | None, now: str) -> dict:
+    """The PDRole's whole status; the condition's lastTransitionTime moves only when its status does.
+    `figures`: (instances on the current template, instances Ready)."""
     ok, reason, message = scaling_condition(hold, f"PDRole {resolved.names.role(role)}")
     word = "True" if ok else "False"
     prior = next((c for c in previous.get("conditions") or [] if c.get("type") == SCALING_LIMITED), None)
     since = prior.get("lastTransitionTime") if prior and prior.get("status") == word else None
     condition = {"type": SCALING_LIMITED, "status": word, "reason": reason, "message": message,
                  "observedGeneration": generation, "lastTransitionTime": since or now}
-    return {"replicas": effective, "readyReplicas": ready, "draining": draining,
+    return {"replicas": effective, "readyReplicas": figures[1], "updatedReplicas": figures[0],
+            "draining": draining,
             "selector": leader_selector(resolved.deployment.name, role), "conditions": [condition]}

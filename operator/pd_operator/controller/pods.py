@@ -50,7 +50,8 @@ def by_instance(pods: list[dict]) -> dict[tuple[str, int], list[dict]]:
     return dict(out)
 
 
-def instance_ready(pods: list[dict], expected_pods: int, layout_hash: str) -> bool:
-    """All ranks of one engine exist, are Ready, and run the wanted KV layout."""
-    return (len(pods) == expected_pods
-            and all(is_ready(p) and label(p, KV_LAYOUT) == layout_hash for p in pods))
+def instance_ready(pods: list[dict], expected_pods: int) -> bool:
+    """All ranks of one engine exist, are Ready, and run one KV layout (ranks of two layouts, a
+    replacement under way, form no engine)."""
+    return (len(pods) == expected_pods and all(is_ready(p) for p in pods)
+            and len({label(p, KV_LAYOUT) for p in pods}) == 1)

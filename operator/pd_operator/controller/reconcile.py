@@ -2,9 +2,11 @@
 drift timer, a child's change) runs the same steps, so the outcome never depends on which one.
 
 validate -> (invalid: status + event, children untouched) -> the instance counts the roles'
-PDRoles ask for, held at spec.scaling's bounds (controller/pdroles.py, spec/scaling.py) -> render those ->
-gate the proxy (instances not Ready or not linked, a KV layout roll) -> plan against the observed
-children -> hold the instances a scale-down removed until they drained (controller/drain.py) ->
+PDRoles ask for, held at spec.scaling's bounds (controller/pdroles.py, spec/scaling.py) -> the
+rollout's next step (controller/rollout.py: which outdated instances leave, how many surge) -> render
+those -> gate the proxy (instances not Ready or not linked, or leaving) -> plan against the observed
+children -> hold the instances a scale-down removed until they drained, and replace the pods of
+those the rollout took out once drained (controller/drain.py) ->
 apply what changed (owner reference included, so apply adopts; a missing PDRole is created with its
 count, a changed spec.<role>.replicas forwarded) -> prune what the spec no longer wants -> group
 restarts -> status of the PDRoles and the PDDeployment (written only when it changed) -> events on
@@ -18,17 +20,18 @@ import os
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from pd_operator.api.labels import INSTANCE, ROLE
+from pd_operator.api.labels import INSTANCE, REVISION, ROLE
 from pd_operator.api.types import ROLES
-from pd_operator.controller import drain, gate, links, pdroles, restarts
+from pd_operator.controller import drain, gate, links, pdroles, restarts, rollout
 from pd_operator.controller import status as status_mod
 from pd_operator.controller.client import ApiError, Client, NotServed
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
-from pd_operator.controller.pods import is_terminating, label
+from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
 from pd_operator.render import Routable, policy, render
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_version
+from pd_operator.render.workloads import revision
 from pd_operator.spec import scaling
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 from pd_operator.spec.validate import Resolved, Validation, validate, with_instances
@@ -48,6 +51,9 @@ class Outcome:
     """Children as the API server returned them from this reconcile's writes (applies, annotations)."""
     pruned: list[dict] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    """Instances whose pods a rollout deleted (after their drain) to recreate them from the new template."""
+    replaced_keys: list[tuple[str, int]] = field(default_factory=list)
     ready: bool = False
     kv_compatible: bool = False
     requeue_after: float | None = None
@@ -72,11 +78,52 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def _desired(resolved: Resolved, body: dict, pods: list[dict]) -> tuple[list[dict], Routable, bool]:
-    """(the manifests to apply, the instances the proxy may route to, whether a layout rolls)."""
-    routable, rolling = gate.routable(resolved, pods)
-    manifests = render(resolved, routable=routable, operator_namespace=OPERATOR_NAMESPACE)
-    return [stamp(pdroles.applied_form(m), body) for m in manifests], routable, rolling
+def _desired(resolved: Resolved, body: dict, the_plan: rollout.Plan, routable: Routable) -> list[dict]:
+    """The manifests to apply: the spec's instances plus the rollout's surge, the membership `routable`."""
+    surge: dict[str, int] = {role: the_plan.instances[role] - resolved.role(role).replicas for role in ROLES}
+    manifests = render(resolved, routable=routable, operator_namespace=OPERATOR_NAMESPACE, surge=surge)
+    return [stamp(pdroles.applied_form(m), body) for m in manifests]
+
+
+def _parse_time(text: object, now: datetime) -> datetime | None:
+    try:
+        return datetime.strptime(str(text), drain.TIME_FORMAT).replace(tzinfo=now.tzinfo)
+    except ValueError:
+        return None
+
+
+def deadline(resolved: Resolved, role: str) -> int:
+    """The progress deadline: the spec's, or the longest a healthy replacement takes (its drain
+    bound, then loading the model)."""
+    spec = resolved.role(role)
+    return spec.rollout.progress_deadline_seconds or (
+        spec.startup_timeout_seconds + int(drain.bound(resolved, role).total_seconds()))
+
+
+def _rollout(resolved: Resolved, body: dict, pods: list[dict], now: datetime) -> rollout.Rollout:
+    previous = body.get("status") or {}
+    state = gate.observe(resolved, pods, {d.get("name") for d in previous.get("draining") or []})
+    limits: dict[str, int] = {role: deadline(resolved, role) for role in ROLES}
+
+    def params(halted: set[str]) -> dict[str, rollout.RoleParams]:
+        out: dict[str, rollout.RoleParams] = {}
+        for role in ROLES:
+            spec = resolved.role(role)
+            r = spec.rollout
+            out[role] = rollout.RoleParams(spec.replicas, r.max_unavailable, r.max_surge, r.partition,
+                                           r.paused, role in halted)
+        return out
+
+    figures = status_mod.rollout_figures(resolved, pods)
+    then: dict[str, tuple[int, int]] = {role: (int((previous.get(role) or {}).get("updatedInstances", -1)),
+                   int((previous.get(role) or {}).get("readyInstances", -1))) for role in ROLES}
+    active = any(rollout.outdated(params(set()), state).values())
+    since = rollout.progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, figures,
+                                  active, now)
+    halted: set[str] = {role for role in ROLES
+                        if since is not None and (now - since).total_seconds() > limits[role]}
+    chosen = params(halted)
+    return rollout.Rollout(rollout.plan(chosen, state, resolved.layout_hash), state, chosen, since, limits)
 
 
 def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict], asks: dict[str, pdroles.Ask],
@@ -127,14 +174,40 @@ def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict
 
 
 def _drains(proxies: ProxyStateReader, resolved: Resolved, body: dict, routable: Routable,
-            children: list[dict], pods: list[dict], now: datetime) -> list[drain.Drain]:
-    """The drain of every instance a scale-down removed (see controller/drain.py)."""
-    leaving = drain.departing(children, body["metadata"]["uid"], resolved.replicas())
+            children: list[dict], pods: list[dict], the_plan: rollout.Plan, now: datetime
+            ) -> list[drain.Drain]:
+    """The drain of every instance a scale-down removed or the rollout takes out (see
+    controller/drain.py)."""
+    leaving = drain.departing(children, body["metadata"]["uid"], the_plan.instances)
+    leaving |= {(role, index): resolved.names.instance(role, index) for role, index in the_plan.leave
+                if role in ROLES}
     if not leaving:
         return []
     previous = (body.get("status") or {}).get("draining") or []
     return drain.drains(resolved, leaving, previous, _read_proxies(proxies, resolved, pods),
                         membership_version(resolved, routable), now)
+
+
+def _replace(client: Client, body: dict, resolved: Resolved, drains: list[drain.Drain],
+             the_plan: rollout.Plan, pods: list[dict], outcome: Outcome) -> None:
+    """Delete the pods of every instance the rollout took out that drained: its StatefulSet
+    (OnDelete) recreates them from the current template."""
+    ns = resolved.deployment.namespace
+    groups = by_instance(pods)
+    for d in drains:
+        if not d.done or (d.role, d.index) not in the_plan.leave:
+            continue
+        members = groups.get((d.role, d.index), [])
+        for pod in members:
+            client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
+        old = sorted({label(p, REVISION) or "none" for p in members})
+        why = (f"its drain bound ({int(drain.bound(resolved, d.role).total_seconds())} s) passed"
+               if d.timed_out else "it drained")
+        client.post_event(body, "Normal", "InstanceReplaced",
+                          f"Replacing the pods of {d.role} instance {d.name} (revision {', '.join(old)} -> "
+                          f"{revision(resolved, d.role)}): it left the proxy and {why}.")
+        outcome.replaced.append(d.name)
+        outcome.replaced_keys.append((d.role, d.index))
 
 
 def _report_drained(client: Client, body: dict, resolved: Resolved, drains: list[drain.Drain],
@@ -222,7 +295,7 @@ def _write_status(client: Client, body: dict, validation: Validation, observed: 
 def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mod.Observed,
                          bounded: scaling.Bounded, uid: str, now: datetime, outcome: Outcome) -> None:
     """Each owned PDRole's status (what its scale subresource reports), written when it changed."""
-    ready = status_mod.ready_counts(resolved, observed)
+    figures = status_mod.rollout_figures(resolved, observed.pods)
     holds = {h.role: h for h in bounded.holds}
     names = resolved.names
     for role in ROLES:
@@ -231,7 +304,7 @@ def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mo
             continue
         previous = found.get("status") or {}
         draining = sum(1 for d in observed.draining or [] if d["role"] == role)
-        new = pdroles.status(resolved, role, bounded.effective[role], ready[role], draining,
+        new = pdroles.status(resolved, role, bounded.effective[role], figures[role], draining,
                            holds.get(role), previous, found["metadata"].get("generation"),
                            now.strftime("%Y-%m-%dT%H:%M:%SZ"))
         if new != previous:
@@ -261,9 +334,10 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
         observed = status_mod.Observed(children=children, pods=pods)
         _write_status(client, body, validation, observed, now, outcome)
         raise InvalidSpec(" ".join(f.line() for f in validation.errors))
-    desired, routable, rolling = _desired(resolved, body, pods)
-    the_diff = diff(desired, children, meta["uid"])
-    drains = _drains(proxies, resolved, body, routable, children, pods, now)
+    moving = _rollout(resolved, body, pods, now)
+    routable = moving.plan.routable(moving.state)
+    the_diff = diff(_desired(resolved, body, moving.plan, routable), children, meta["uid"])
+    drains = _drains(proxies, resolved, body, routable, children, pods, moving.plan, now)
     the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)])
     try:
         children = _apply(client, ns, the_diff, children, asks, outcome)
@@ -271,21 +345,27 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
         _report_not_served(client, body, validation, children, pods, routable, err, now, outcome)
         raise
     _report_drained(client, body, resolved, drains, outcome.pruned)
+    _replace(client, body, resolved, drains, moving.plan, pods, outcome)
     draining = [d for d in drains if not d.done]
     if draining:
         outcome.requeue_after = drain.RECHECK_S
+    elif moving.since is not None and not moving.plan.complete:  # look again when the deadline passes
+        left = min(moving.deadline[role] - (now - moving.since).total_seconds() for role in ROLES)
+        if left > 0:
+            outcome.requeue_after = left + 1
     decisions = _group_restarts(client, body, children, pods, now, outcome)
     gone = {pod for d in decisions if d.action in ("restart", "replace") for pod in d.pods}
-    pods = [p for p in pods if p["metadata"]["name"] not in gone]
+    pods = [p for p in pods
+            if p["metadata"]["name"] not in gone and drain.instance_of(p) not in outcome.replaced_keys]
     observed = status_mod.Observed(children=children, pods=pods, foreign=the_diff.foreign,
-                                   blocked=the_diff.blocked, rolling=rolling, restarts=decisions,
+                                   blocked=the_diff.blocked, rollout=moving, restarts=decisions,
                                    links=_kv_links(client, resolved, pods, body.get("status") or {}),
                                    scaling=bounded, draining=[d.status() for d in draining],
                                    routable=routable)
     _write_role_statuses(client, resolved, observed, bounded, meta["uid"], now, outcome)
     _write_status(client, body, validation, observed, now, outcome)
-    if outcome.applied or outcome.pruned or outcome.restarted:
-        logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s", ns, meta["name"],
-                    _names(outcome.applied), _names(outcome.pruned), outcome.restarted,
+    if outcome.applied or outcome.pruned or outcome.restarted or outcome.replaced:
+        logger.info("Reconciled %s/%s: applied %s, pruned %s, restarted %s, replaced %s", ns, meta["name"],
+                    _names(outcome.applied), _names(outcome.pruned), outcome.restarted, outcome.replaced,
                     extra={"object": f"{ns}/{meta['name']}"})
     return outcome

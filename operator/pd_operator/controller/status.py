@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pd_operator.api.conditions import TYPES
+from pd_operator.api.labels import REVISION
 from pd_operator.api.types import ROLES, PDDeployment
 from pd_operator.controller.links import link_ready
-from pd_operator.controller.pods import by_instance, instance_ready, unschedulable
+from pd_operator.controller.pods import by_instance, instance_ready, label, unschedulable
 from pd_operator.controller.restarts import Decision
+from pd_operator.controller.rollout import Rollout
 from pd_operator.findings import Finding
 from pd_operator.render import Routable, scheduling
+from pd_operator.render.workloads import revision
 from pd_operator.spec.scaling import Bounded
 from pd_operator.spec.validate import Resolved, Validation
 
@@ -30,7 +33,8 @@ class Observed:
     pods: list[dict] = field(default_factory=list)
     foreign: list[dict] = field(default_factory=list)
     blocked: list[dict] = field(default_factory=list)
-    rolling: bool = False
+    rollout: Rollout | None = None
+    """The rollout's plan and clock (controller/rollout.py; None: not computed)."""
     restarts: list[Decision] = field(default_factory=list)
     """Group-restart decisions other than `none` made in this pass."""
     links: list[dict] | None = None
@@ -76,12 +80,35 @@ def shape(dep: PDDeployment, role: str) -> str:
 
 
 def ready_counts(resolved: Resolved, observed: Observed) -> dict[str, int]:
-    """Per role: instances whose pods are all Ready on the wanted KV layout."""
-    groups = by_instance(observed.pods)
-    return {role: sum(1 for i in range(resolved.role(role).replicas)
-                      if instance_ready(groups.get((role, i), []), resolved.shapes[role].pods,
-                                        resolved.layout_hash))
-            for role in ROLES}
+    """Per role: instances whose pods are all Ready (on one KV layout: during a rollout old and new
+    instances both serve)."""
+    return {role: figures[1] for role, figures in rollout_figures(resolved, observed.pods).items()}
+
+
+def _revision_of(pods: list[dict]) -> str:
+    revisions = {label(p, REVISION) or "" for p in pods}
+    return revisions.pop() if len(revisions) == 1 else "mixed" if revisions else ""
+
+
+def rollout_figures(resolved: Resolved, pods: list[dict]) -> dict[str, tuple[int, int]]:
+    """Per role: (instances whose pods all run the current revision, instances whose pods are all
+    Ready), over the role's spec instances. The rollout's progress is a change of these."""
+    groups = by_instance(pods)
+    out: dict[str, tuple[int, int]] = {}
+    for role in ROLES:
+        want = revision(resolved, role)
+        members = [groups.get((role, i), []) for i in range(resolved.role(role).replicas)]
+        out[role] = (sum(1 for m in members if m and _revision_of(m) == want),
+                     sum(1 for m in members if instance_ready(m, resolved.shapes[role].pods)))
+    return out
+
+
+def instance_statuses(resolved: Resolved, role: str, pods: list[dict]) -> list[dict]:
+    """Every instance of the role with pods: its revision and whether it is Ready."""
+    expected = resolved.shapes[role].pods
+    return [{"name": resolved.names.instance(role, index), "revision": _revision_of(members),
+             "ready": instance_ready(members, expected)}
+            for (of_role, index), members in sorted(by_instance(pods).items()) if of_role == role]
 
 
 def _kv_condition(validation: Validation) -> _Cond:
@@ -240,15 +267,44 @@ def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> 
         ready = _Cond("Ready", True, "Serving", "Prefill, decode and the proxy are ready.")
     else:
         ready = _Cond("Ready", False, failing[0].reason, failing[0].message)
-    if observed.rolling:
-        progressing = _Cond("Progressing", True, "RollingOut",
-                            "A new KV layout is rolling out; the proxy routes only between instances "
-                            "of the new layout.")
+    moving = _rollout_condition(validation.resolved, observed.rollout)
+    if moving is not None:
+        progressing = moving
     elif failing:
         progressing = _Cond("Progressing", True, "WaitingForPods", failing[0].message)
     else:
         progressing = _Cond("Progressing", False, "Complete", "Every child is up to date and ready.")
     return [ready, progressing]
+
+
+def _rollout_condition(resolved: Resolved, moving: Rollout | None) -> _Cond | None:
+    """Progressing while outdated instances remain (None: no rollout under way)."""
+    if moving is None or moving.plan.complete:
+        return None
+    plan, params = moving.plan, moving.params
+    counts = ", ".join(f"{role} {params[role].replicas - plan.outdated[role]} of {params[role].replicas}"
+                       for role in ROLES)
+    halted = [role for role in ROLES if params[role].halted]
+    if halted:
+        stuck = [resolved.names.instance(role, i) for role in ROLES for i, s in moving.state[role].items()
+                 if s.updated and not s.ready]
+        return _Cond("Progressing", False, "ProgressDeadlineExceeded",
+                     f"No {' or '.join(halted)} instance was replaced or became Ready on the new template "
+                     f"within {min(moving.deadline[r] for r in halted)} s (instances updated: {counts}); "
+                     f"the rollout stopped{' at ' + ', '.join(stuck) if stuck else ''} and the other "
+                     "instances keep serving. Fix the template (see those pods' events and logs); "
+                     "applying the previous spec again rolls back only what moved.")
+    if plan.blocked:
+        return _Cond("Progressing", False, "RolloutBlocked", plan.blocked)
+    paused = [role for role in ROLES if params[role].paused and plan.outdated[role]]
+    if paused and not plan.leave:
+        return _Cond("Progressing", None, "RolloutPaused",
+                     f"spec.{' and spec.'.join(paused)}.rollout.paused is true (instances updated: "
+                     f"{counts}). Set it to false to continue.")
+    leaving = ", ".join(resolved.names.instance(role, i) for role, i in sorted(plan.leave))
+    return _Cond("Progressing", True, "RolloutInProgress",
+                 f"Rolling out a new pod template; instances updated: {counts}"
+                 f"{'; replacing ' + leaving if leaving else ''}.")
 
 
 def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
@@ -286,8 +342,13 @@ def conditions(validation: Validation, observed: Observed, previous: list[dict],
     return out
 
 
-def _role_status(dep: PDDeployment, role: str, ready: int) -> dict:
-    return {"desiredInstances": dep.role(role).replicas, "readyInstances": ready, "shape": shape(dep, role)}
+def _role_status(resolved: Resolved, role: str, figures: tuple[int, int], pods: list[dict]) -> dict:
+    dep = resolved.deployment
+    out = {"desiredInstances": dep.role(role).replicas, "readyInstances": figures[1],
+           "updatedInstances": figures[0], "revision": revision(resolved, role), "shape": shape(dep, role)}
+    if instances := instance_statuses(resolved, role, pods):
+        out["instances"] = instances
+    return out
 
 
 def status(validation: Validation, observed: Observed, previous: dict, generation: int | None,
@@ -300,9 +361,15 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
     if resolved is None:
         return out
     dep = resolved.deployment
-    ready = ready_counts(resolved, observed)
+    figures = rollout_figures(resolved, observed.pods)
     for role in ROLES:
-        out[role] = _role_status(dep, role, ready[role])
+        out[role] = _role_status(resolved, role, figures[role], observed.pods)
+    if observed.rollout is not None:
+        since = observed.rollout.since
+        if since is not None:
+            out["rolloutProgressTime"] = since.strftime("%Y-%m-%dT%H:%M:%SZ")
+        else:
+            out.pop("rolloutProgressTime", None)
     out["kvLayout"] = {"prefillBlockSize": resolved.engine_block_size("prefill"),
                        "decodeBlockSize": resolved.engine_block_size("decode"),
                        "segmentTokens": resolved.report.segment_tokens, "hash": resolved.layout_hash}
@@ -327,6 +394,8 @@ def merge_patch(previous: dict, new: dict) -> dict:
 
 
 SIGNIFICANT = {"KVCompatible", "Ready", "Degraded"}
+STOPPED = {"ProgressDeadlineExceeded", "RolloutBlocked"}
+"""Progressing reasons worth a Warning event: a rollout stopped and needs the user."""
 STARTING = {"InstancesNotReady", "ProxyNotReady", "NoUpstreams", "KVLinkNotReady"}
 """Ready=False reasons that only mean "not up yet": no event when an object starts with them."""
 
@@ -337,7 +406,7 @@ def transitions(previous: list[dict], current: list[dict]) -> list[tuple[str, st
     out = []
     for cond in current:
         prior = before.get(cond["type"])
-        if cond["type"] not in SIGNIFICANT or (
+        if (cond["type"] not in SIGNIFICANT and cond["reason"] not in STOPPED) or (
                 prior and (prior["status"], prior["reason"]) == (cond["status"], cond["reason"])):
             continue
         if prior is None and (cond["type"], cond["status"]) == ("Degraded", "False"):
@@ -345,6 +414,6 @@ def transitions(previous: list[dict], current: list[dict]) -> list[tuple[str, st
         starting = (cond["type"], cond["status"]) == ("Ready", "False") and cond["reason"] in STARTING
         if prior is None and starting:
             continue
-        bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
+        bad = (cond["type"] == "Degraded") == (cond["status"] == "True") or cond["reason"] in STOPPED
         out.append(("Warning" if bad else "Normal", cond["reason"], cond["message"]))
     return out

@@ -50,8 +50,10 @@ class Balancer:
     def version(self) -> str | None:
         return self.membership.version if self.membership else None
 
-    def members(self, role: str) -> tuple[Upstream, ...]:
-        return self.membership.role(role) if self.membership else ()
+    def members(self, role: str, layout: str | None = None) -> tuple[Upstream, ...]:
+        """Members of `role` a request may use: those with a member of the other role on their KV
+        layout (and on `layout` when given; a decode must run the layout its prefill ran)."""
+        return self.membership.pairable(role, layout) if self.membership else ()
 
     def update(self, membership: Membership) -> None:
         self.membership = membership
@@ -59,11 +61,15 @@ class Balancer:
             self._loads.setdefault(name, _Load(role))
         self._drop_idle()
 
-    def pick(self, role: str, tried: set[str]) -> Upstream | None:
-        """The member of `role` with the fewest requests in flight, preferring members not yet
-        `tried` for this request and, among those, members not resting; ties go round robin. None:
-        the role has no member."""
-        members = self.members(role)
+    def listed(self, role: str) -> tuple[Upstream, ...]:
+        """Every member of `role`, paired or not."""
+        return self.membership.role(role) if self.membership else ()
+
+    def pick(self, role: str, tried: set[str], layout: str | None = None) -> Upstream | None:
+        """The member of `role` (on `layout` when given) with the fewest requests in flight,
+        preferring members not yet `tried` for this request and, among those, members not resting;
+        ties go round robin. None: the role has no such member."""
+        members = self.members(role, layout)
         fresh = [u for u in members if u.name not in tried] or list(members)
         if not fresh:
             return None

@@ -6,6 +6,10 @@ event or a gate changes one ConfigMap and restarts nothing that carries requests
 the content, so the operator can tell from `STATE_PATH` (what each proxy pod answers there: the
 version it routes by, and per upstream what it still carries) when a pod follows a new document
 and when a departed instance no longer serves anything.
+
+Each upstream carries the kv-layout hash its pods run (spec/layout.py): during a rollout that
+changes the layout, old and new instances are members at once, and the proxy pairs a prefill only
+with a decode of the same layout (balancer.py).
 """
 
 from __future__ import annotations
@@ -31,10 +35,14 @@ class Upstream:
     """The instance name, e.g. `glm-flash-decode-1` (its StatefulSet)."""
     url: str
     """`http://<leader pod DNS>:<serving port>`."""
+    layout: str = ""
+    """The kv-layout hash of its pods; prefill and decode pair only when equal (empty pairs with empty:
+    a document without layouts)."""
 
 
 def _entries(upstreams: list[Upstream]) -> list[dict[str, str]]:
-    return [{"name": u.name, "url": u.url.rstrip("/")} for u in sorted(upstreams, key=lambda u: u.name)]
+    return [{"name": u.name, "url": u.url.rstrip("/"), **({"layout": u.layout} if u.layout else {})}
+            for u in sorted(upstreams, key=lambda u: u.name)]
 
 
 def _version(lists: dict[str, list[dict[str, str]]]) -> str:
@@ -59,6 +67,13 @@ class Membership:
     def role(self, role: str) -> tuple[Upstream, ...]:
         return self.prefill if role == "prefill" else self.decode
 
+    def pairable(self, role: str, layout: str | None = None) -> tuple[Upstream, ...]:
+        """Members of `role` with a member of the other role on their KV layout (and on `layout`
+        when given): the only ones a request may use."""
+        other = {u.layout for u in self.role("decode" if role == "prefill" else "prefill")}
+        return tuple(u for u in self.role(role)
+                     if u.layout in other and (layout is None or u.layout == layout))
+
     def names(self) -> dict[str, str]:
         """Member name -> its role."""
         return {u.name: role for role in ROLES for u in self.role(role)}
@@ -72,7 +87,10 @@ def _upstream(obj: Any, path: str) -> Upstream:
         raise ValueError(f"{path}.name: a non-empty string, not {name!r}")
     if not isinstance(url, str) or not _http(url):
         raise ValueError(f"{path}.url: an http(s)://host:port URL, not {url!r}")
-    return Upstream(name, url.rstrip("/"))
+    layout = obj.get("layout", "")
+    if not isinstance(layout, str):
+        raise ValueError(f"{path}.layout: a string, not {layout!r}")
+    return Upstream(name, url.rstrip("/"), layout)
 
 
 def _http(url: str) -> bool:

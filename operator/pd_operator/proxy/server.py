@@ -486,7 +486,7 @@ class Proxy:
             awaiting = self.balancer.awaiting_decode(upstream)
             try:
                 return await self._decode(request, path, decode_request(body, answer), headers,
-                                          cached_tokens(answer), awaiting, decode)
+                                          cached_tokens(answer), awaiting, decode, upstream.layout)
             except Reprefill as failed:
                 if decode.spent or prefills >= self.limits.max_prefills:
                     return failed.answer
@@ -513,8 +513,9 @@ class Proxy:
         return await self._with_retries("prefill", call, (*UPSTREAM_ERRORS, ValueError))
 
     async def _decode(self, request: web.Request, path: str, body: dict, headers: dict[str, str],
-                      cached: int, awaiting: Awaiting, tries: Tries) -> web.StreamResponse:
-        """Decode's answer, from a member not in `tries` yet while there is one. Raises Reprefill."""
+                      cached: int, awaiting: Awaiting, tries: Tries, layout: str) -> web.StreamResponse:
+        """Decode's answer, from a member on the prefill's KV `layout` not in `tries` yet while there
+        is one. Raises Reprefill."""
         stream = bool(body.get("stream", False))
         limits = self.limits
         timeout = aiohttp.ClientTimeout(sock_connect=self.connect_timeout, sock_read=(
@@ -556,11 +557,11 @@ class Proxy:
                 raise
             except UPSTREAM_ERRORS as err:  # the request went out (or may have): decode may have pulled
                 raise again(err) from err
-        return await self._with_retries("decode", call, NOT_DELIVERED, tries)
+        return await self._with_retries("decode", call, NOT_DELIVERED, tries, layout)
 
     async def _with_retries(self, role: str, call: Callable[[Upstream], Awaitable[Result | ErrorAnswer]],
-                            retry_on: tuple[type[Exception], ...], tries: Tries | None = None
-                            ) -> Result | web.Response:
+                            retry_on: tuple[type[Exception], ...], tries: Tries | None = None,
+                            layout: str | None = None) -> Result | web.Response:
         """Run `call` on members of `role` until it gives a result or a 4xx, while `tries` (by default
         `self.attempts` for this call alone) has attempts left. Each attempt goes to a member not
         tried yet (once every member was, after a doubling delay) and counts as in flight on it; a
@@ -570,7 +571,7 @@ class Proxy:
         tries = tries or Tries(self.attempts)
         last = error(503, f"no {role} instance to route to", "no_upstream")
         while not tries.spent:
-            upstream = self.balancer.pick(role, tries.members)
+            upstream = self.balancer.pick(role, tries.members, layout)
             if upstream is None:
                 break
             if upstream.name in tries.members:  # every member failed once: back off
@@ -663,7 +664,7 @@ class Proxy:
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         failures = []
         for role in ROLES:
-            for upstream in self.balancer.members(role):
+            for upstream in self.balancer.listed(role):
                 try:
                     timeout = aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
                     async with self.session.post(upstream.url + RESET_PATH, params=dict(request.query),
@@ -677,7 +678,8 @@ class Proxy:
         return web.json_response({"failed": failures}, status=500) if failures else web.Response()
 
     async def healthcheck(self, request: web.Request) -> web.Response:
-        """200 only with at least one prefill and one decode member (the readiness probe)."""
+        """200 only with at least one prefill and one decode member of one KV layout (the readiness
+        probe)."""
         counts = {role: len(self.balancer.members(role)) for role in ROLES}
         ok = all(counts.values())
         return web.json_response({"status": "ok" if ok else "no upstreams", "version": self.balancer.version,

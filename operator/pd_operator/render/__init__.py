@@ -12,6 +12,7 @@ Owner references are left to the controller, which adopts what it applies.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from pd_operator.api.types import ROLES
 from pd_operator.render import proxy, scheduling, serving_config
@@ -30,12 +31,13 @@ from pd_operator.spec.validate import Resolved
 __all__ = ["Routable", "render"]
 
 
-def render(ctx: Resolved, routable: Routable | None = None, operator_namespace: str = OPERATOR_NAMESPACE
-           ) -> list[dict]:
+def render(ctx: Resolved, routable: Routable | None = None, operator_namespace: str = OPERATOR_NAMESPACE,
+           surge: Mapping[str, int] | None = None) -> list[dict]:
     """`routable`: the instances the proxy's membership lists (controller/gate.py); None: every one.
-    `operator_namespace`: the only namespace the proxy's admin port admits (render/policy.py)."""
+    `operator_namespace`: the only namespace the proxy's admin port admits (render/policy.py).
+    `surge`: per role, extra instances a rollout runs on the current template (controller/rollout.py)."""
     proxy_on = ctx.deployment.spec.proxy.enabled
-    instances = ctx.instances()
+    instances = ctx.instances(surge)
     out: list[dict] = [pd_role(ctx, role) for role in ROLES]
     out.append(serving_config.config_map(ctx))
     if proxy_on:

@@ -13,7 +13,8 @@ Why the proxy's prefill members rather than every prefill instance of the spec: 
 a scale-up adds takes minutes to load; were it a peer at once, every decode gate would fail its
 next round and every decode instance would leave the proxy until the new prefill served. The gate
 reads the proxy's membership ConfigMap (render/proxy.py), which lists a prefill instance once all
-its pods are Ready, so a decode instance links exactly the prefill instances it can be paired with.
+its pods are Ready, so a decode instance links exactly the prefill instances it can be paired with:
+those on its own KV layout (`--layout`; a rollout that changes the layout lists both for a while).
 Without the proxy (spec.proxy.enabled false) the gate links every prefill instance of the spec.
 """
 
@@ -38,7 +39,8 @@ def probe_argv(ctx: Resolved, role: str) -> list[str]:
     common = ["--config", serving_config.PAIRING_PATH, "--port", str(PROBE_PORT)]
     if role == "prefill":
         return [PROBE_COMMAND, "serve", *common]
-    members = ["--membership", f"{MOUNT_DIR}/{KEY}"] if _gated_by_membership(ctx, role) else []
+    members = (["--membership", f"{MOUNT_DIR}/{KEY}", "--layout", ctx.layout_hash]
+               if _gated_by_membership(ctx, role) else [])
     return [PROBE_COMMAND, "gate", *common, *members, "--every", str(GATE_PERIOD)]
 
 

@@ -29,20 +29,28 @@ ADMIN_PORT_NAME = "admin"
 VOLUME = "membership"
 
 
-def upstream(ctx: Resolved, role: str, index: int) -> Upstream:
-    """An instance as the proxy reaches it: its leader pod's stable DNS name and serving port."""
+def upstream(ctx: Resolved, role: str, index: int, layout: str) -> Upstream:
+    """An instance as the proxy reaches it: its leader pod's stable DNS name and serving port, and the
+    KV layout its pods run."""
     return Upstream(ctx.names.instance(role, index),
-                    f"http://{ctx.names.pod_host(role, index, 0)}:{ctx.deployment.spec.serving_port}")
+                    f"http://{ctx.names.pod_host(role, index, 0)}:{ctx.deployment.spec.serving_port}", layout)
 
 
-Routable = dict[str, set[int]]
-"""Per role, the indexes of the instances the proxy may route to."""
+Routable = dict[str, dict[int, str]]
+"""Per role, the indexes of the instances the proxy may route to, each with the kv-layout hash its
+pods run (a rollout that changes the layout has both for a while)."""
+
+
+def every_instance(ctx: Resolved) -> Routable:
+    """Every instance of both roles, on the wanted layout."""
+    return {role: dict.fromkeys(range(n), ctx.layout_hash) for role, n in ctx.replicas().items()}
 
 
 def membership_document(ctx: Resolved, routable: Routable | None = None) -> dict:
     """The membership listing `routable` (None: every instance of both roles)."""
-    wanted = routable if routable is not None else {role: set(range(n)) for role, n in ctx.replicas().items()}
-    return membership.document(*([upstream(ctx, role, i) for i in sorted(wanted[role])] for role in ROLES))
+    wanted = routable if routable is not None else every_instance(ctx)
+    lists = ([upstream(ctx, role, i, layout) for i, layout in sorted(wanted[role].items())] for role in ROLES)
+    return membership.document(*lists)
 
 
 def membership_version(ctx: Resolved, routable: Routable | None = None) -> str:

@@ -4,10 +4,19 @@ Why a StatefulSet per instance rather than a LeaderWorkerSet: no extra CRD has t
 next to the operator, pods get stable DNS names (the DP leader address) from the headless
 Service, and the operator restarts a multi-pod group itself, so one pod's restart does not have
 to recreate the whole group the way LWS's RecreateGroupOnPodRestart does (facts.md section 7).
+
+The StatefulSets update `OnDelete`: a new template reaches no running pod by itself. The rollout
+(controller/rollout.py) decides which instance moves when, drains it, and deletes its pods; the
+StatefulSet controller recreates them from the new template. Each pod carries its template's
+revision (a hash of the role's template) so the rollout can tell old instances from new ones.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+
+from pd_operator.api.labels import REVISION
 from pd_operator.render.labels import metadata, selector
 from pd_operator.render.pod import pod_template
 from pd_operator.spec.validate import Resolved
@@ -25,8 +34,20 @@ def headless_service(ctx: Resolved, role: str, index: int) -> dict:
                                 "targetPort": "http", "protocol": "TCP"}]}}
 
 
+REVISION_CHARS = 10
+
+
+def revision(ctx: Resolved, role: str) -> str:
+    """The role's pod-template revision: the hash of its template (instance 0's; the others differ
+    only by their ordinal), so any change a pod would see gives a new one and a scale gives none."""
+    text = json.dumps(pod_template(ctx, role, 0), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:REVISION_CHARS]
+
+
 def stateful_set(ctx: Resolved, role: str, index: int) -> dict:
     name = ctx.names.instance(role, index)
+    template = pod_template(ctx, role, index)
+    template["metadata"]["labels"][REVISION] = revision(ctx, role)
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": metadata(ctx, name, role, index),
             "spec": {"serviceName": name,
@@ -34,5 +55,6 @@ def stateful_set(ctx: Resolved, role: str, index: int) -> dict:
                      # All ranks of an engine start together; ordered start would deadlock the
                      # leader waiting for ranks that are not created yet.
                      "podManagementPolicy": "Parallel",
+                     "updateStrategy": {"type": "OnDelete"},
                      "selector": {"matchLabels": selector(ctx, role, index)},
-                     "template": pod_template(ctx, role, index)}}
+                     "template": template}}

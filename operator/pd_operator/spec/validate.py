@@ -70,9 +70,11 @@ class Resolved:
     def engine_block_size(self, role: str) -> int:
         return self.layouts[role].engine_block_size
 
-    def instances(self) -> list[tuple[str, int]]:
-        """(role, index) of every engine instance, prefill first."""
-        return [(role, i) for role in ROLES for i in range(self.role(role).replicas)]
+    def instances(self, surge: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
+        """(role, index) of every engine instance, prefill first, with `surge` extra ones per role (a
+        rollout's, controller/rollout.py)."""
+        extra = surge or {}
+        return [(role, i) for role in ROLES for i in range(self.role(role).replicas + extra.get(role, 0))]
 
     def pull_secrets(self) -> dict:
         """The pod spec's imagePullSecrets entry, or nothing."""

@@ -373,14 +373,16 @@ def prefill_peers(doc: Any) -> list[str]:
     return [f"{names.pod_host('prefill', i, 0)}:{PROBE_PORT}" for i in range(replicas)]
 
 
-def membership_peers(path: str) -> list[str]:
+def membership_peers(path: str, layout: str | None = None) -> list[str]:
     """The probe endpoint of every prefill instance the proxy's membership file lists (the hosts
-    of its upstream URLs: the instances' leader pods)."""
+    of its upstream URLs: the instances' leader pods); with `layout`, only those on that KV layout
+    (the proxy pairs no others with this decode instance)."""
     try:
         members = parse_document(read_manifest(path))
     except ValueError as err:
         raise InputError(f"{path}: {err}") from None
-    return [f"{urlsplit(u.url).hostname}:{PROBE_PORT}" for u in members.prefill]
+    return [f"{urlsplit(u.url).hostname}:{PROBE_PORT}" for u in members.prefill
+            if layout is None or u.layout == layout]
 
 
 def gate_round(checker: Checker | None, peers: list[str], timeout: float, error: str | None = None) -> dict:
@@ -413,7 +415,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
             except EngineError as err:  # stay up and not ready: a restart would restart the group
                 error = str(err)
         try:
-            peers = args.peer or (membership_peers(args.membership) if args.membership
+            peers = args.peer or (membership_peers(args.membership, args.layout) if args.membership
                                   else prefill_peers(read_manifest(args.config)))
         except InputError as err:  # the mounted config is replaced in place; keep the last peers
             peers, error = [], str(err)
@@ -465,6 +467,8 @@ def parser() -> argparse.ArgumentParser:
                            "instance --membership lists, else every one of --config")
     gate.add_argument("--membership", help="the proxy's membership file (re-read every round): link the "
                                            "prefill instances it routes to")
+    gate.add_argument("--layout", help="this pod's kv-layout hash: link only the --membership prefill "
+                                       "instances on it")
     gate.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a descriptor")
     gate.set_defaults(func=cmd_gate)
     return top

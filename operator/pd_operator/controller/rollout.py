@@ -1,0 +1,237 @@
+"""The rollout planner: which instances leave the proxy to be replaced by the new pod template, and
+how many extra instances run meanwhile. Pure: it takes what the reconcile observed and returns
+the next step; the reconcile drains, deletes pods and writes the membership.
+
+Why a planner: each instance is its own StatefulSet, updated `OnDelete` (render/workloads.py), so a
+new template reaches a running engine only when the operator deletes its pods. Deleting them all
+at once is an outage per deploy (every engine reloads its weights), so instances move a few at a
+time, by the same path as a scale-down: out of the membership, drained (controller/drain.py), pods
+deleted, back in once every pod is Ready on the new template (decode: once its KV link passes;
+controller/gate.py). The model is the planner of kubernetes-sigs/lws
+(pkg/controllers/disaggregatedset/ @ main): numbers and the next step from observed state, and an
+exhaustive walk over small shapes in its tests (tests/controller/test_rollout_walk.py).
+
+The rule, per role (`spec.<role>.rollout`, named as Deployments and StatefulSets name them):
+- up to `maxSurge` extra instances (ordinals from `replicas` on) run the new template while
+  outdated instances remain, and leave (drained, as a scale-down) when none does;
+- an outdated instance at or above `partition` may leave when, after it left, every role still has
+  at least `replicas - maxUnavailable` instances serving, and no role has fewer than before. An
+  instance serves when it is Ready, not leaving, and the other role has a serving candidate on its
+  KV layout: a new image or block size gives new instances another kv-layout hash, and the proxy
+  pairs prefill and decode only within one layout (proxy/membership.py), so an old prefill whose
+  old decodes are all gone serves nothing. Counting that keeps a compatible pair serving through a
+  layout change, or holds the rollout (`blocked`) when no order can, saying what to raise.
+- instances not Ready leave first (they serve nothing); then the role further behind, highest
+  ordinal first (as a StatefulSet rolls).
+- `paused`, or a passed progress deadline (`halted`), takes no further instance out; those already
+  leaving finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from pd_operator.api.types import ROLES as _ROLES
+
+ROLES: tuple[str, ...] = _ROLES
+
+Key = tuple[str, int]
+"""(role, index)."""
+
+
+def other(role: str) -> str:
+    return "decode" if role == "prefill" else "prefill"
+
+
+@dataclass(frozen=True)
+class InstanceState:
+    updated: bool
+    """Every pod it has runs the role's current revision (none yet: it is created from it)."""
+    ready: bool
+    """All its pods are Ready (decode: and its KV link passes): the proxy may list it."""
+    layout: str
+    """The kv-layout hash its pods run."""
+    leaving: bool = False
+    """It left the membership to be replaced and drains (status.draining)."""
+
+
+@dataclass(frozen=True)
+class RoleParams:
+    replicas: int
+    max_unavailable: int = 1
+    max_surge: int = 0
+    partition: int = 0
+    paused: bool = False
+    halted: bool = False
+    """The progress deadline passed."""
+
+    @property
+    def minimum(self) -> int:
+        """Instances that must keep serving."""
+        return max(0, self.replicas - self.max_unavailable)
+
+    @property
+    def moving(self) -> bool:
+        return not (self.paused or self.halted)
+
+
+State = Mapping[str, Mapping[int, InstanceState]]
+"""Per role, per index: every instance that exists (surge ones from `replicas` on). An index below
+`replicas` without an entry is an instance still to be created (from the current template)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    leave: frozenset[Key]
+    """Instances out of the membership that drain, then have their pods replaced: those already
+    leaving and those this step adds."""
+    instances: dict[str, int]
+    """Per role: how many instances to run (replicas plus surge)."""
+    serving: dict[str, int]
+    """Per role: instances serving once `leave` left."""
+    outdated: dict[str, int]
+    """Per role: instances at or above the partition not on the current revision yet."""
+    blocked: str | None = None
+    """Why no outdated instance can move although nothing is in progress (what to change)."""
+
+    def routable(self, state: State) -> dict[str, dict[int, str]]:
+        """What the proxy may list: Ready instances that stay, by index, with their layout."""
+        return {role: {i: s.layout for i, s in state.get(role, {}).items()
+                       if s.ready and (role, i) not in self.leave and i < self.instances[role]}
+                for role in ROLES}
+
+    @property
+    def complete(self) -> bool:
+        return not any(self.outdated.values()) and not self.leave
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The rollout as this reconcile sees it: the plan, what it was made from, and its clock."""
+
+    plan: Plan
+    state: dict[str, dict[int, InstanceState]]
+    params: dict[str, RoleParams]
+    since: datetime | None
+    """When it last progressed (None: no rollout under way)."""
+    deadline: dict[str, int]
+    """Per role: spec.<role>.rollout.progressDeadlineSeconds as it applies."""
+
+
+def serving(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> dict[str, int]:
+    """Per role: instances that are Ready, stay, and have a partner of the other role on their
+    layout."""
+    up = {role: {i: s.layout for i, s in state.get(role, {}).items()
+                 if s.ready and i < counts[role] and (role, i) not in leave}
+          for role in ROLES}
+    return {role: sum(1 for layout in up[role].values() if layout in set(up[other(role)].values()))
+            for role in ROLES}
+
+
+def _outdated(params: RoleParams, instances: Mapping[int, InstanceState]) -> list[int]:
+    return [i for i in range(params.partition, params.replicas)
+            if i in instances and not instances[i].updated]
+
+
+def _surge(params: RoleParams, instances: Mapping[int, InstanceState], outdated: int) -> int:
+    """Extra instances to run: while outdated ones remain (and it moves), up to maxSurge; after that
+    (or paused) only those already running, while an instance they stand in for is not Ready yet,
+    so their leaving never takes serving below what it was."""
+    running = sum(1 for i in instances if i >= params.replicas)
+    need = outdated + sum(1 for i in range(params.replicas) if i not in instances or not instances[i].ready)
+    if outdated and params.moving:
+        return min(params.max_surge, need)
+    return min(running, params.max_surge, need)
+
+
+def _stranded(params: Mapping[str, RoleParams], state: State, layout: str) -> list[str]:
+    """Roles whose new instances would run a KV layout (`layout`, the current template's) that no
+    instance of the other role runs or will run: its partition keeps all of it on an old one."""
+    return [role for role in ROLES
+            if params[other(role)].partition >= params[other(role)].replicas
+            and all(s.layout != layout for s in state.get(other(role), {}).values())]
+
+
+def plan(params: Mapping[str, RoleParams], state: State, layout: str) -> Plan:
+    """The next step. `layout`: the kv-layout hash of the current template."""
+    outdated = {role: _outdated(params[role], state.get(role, {})) for role in ROLES}
+    stranded = _stranded(params, state, layout)
+    counts = {role: params[role].replicas + _surge(params[role], state.get(role, {}), len(outdated[role]))
+              for role in ROLES}
+    leave = frozenset((role, i) for role in ROLES for i in outdated[role] if state[role][i].leaving)
+    now = serving(state, counts, leave)
+
+    def allowed(trial: frozenset[Key]) -> bool:
+        after = serving(state, counts, trial)
+        return all(after[r] >= now[r] or after[r] >= params[r].minimum for r in ROLES)
+
+    def order(key: Key) -> tuple:
+        role, index = key
+        done = params[role].replicas - len(outdated[role])
+        return (state[role][index].ready, done / max(params[role].replicas, 1), -index, role)
+
+    candidates = sorted(((role, i) for role in ROLES if params[role].moving and role not in stranded
+                         for i in outdated[role] if (role, i) not in leave), key=order)
+    for key in candidates:  # each accepted one lowers `now` only where it stays above the minimum
+        if allowed(leave | {key}):
+            leave |= {key}
+            now = serving(state, counts, leave)
+    return Plan(leave, counts, now, {role: len(outdated[role]) for role in ROLES},
+                _blocked(params, state, counts, outdated, leave, stranded))
+
+
+def _pending(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> bool:
+    """Whether something will change without another instance leaving: an instance to be created,
+    a new one loading (a decode one only once a prefill instance of its layout serves or loads:
+    its KV link needs one)."""
+    prefill_layouts = {s.layout for i, s in state.get("prefill", {}).items()
+                       if i < counts["prefill"] and ("prefill", i) not in leave and (s.ready or s.updated)}
+    for role in ROLES:
+        have = state.get(role, {})
+        for i in range(counts[role]):
+            if i not in have:
+                return True
+            s = have[i]
+            if s.updated and not s.ready and (role == "prefill" or s.layout in prefill_layouts):
+                return True
+    return False
+
+
+def _blocked(params: Mapping[str, RoleParams], state: State, counts: Mapping[str, int],
+             outdated: Mapping[str, list[int]], leave: frozenset[Key], stranded: list[str]) -> str | None:
+    """Nothing moves and nothing is on its way, yet instances wait to move: no order keeps enough
+    serving. Say what to change."""
+    waiting = [role for role in ROLES if outdated[role] and params[role].moving]
+    for role in stranded:
+        if role in waiting:
+            return (f"The new {role} template changes the KV layout, and "
+                    f"spec.{other(role)}.rollout.partition keeps every {other(role)} instance on the old "
+                    f"one: new {role} instances could pair with none. Lower "
+                    f"spec.{other(role)}.rollout.partition, or return spec.{role} to the old template.")
+    if not waiting or leave or _pending(state, counts, leave):
+        return None
+    roles = " and ".join(waiting)
+    return (f"No outdated {roles} instance can leave while each role keeps replicas - maxUnavailable "
+            "instances serving: a prefill instance serves only with a decode instance of its KV layout "
+            "and the other way round (a new image or block size is a new layout, and a role of one "
+            "instance has no other to serve meanwhile). Set spec.prefill.rollout.maxSurge and "
+            "spec.decode.rollout.maxSurge to 1 (new instances come up first), or raise maxUnavailable.")
+
+
+def outdated(params: Mapping[str, RoleParams], state: State) -> dict[str, int]:
+    """Per role: instances at or above the partition still to move to the current revision."""
+    return {role: len(_outdated(params[role], state.get(role, {}))) for role in ROLES}
+
+
+def progressed_at(previous: datetime | None, figures_then: Mapping[str, tuple[int, int]] | None,
+                  figures: Mapping[str, tuple[int, int]], active: bool, now: datetime) -> datetime | None:
+    """When the rollout last progressed: `now` when it starts or its figures (per role: instances
+    updated, instances ready) changed since the last status, else `previous`; None when no rollout
+    is under way. What the progress deadline counts from (Deployments count the same way)."""
+    if not active:
+        return None
+    if previous is None or figures_then is None or dict(figures_then) != dict(figures):
+        return now
+    return previous

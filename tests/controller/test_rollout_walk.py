@@ -1,0 +1,230 @@
+"""The rollout planner (controller/rollout.py) walked exhaustively over small shapes, as
+kubernetes-sigs/lws tests its disaggregated-set planner (pkg/controllers/disaggregatedset/ @ main).
+
+Two checks:
+- every combination of instance states (updated or not, Ready or not, leaving or not) for 1..3
+  prefill and 1..3 decode instances, with every rollout setting: one planning step never takes a
+  role below `replicas - maxUnavailable` serving (nor lower than it already was), only moves
+  outdated instances at or above the partition, and moves none while paused or halted;
+- from every shape and setting, every interleaving of what the cluster does next (a leaving
+  instance drained and replaced, a new instance Ready, a surge instance gone), with a new KV layout
+  and without: every reachable state keeps `replicas - maxUnavailable` serving per role and pairs
+  prefill and decode only within one layout; the walk always ends, and it ends with every
+  instance at or above the partition updated, Ready and no surge left, unless the planner said
+  `blocked` (only possible when the layout changes without surge).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from pd_operator.api.types import ROLES
+from pd_operator.controller.rollout import InstanceState, Plan, RoleParams, other, plan, serving
+
+OLD, NEW = "old-layout", "new-layout"
+SETTINGS = [(mu, ms) for mu in (0, 1, 2) for ms in (0, 1) if mu or ms]
+"""(maxUnavailable, maxSurge): both 0 is refused by the API."""
+
+Frozen = tuple[tuple[tuple[int, InstanceState], ...], ...]
+
+
+def freeze(state: dict[str, dict[int, InstanceState]]) -> Frozen:
+    return tuple(tuple(sorted(state[role].items())) for role in ROLES)
+
+
+def thaw(frozen: Frozen) -> dict[str, dict[int, InstanceState]]:
+    return {role: dict(items) for role, items in zip(ROLES, frozen, strict=True)}
+
+
+def params_for(p: int, d: int, mu: int, ms: int, partition: int = 0, **flags: bool) -> dict[str, RoleParams]:
+    return {role: RoleParams(n, mu, ms, partition, **flags) for role, n in (("prefill", p), ("decode", d))}
+
+
+def apply(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], new: str
+          ) -> tuple[dict[str, dict[int, InstanceState]], Plan]:
+    """What reconciles do with plans until one changes nothing: members a plan names leave
+    (drain), surge instances it wants are created from the new template."""
+    while True:
+        step = plan(params, state, new)
+        out = {role: {i: replace(s, leaving=(role, i) in step.leave) for i, s in state[role].items()}
+               for role in ROLES}
+        for role in ROLES:
+            for i in range(params[role].replicas, step.instances[role]):
+                out[role].setdefault(i, InstanceState(updated=True, ready=False, layout=new))
+        if out == state:
+            return state, step
+        state = out
+
+
+def events(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], step: Plan,
+           new: str) -> Iterator[dict[str, dict[int, InstanceState]]]:
+    """Every next state the cluster can move to."""
+    routable = step.routable(state)
+    for role in ROLES:
+        for i, s in state[role].items():
+            if s.leaving:  # drained: its pods are replaced from the new template
+                yield {**state, role: {**state[role], i: InstanceState(True, False, new)}}
+            # A decode instance's KV link needs a listed prefill instance of its layout.
+            elif s.updated and not s.ready and (role == "prefill"
+                                                or s.layout in routable["prefill"].values()):
+                yield {**state, role: {**state[role], i: replace(s, ready=True)}}
+            if i >= step.instances[role]:  # a surge instance the plan no longer wants drained away
+                yield {**state, role: {k: v for k, v in state[role].items() if k != i}}
+
+
+def check_invariants(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]],
+                     step: Plan) -> None:
+    counts = step.instances
+    now = serving(state, counts, step.leave)
+    for role in ROLES:
+        assert now[role] >= params[role].minimum, (role, state, step)
+    # Every routable prefill/decode pair the proxy could form shares a layout: the proxy pairs by
+    # the layout each member carries; check that what it is given carries the pods' own layout.
+    routable = step.routable(state)
+    for role in ROLES:
+        for i, layout in routable[role].items():
+            assert state[role][i].layout == layout and state[role][i].ready
+
+
+def walk(params: dict[str, RoleParams], new: str) -> tuple[int, set[str]]:
+    """(states visited, blocked messages at the ends) from every instance old and Ready."""
+    start = {role: {i: InstanceState(False, True, OLD) for i in range(params[role].replicas)}
+             for role in ROLES}
+    seen: set[Frozen] = set()
+    todo = [start]
+    blocked: set[str] = set()
+    while todo:
+        state, step = apply(params, todo.pop(), new)
+        key = freeze(state)
+        if key in seen:
+            continue
+        seen.add(key)
+        check_invariants(params, state, step)
+        nexts = list(events(params, state, step, new))
+        if not nexts:  # the end: done, or the planner says why not
+            if step.blocked:
+                blocked.add(step.blocked)
+            else:
+                below = {role: params[role].partition for role in ROLES}
+                assert step.complete, (params, state)
+                for role in ROLES:
+                    assert set(state[role]) == set(range(params[role].replicas))
+                    for i, s in state[role].items():
+                        assert s.ready and s.updated == (i >= below[role]), (role, i, state)
+        todo.extend(nexts)
+    return len(seen), blocked
+
+
+SHAPES = [(p, d) for p in (1, 2, 3) for d in (1, 2, 3)]
+
+
+def must_finish(p: int, d: int, mu: int, ms: int, partition: int, layout_change: bool) -> bool | None:
+    """Whether the rollout can always finish (None: it depends on the order things come up in).
+    With surge a new instance comes up first. Without: a role of one instance leaves nothing of
+    itself serving, and so nothing of the other role either; with a new layout old and new never
+    pair, so whether a pair keeps serving depends on the counts."""
+    if ms >= 1:
+        return True
+    if layout_change:
+        return None
+    return partition > 0 or not ((p == 1 and d - mu > 0) or (d == 1 and p - mu > 0))
+
+
+@pytest.mark.parametrize("p,d", SHAPES)
+@pytest.mark.parametrize("layout_change", [False, True])
+def test_walk_keeps_serving_and_ends_updated(p: int, d: int, layout_change: bool) -> None:
+    new = NEW if layout_change else OLD
+    for (mu, ms), partition in itertools.product(SETTINGS, (0, 1)):
+        params = params_for(p, d, mu, ms, partition)
+        visited, blocked = walk(params, new)
+        assert visited > 1 or blocked or partition >= max(p, d)  # something moved, unless it may not
+        finish = must_finish(p, d, mu, ms, partition, layout_change)
+        held = layout_change and partition >= min(p, d)  # one role kept whole on the old layout
+        if held:
+            assert all("partition" in b for b in blocked), blocked
+            continue
+        if finish is True or partition >= max(p, d):
+            assert not blocked, (p, d, mu, ms, partition, blocked)
+        elif finish is False:
+            assert blocked, (p, d, mu, ms, partition)
+        assert all("maxSurge" in b for b in blocked)
+
+
+def test_the_issue_shape_rolls_a_new_image_with_defaults() -> None:
+    """2 prefill + 2 decode, defaults (1 unavailable, no surge), a new image (so a new layout)."""
+    _, blocked = walk(params_for(2, 2, 1, 0), NEW)
+    assert not blocked
+
+
+def test_one_decode_and_a_new_layout_without_surge_is_held_with_advice() -> None:
+    """3 prefill + 1 decode, no surge: the single decode cannot leave while old prefill instances
+    must serve, and no old prefill can pair with a new decode. The walk holds rather than breaking
+    the minimum, and says to surge."""
+    _, blocked = walk(params_for(3, 1, 1, 0), NEW)
+    assert blocked and all("maxSurge" in b for b in blocked)
+
+
+STATES = [InstanceState(u, r, NEW if u else OLD, leaving) for u in (False, True) for r in (False, True)
+          for leaving in (False, True) if not (u and leaving)]
+"""One instance's possible states (an updated instance no longer leaves: it was replaced)."""
+
+
+def check_step(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]]) -> None:
+    step = plan(params, state, NEW)
+    partition = {role: params[role].partition for role in ROLES}
+    committed = frozenset((role, i) for role in ROLES for i, s in state[role].items()
+                          if s.leaving and not s.updated and i >= partition[role])
+    before = serving(state, step.instances, committed)
+    after = serving(state, step.instances, step.leave)
+    for role in ROLES:
+        assert after[role] >= min(before[role], params[role].minimum), (role, state, step)
+    for role, i in step.leave:
+        assert not state[role][i].updated and i >= partition[role]
+    if params["prefill"].paused:
+        assert step.leave == committed
+
+
+def role_states(n: int, ordered: bool) -> Iterator[dict[int, InstanceState]]:
+    pick = (itertools.product(STATES, repeat=n) if ordered
+            else itertools.combinations_with_replacement(STATES, n))
+    return (dict(enumerate(combo)) for combo in pick)
+
+
+@pytest.mark.parametrize("p,d", SHAPES)
+def test_one_step_from_any_state(p: int, d: int) -> None:
+    """From every combination of instance states, one plan never lowers a role's serving below
+    its minimum (or below what it was), and moves only what it may. Without a partition the
+    ordinals do not matter to that, so each role's states are taken as a multiset; with one, every
+    ordering (of the smaller shapes)."""
+    for pre, dec in itertools.product(role_states(p, False), role_states(d, False)):
+        state = {"prefill": pre, "decode": dec}
+        for (mu, ms), paused in itertools.product(SETTINGS, (False, True)):
+            check_step(params_for(p, d, mu, ms, paused=paused), state)
+    if p + d > 5:
+        return
+    for pre, dec in itertools.product(role_states(p, True), role_states(d, True)):
+        for mu, ms in SETTINGS:
+            check_step(params_for(p, d, mu, ms, partition=1), {"prefill": pre, "decode": dec})
+
+
+def test_serving_counts_only_paired_layouts() -> None:
+    state = {"prefill": {0: InstanceState(False, True, OLD), 1: InstanceState(True, True, NEW)},
+             "decode": {0: InstanceState(True, True, NEW)}}
+    assert serving(state, {"prefill": 2, "decode": 1}, frozenset()) == {"prefill": 1, "decode": 1}
+    assert other("prefill") == "decode"
+
+
+def test_halted_moves_nothing_new_and_keeps_surge() -> None:
+    """A passed progress deadline: no instance leaves that was not leaving, surge instances that
+    run stay (they serve in place of the stuck one)."""
+    state = {"prefill": {0: InstanceState(False, True, OLD), 1: InstanceState(True, False, NEW),
+                         2: InstanceState(True, True, NEW)},
+             "decode": {0: InstanceState(False, True, OLD), 1: InstanceState(False, True, OLD)}}
+    params = params_for(2, 2, 1, 1, halted=True)
+    step = plan(params, state, NEW)
+    assert step.leave == frozenset() and step.instances["prefill"] == 3
+    assert not step.complete and step.blocked is None
