@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from pd_operator.controller.links import link_status, linked_instances, parse_round
+from pd_operator.controller.links import link_status, parse_round
 from pd_operator.render import render
 from support.controller_fakes import (
     desired,
@@ -36,9 +36,7 @@ def _decode_down(pods: list[dict], *indices: int) -> list[dict]:
 def test_a_decode_instance_without_a_link_leaves_the_proxy():
     v = validated(decode__replicas=2)
     pods = _decode_down(pods_of(desired(v)), 1)
-    assert linked_instances(pods, 1, 2) == {0}
-    out, rolling = gated(v, pods)
-    assert not rolling
+    out = gated(v, pods)
     assert routed_names(out, "decode") == ["glm-flash-decode-0"]
     assert proxy_membership(out).decode[0].url == "http://glm-flash-decode-0-0.glm-flash-decode-0.default.svc:8000"
     assert routed_names(out, "prefill") == ["glm-flash-prefill-0"]  # prefill is not gated by decode links
@@ -48,18 +46,17 @@ def test_a_decode_instance_without_a_link_leaves_the_proxy():
 def test_no_linked_decode_instance_empties_decode_and_a_working_one_brings_it_back():
     v = validated()
     pods = pods_of(desired(v))
-    out, _ = gated(v, _decode_down(pods, 0))
+    out = gated(v, _decode_down(pods, 0))
     assert routed_names(out, "decode") == []
     gated_only_the_membership(v, out)
-    out, _ = gated(v, pods)
+    out = gated(v, pods)
     assert out == render(v.resolved)
 
 
 def test_a_decode_pod_not_created_yet_is_not_routed_to():
     v = validated()
     pods = [p for p in pods_of(desired(v)) if "decode" not in p["metadata"]["name"]]
-    assert linked_instances(pods, 1, 1) == set()
-    assert routed_names(gated(v, pods)[0], "decode") == []
+    assert routed_names(gated(v, pods), "decode") == []
 
 
 def test_parse_round_takes_the_last_round_line():

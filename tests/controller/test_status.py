@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
+
 import pytest
 
 from pd_operator.api.conditions import TYPES
-from pd_operator.controller import gate
+from pd_operator.controller import gate, rollout
 from pd_operator.controller.restarts import Decision
 from pd_operator.controller.status import (
     Observed,
@@ -15,7 +18,7 @@ from pd_operator.controller.status import (
     status,
     transitions,
 )
-from support.controller_fakes import desired, link_down, pods_of, validated, with_status
+from support.controller_fakes import desired, link_down, pods_of, routable_of, validated, with_status
 from support.specs import example
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -46,8 +49,11 @@ def test_everything_ready_is_ready_and_complete():
     got = _by_type(st["conditions"])
     assert got["Ready"] == ("True", "Serving") and got["Progressing"] == ("False", "Complete")
     assert all(c["observedGeneration"] == 3 for c in st["conditions"])
-    assert st["prefill"] == {"desiredInstances": 1, "readyInstances": 1, "shape": "1xTP8"}
-    assert st["decode"] == {"desiredInstances": 1, "readyInstances": 1, "shape": "1xDP2xTP4"}
+    for role, shape_ in (("prefill", "1xTP8"), ("decode", "1xDP2xTP4")):
+        revision = st[role]["revision"]
+        assert st[role] == {"desiredInstances": 1, "readyInstances": 1, "updatedInstances": 1,
+                            "revision": revision, "shape": shape_,
+                            "instances": [{"name": f"glm-flash-{role}-0", "revision": revision, "ready": True}]}
     assert {k: st["kvLayout"][k] for k in ("prefillBlockSize", "decodeBlockSize", "segmentTokens")} == \
         {"prefillBlockSize": 640, "decodeBlockSize": 1152, "segmentTokens": 128}
     assert st["proxyEndpoint"] == "glm-flash-proxy.default.svc:8000"
@@ -65,10 +71,10 @@ def test_a_proxy_without_a_decode_instance_to_route_to_reports_no_upstreams():
     (its pods not Ready: /healthcheck fails without members) and ProxyReady says why."""
     v = validated()
     observed = _link_down(v)
-    routable, _ = gate.routable(v.resolved, observed.pods)
+    routable, _ = routable_of(v, observed.pods)
     children = with_status(desired(v), ready_replicas=0)
-    gated = Observed(children=children, pods=observed.pods, routable=routable)
-    got = {c["type"]: c for c in conditions(v, gated, [], 1, T0)}
+    listed = Observed(children=children, pods=observed.pods, routable=routable)
+    got = {c["type"]: c for c in conditions(v, listed, [], 1, T0)}
     assert (got["ProxyReady"]["status"], got["ProxyReady"]["reason"]) == ("False", "NoUpstreams")
     assert "no decode instance" in got["ProxyReady"]["message"]
     # Ungated (every instance listed), the same unready proxy is just not ready yet.
@@ -98,12 +104,17 @@ def test_kv_links_are_reported_as_computed():
     assert kept["kvLinks"] == links
 
 
-def test_pods_of_another_kv_layout_do_not_count_as_ready():
-    v = validated()
+def test_an_instance_whose_ranks_run_two_kv_layouts_is_not_ready():
+    v = validated(decode__npusPerNode=4)  # two pods per decode instance
     children = with_status(desired(v))
-    observed = Observed(children=children, pods=pods_of(children, layout="old"))
-    got = _by_type(conditions(v, observed, [], 1, T0))
-    assert got["PrefillReady"][0] == got["DecodeReady"][0] == "False"
+    pods = pods_of(children)
+    for p in pods:  # one rank replaced by a rollout, the other not yet
+        if p["metadata"]["name"] == "glm-flash-decode-0-1":
+            p["metadata"]["labels"] = {**p["metadata"]["labels"], "pd.serving.dev/kv-layout": "old"}
+    got = _by_type(conditions(v, Observed(children=children, pods=pods), [], 1, T0))
+    assert got["PrefillReady"][0] == "True" and got["DecodeReady"][0] == "False"
+    old = _by_type(conditions(v, Observed(children=children, pods=pods_of(children, layout="old")), [], 1, T0))
+    assert old["DecodeReady"][0] == "True"  # all on the old layout: it serves with prefill of that layout
 
 
 def test_a_missing_rank_keeps_a_multi_pod_instance_not_ready():
@@ -193,10 +204,53 @@ def test_degraded_reasons(observed, reason):
     assert got["Degraded"] == ("True", reason)
 
 
-def test_rolling_out_is_progressing():
-    v = validated()
-    got = _by_type(conditions(v, Observed(rolling=True), [], 1, T0))
-    assert got["Progressing"] == ("True", "RollingOut")
+def _rolling(v, *, paused: bool = False, halted: bool = False, blocked: str | None = None) -> Observed:
+    """prefill-1 of two still runs an old template; the rollout as the reconcile would see it."""
+    children = with_status(desired(v))
+    pods = pods_of(children)
+    for p in pods:
+        if p["metadata"]["name"].startswith("glm-flash-prefill-1"):
+            p["metadata"]["labels"] = {**p["metadata"]["labels"], "pd.serving.dev/revision": "old"}
+    state = gate.observe(v.resolved, pods, ())
+    params = {role: replace(p, paused=paused) for role, p in
+              rollout.params_of(v.resolved, {"prefill"} if halted else set()).items()}
+    step = rollout.plan(params, state, v.resolved.layout_hash)
+    step = replace(step, blocked=blocked) if blocked else step
+    since = datetime(2026, 1, 1, tzinfo=UTC)
+    moving = rollout.Rollout(step, state, params, since, {"prefill": 60, "decode": 60})
+    return Observed(children=children, pods=pods, rollout=moving)
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ({}, ("True", "RolloutInProgress")),
+    ({"paused": True}, ("Unknown", "RolloutPaused")),
+    ({"halted": True}, ("False", "ProgressDeadlineExceeded")),
+    ({"blocked": "No outdated prefill instance can leave"}, ("False", "RolloutBlocked")),
+])
+def test_a_rollout_is_progressing_and_says_how(flags, expected):
+    v = validated(prefill__replicas=2)
+    observed = _rolling(v, **flags)
+    got = {c["type"]: c for c in conditions(v, observed, [], 1, T0)}
+    assert (got["Progressing"]["status"], got["Progressing"]["reason"]) == expected
+    assert got["Ready"]["status"] == "True"  # the old and new instances serve meanwhile
+    assert "prefill 1 of 2" in got["Progressing"]["message"] or flags.get("blocked")
+
+
+def test_status_reports_each_instance_revision_and_the_updated_count():
+    v = validated(prefill__replicas=2)
+    observed = _rolling(v)
+    out = status(v, observed, {}, 3, T0)
+    assert out["prefill"]["updatedInstances"] == 1 and out["prefill"]["readyInstances"] == 2
+    assert {i["name"]: i["revision"] for i in out["prefill"]["instances"]} == {
+        "glm-flash-prefill-0": out["prefill"]["revision"], "glm-flash-prefill-1": "old"}
+    assert out["rolloutProgressTime"] == "2026-01-01T00:00:00Z"
+
+
+def test_a_stopped_rollout_posts_a_warning_event():
+    v = validated(prefill__replicas=2)
+    before = conditions(v, _rolling(v), [], 1, T0)
+    after = conditions(v, _rolling(v, halted=True), before, 1, T1)
+    assert [(t, r) for t, r, _ in transitions(before, after)] == [("Warning", "ProgressDeadlineExceeded")]
 
 
 @pytest.mark.parametrize(("changes", "expected"), [
@@ -228,7 +282,9 @@ def test_every_reason_the_status_gives_is_documented():
     v = validated()
     children = with_status(desired(v))
     scenarios = [
-        (v, Observed()), (v, _serving(v)), (v, Observed(rolling=True)),
+        (v, Observed()), (v, _serving(v)),
+        *((validated(prefill__replicas=2), _rolling(validated(prefill__replicas=2), **flags))
+          for flags in ({}, {"paused": True}, {"halted": True}, {"blocked": "held"})),
         (validated(prefill__replicas=0), Observed()),
         (validated(proxy__enabled=False), _serving(validated(proxy__enabled=False))),
         (v, _link_down(v)),

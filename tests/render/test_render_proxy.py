@@ -40,9 +40,9 @@ def test_the_membership_config_map_lists_the_allowed_instances():
     every = proxy.membership_config_map(ctx)
     assert every == next(m for m in render(resolve(example(GLM))) if m["kind"] == "ConfigMap"
                          and m["metadata"]["name"] == "glm-flash-proxy")
-    doc = json.loads(proxy.membership_config_map(ctx, {"prefill": {0}, "decode": set()})["data"][KEY])
-    assert doc == document([proxy.upstream(ctx, "prefill", 0)], [])
-    assert parse_document(doc).decode == ()
+    doc = json.loads(proxy.membership_config_map(ctx, {"prefill": {0: "old"}, "decode": {}})["data"][KEY])
+    assert doc == document([proxy.upstream(ctx, "prefill", 0, "old")], [])
+    assert parse_document(doc).decode == () and parse_document(doc).prefill[0].layout == "old"
     assert proxy.members(every) == parse_document(json.loads(every["data"][KEY]))
     assert proxy.members({"data": {KEY: "{"}}) is None
 

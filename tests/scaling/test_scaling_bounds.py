@@ -115,7 +115,7 @@ def test_the_crd_has_the_scale_subresource_and_the_columns():
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {"Deployment": ".spec.deployment", "Role": ".spec.role", "Desired": ".spec.replicas",
                        "Current": ".status.replicas", "Ready": ".status.readyReplicas",
-                       "Draining": ".status.draining", "Age": ".metadata.creationTimestamp"}
+                       "Up-to-date": ".status.updatedReplicas", "Draining": ".status.draining", "Age": ".metadata.creationTimestamp"}
     committed = yaml.safe_load((ROOT / "crds" / PDROLE.file).read_text())
     assert committed == doc, "crds/ is stale: run `make crds`"
 
@@ -219,9 +219,9 @@ def test_a_foreign_pdrole_is_neither_read_nor_written():
 def test_pdrole_status_reports_the_count_run_and_the_hold():
     dep = _validated().resolved
     held = Hold("decode", MAX_REPLICAS, 5, 2)
-    first = pdroles.status(dep, "decode", 2, 1, 1, held, {}, 4, "2026-01-01T00:00:00Z")
-    assert {k: first[k] for k in ("replicas", "readyReplicas", "draining", "selector")} == {
-        "replicas": 2, "readyReplicas": 1, "draining": 1,
+    first = pdroles.status(dep, "decode", 2, (0, 1), 1, held, {}, 4, "2026-01-01T00:00:00Z")
+    assert {k: first[k] for k in ("replicas", "readyReplicas", "updatedReplicas", "draining", "selector")} == {
+        "replicas": 2, "readyReplicas": 1, "updatedReplicas": 0, "draining": 1,
         "selector": "pd.serving.dev/deployment=glm-flash,pd.serving.dev/role=decode,"
                     "apps.kubernetes.io/pod-index=0"}
     (cond,) = first["conditions"]
@@ -229,8 +229,8 @@ def test_pdrole_status_reports_the_count_run_and_the_hold():
         "ScalingLimited", "True", "MaxReplicas", 4)
     assert "PDRole glm-flash-decode" in cond["message"]
     assert "spec.scaling.decode.maxReplicas" in cond["message"]
-    later = pdroles.status(dep, "decode", 2, 2, 0, held, first, 4, "2026-01-01T00:05:00Z")
+    later = pdroles.status(dep, "decode", 2, (2, 2), 0, held, first, 4, "2026-01-01T00:05:00Z")
     assert later["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
-    freed = pdroles.status(dep, "decode", 5, 2, 0, None, later, 5, "2026-01-01T00:06:00Z")
+    freed = pdroles.status(dep, "decode", 5, (2, 2), 0, None, later, 5, "2026-01-01T00:06:00Z")
     assert (freed["conditions"][0]["status"], freed["conditions"][0]["reason"],
             freed["conditions"][0]["lastTransitionTime"]) == ("False", "WithinBounds", "2026-01-01T00:06:00Z")

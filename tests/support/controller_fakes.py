@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pd_operator.controller import gate, pdroles
+from pd_operator.controller import gate, pdroles, rollout
 from pd_operator.controller.diff import stamp
 from pd_operator.render import render
 from pd_operator.spec.validate import Validation, validate
@@ -89,10 +89,21 @@ def with_status(manifests: list[dict], ready_replicas: int | None = None) -> lis
     return out
 
 
-def gated(v: Validation, pods: list[dict]) -> tuple[list[dict], bool]:
-    """(the manifests rendered with the gate's routable set, whether a layout rolls)."""
-    routable, rolling = gate.routable(v.resolved, pods)
-    return render(v.resolved, routable=routable), rolling
+def routable_of(validation: Validation, pods: list[dict], leaving: tuple[str, ...] = ()
+                ) -> tuple[dict[str, dict[int, str]], rollout.Plan]:
+    """(what the proxy may route to, the rollout's plan) as the reconcile computes them from `pods`
+    and the instances status.draining names (`leaving`)."""
+    resolved = validation.resolved
+    assert resolved is not None
+    state = gate.observe(resolved, pods, leaving)
+    step = rollout.plan(rollout.params_of(resolved), state, resolved.layout_hash)
+    return step.routable(state), step
+
+
+def gated(v: Validation, pods: list[dict], leaving: tuple[str, ...] = ()) -> list[dict]:
+    """The manifests rendered with the gate's routable set."""
+    routable, _ = routable_of(v, pods, leaving)
+    return render(v.resolved, routable=routable)
 
 
 def proxy_deployment(manifests: list[dict]) -> dict:
@@ -101,7 +112,7 @@ def proxy_deployment(manifests: list[dict]) -> dict:
 
 
 def routed_names(manifests: list[dict], role: str) -> list[str]:
-    """The instances of `role` the proxy routes to (its membership ConfigMap)."""
+    """The instances of `role` the proxy lists (its membership ConfigMap)."""
     return [u.name for u in proxy_membership(manifests).role(role)]
 
 

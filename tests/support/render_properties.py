@@ -141,7 +141,8 @@ def check_proxy(validation: Validation, manifests: list[dict]) -> None:
     routed = proxy_membership(manifests)
     for role in ("prefill", "decode"):
         assert routed.role(role) == tuple(
-            Upstream(names.instance(role, i), f"http://{names.pod_host(role, i, 0)}:{dep.spec.serving_port}")
+            Upstream(names.instance(role, i), f"http://{names.pod_host(role, i, 0)}:{dep.spec.serving_port}",
+                     validation.resolved.layout_hash)
             for i in range(dep.role(role).replicas))
 
 

@@ -33,7 +33,7 @@ from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
 from pd_operator.render.proxy import membership_document
 from support.cluster import pick_port, wait_for
-from support.controller_fakes import desired, link_down, pods_of, validated
+from support.controller_fakes import desired, link_down, pods_of, routable_of, validated
 from support.renders import config_map_data, role_of, serving_sets
 from support.specs import example
 
@@ -83,7 +83,7 @@ def kubelet_ready(cont: dict, port: int) -> bool:
 
 def decoder_hosts(validation, pods: list[dict]) -> list[str]:
     """The proxy's decode upstreams as the operator computes them (its membership ConfigMap)."""
-    routable, _ = gate.routable(validation.resolved, pods)
+    routable, _ = routable_of(validation, pods)
     routes = parse_document(membership_document(validation.resolved, routable))
     return [str(urlsplit(u.url).hostname) for u in routes.decode]
 

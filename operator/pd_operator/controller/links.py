@@ -43,14 +43,6 @@ def link_ready(pod: dict) -> bool:
     return any(c.get("name") == LINK_CONTAINER and c.get("ready") is True for c in statuses)
 
 
-def linked_instances(pods: list[dict], expected_pods: int, replicas: int) -> set[int]:
-    """Decode instances whose pods all exist and all have a working KV link."""
-    groups = by_instance(pods)
-    return {i for i in range(replicas)
-            if len(members := groups.get(("decode", i), [])) == expected_pods
-            and all(link_ready(p) for p in members)}
-
-
 def parse_round(log_tail: str | None) -> dict | None:
     """The gate's last round from the tail of its log (one JSON object per line)."""
     for line in reversed((log_tail or "").strip().splitlines()):

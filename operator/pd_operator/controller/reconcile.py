@@ -105,24 +105,15 @@ def _rollout(resolved: Resolved, body: dict, pods: list[dict], now: datetime) ->
     state = gate.observe(resolved, pods, {d.get("name") for d in previous.get("draining") or []})
     limits: dict[str, int] = {role: deadline(resolved, role) for role in ROLES}
 
-    def params(halted: set[str]) -> dict[str, rollout.RoleParams]:
-        out: dict[str, rollout.RoleParams] = {}
-        for role in ROLES:
-            spec = resolved.role(role)
-            r = spec.rollout
-            out[role] = rollout.RoleParams(spec.replicas, r.max_unavailable, r.max_surge, r.partition,
-                                           r.paused, role in halted)
-        return out
-
     figures = status_mod.rollout_figures(resolved, pods)
     then: dict[str, tuple[int, int]] = {role: (int((previous.get(role) or {}).get("updatedInstances", -1)),
                    int((previous.get(role) or {}).get("readyInstances", -1))) for role in ROLES}
-    active = any(rollout.outdated(params(set()), state).values())
+    active = any(rollout.outdated(rollout.params_of(resolved), state).values())
     since = rollout.progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, figures,
                                   active, now)
     halted: set[str] = {role for role in ROLES
                         if since is not None and (now - since).total_seconds() > limits[role]}
-    chosen = params(halted)
+    chosen = rollout.params_of(resolved, halted)
     return rollout.Rollout(rollout.plan(chosen, state, resolved.layout_hash), state, chosen, since, limits)
 
 

@@ -29,11 +29,12 @@ The rule, per role (`spec.<role>.rollout`, named as Deployments and StatefulSets
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from pd_operator.api.types import ROLES as _ROLES
+from pd_operator.spec.validate import Resolved
 
 ROLES: tuple[str, ...] = _ROLES
 
@@ -75,6 +76,18 @@ class RoleParams:
     @property
     def moving(self) -> bool:
         return not (self.paused or self.halted)
+
+
+def params_of(resolved: Resolved, halted: Collection[str] = ()) -> dict[str, RoleParams]:
+    """Each role's parameters from its spec (spec.<role>.replicas as run, spec.<role>.rollout);
+    `halted`: roles whose progress deadline passed."""
+    out = {}
+    for role in ROLES:
+        spec = resolved.role(role)
+        r = spec.rollout
+        out[role] = RoleParams(spec.replicas, r.max_unavailable, r.max_surge, r.partition, r.paused,
+                               role in halted)
+    return out
 
 
 State = Mapping[str, Mapping[int, InstanceState]]

@@ -468,10 +468,13 @@ class Proxy:
 
     async def _route(self, request: web.Request, path: str, body: dict, client_id: str | None
                      ) -> web.StreamResponse:
-        missing = [role for role in ROLES if not self.balancer.members(role)]
+        missing = [role for role in ROLES if not self.balancer.listed(role)]
         if missing:
             return error(503, f"no {' and no '.join(missing)} instance to route to (membership version "
                          f"{self.balancer.version})", "no_upstream")
+        if not self.balancer.members("prefill"):
+            return error(503, "no prefill and decode instances of one KV layout to route to (membership "
+                         f"version {self.balancer.version})", "no_upstream")
         if client_id:  # the example proxy passes the client's id in the body too
             body = {**body, "request_id": client_id}
         headers = self._headers(client_id or str(uuid.uuid4()))
