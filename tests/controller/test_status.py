@@ -53,7 +53,8 @@ def test_everything_ready_is_ready_and_complete():
         revision = st[role]["revision"]
         assert st[role] == {"desiredInstances": 1, "readyInstances": 1, "updatedInstances": 1,
                             "revision": revision, "shape": shape_,
-                            "instances": [{"name": f"glm-flash-{role}-0", "revision": revision, "ready": True}]}
+                            "instances": [{"name": f"glm-flash-{role}-0", "revision": revision,
+                                           "ready": True}]}
     assert {k: st["kvLayout"][k] for k in ("prefillBlockSize", "decodeBlockSize", "segmentTokens")} == \
         {"prefillBlockSize": 640, "decodeBlockSize": 1152, "segmentTokens": 128}
     assert st["proxyEndpoint"] == "glm-flash-proxy.default.svc:8000"
@@ -113,7 +114,8 @@ def test_an_instance_whose_ranks_run_two_kv_layouts_is_not_ready():
             p["metadata"]["labels"] = {**p["metadata"]["labels"], "pd.serving.dev/kv-layout": "old"}
     got = _by_type(conditions(v, Observed(children=children, pods=pods), [], 1, T0))
     assert got["PrefillReady"][0] == "True" and got["DecodeReady"][0] == "False"
-    old = _by_type(conditions(v, Observed(children=children, pods=pods_of(children, layout="old")), [], 1, T0))
+    all_old = Observed(children=children, pods=pods_of(children, layout="old"))
+    old = _by_type(conditions(v, all_old, [], 1, T0))
     assert old["DecodeReady"][0] == "True"  # all on the old layout: it serves with prefill of that layout
 
 

@@ -121,6 +121,26 @@ def test_least_in_flight_wins_and_ties_go_round_robin():
     assert _balancer([P0], []).pick("decode", set()) is None
 
 
+def test_prefill_and_decode_pair_only_within_one_kv_layout():
+    """Mid-rollout the membership lists old and new instances, each with its layout: a prefill is
+    picked only when a decode of its layout is a member, and its decode only of that layout."""
+    old_p = Upstream("d-prefill-0", "http://p0:8000", "old")
+    new_p = Upstream("d-prefill-1", "http://p1:8000", "new")
+    old_d = Upstream("d-decode-0", "http://d0:8000", "old")
+    new_d = Upstream("d-decode-1", "http://d1:8000", "new")
+    doc = document([old_p, new_p], [old_d, new_d])
+    assert parse_document(json.loads(json.dumps(doc))).prefill == (old_p, new_p)  # the layout round-trips
+    b = _balancer([old_p, new_p], [old_d, new_d])
+    for _ in range(4):
+        prefill = b.pick("prefill", set())
+        assert prefill is not None
+        assert b.pick("decode", set(), prefill.layout).layout == prefill.layout
+    lonely = _balancer([old_p, new_p], [new_d])  # the old decode left: the old prefill pairs with none
+    assert {lonely.pick("prefill", set()).name for _ in range(4)} == {"d-prefill-1"}
+    assert lonely.pick("decode", set(), "old") is None
+    assert lonely.listed("prefill") == (old_p, new_p)
+
+
 def test_counts_outlive_membership_until_the_departed_instance_is_idle():
     b = _balancer([P0, P1], [D0, D1])
     with b.serving(D1, "decode"):

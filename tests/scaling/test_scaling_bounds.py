@@ -115,7 +115,8 @@ def test_the_crd_has_the_scale_subresource_and_the_columns():
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {"Deployment": ".spec.deployment", "Role": ".spec.role", "Desired": ".spec.replicas",
                        "Current": ".status.replicas", "Ready": ".status.readyReplicas",
-                       "Up-to-date": ".status.updatedReplicas", "Draining": ".status.draining", "Age": ".metadata.creationTimestamp"}
+                       "Up-to-date": ".status.updatedReplicas", "Draining": ".status.draining",
+                       "Age": ".metadata.creationTimestamp"}
     committed = yaml.safe_load((ROOT / "crds" / PDROLE.file).read_text())
     assert committed == doc, "crds/ is stale: run `make crds`"
 
@@ -220,7 +221,8 @@ def test_pdrole_status_reports_the_count_run_and_the_hold():
     dep = _validated().resolved
     held = Hold("decode", MAX_REPLICAS, 5, 2)
     first = pdroles.status(dep, "decode", 2, (0, 1), 1, held, {}, 4, "2026-01-01T00:00:00Z")
-    assert {k: first[k] for k in ("replicas", "readyReplicas", "updatedReplicas", "draining", "selector")} == {
+    keys = ("replicas", "readyReplicas", "updatedReplicas", "draining", "selector")
+    assert {k: first[k] for k in keys} == {
         "replicas": 2, "readyReplicas": 1, "updatedReplicas": 0, "draining": 1,
         "selector": "pd.serving.dev/deployment=glm-flash,pd.serving.dev/role=decode,"
                     "apps.kubernetes.io/pod-index=0"}

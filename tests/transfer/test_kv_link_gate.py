@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pd_operator.controller import gate, links
+from pd_operator.controller import links
 from pd_operator.controller.status import Observed, conditions, status
 from pd_operator.names import Names
 from pd_operator.proxy.membership import parse_document
