@@ -121,7 +121,7 @@ test: install vllm-env tools testcluster upstream images-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install tools
-	$(PY) -m pytest -m "not integration and not e2e and not faults and not transfer and not vllm and not contract and not scaling and not bench and not images and not security" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not e2e and not faults and not transfer and not vllm and not contract and not scaling and not bench and not images and not security and not rollout" $(PYTEST_ARGS)
 
 # The plan, then a real control plane (tests/support), helm install, kubectl apply, kubectl get pdd.
 demo: install tools testcluster

@@ -338,7 +338,9 @@ class Proxy:
     async def _lifetime(self, app: web.Application) -> AsyncIterator[None]:
         self.reload()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
-        connector = aiohttp.TCPConnector(limit=self.capacity.upstream)
+        # No DNS cache (aiohttp's keeps names 10 s): a replaced engine pod (a rollout, a group restart)
+        # has a new IP under its old name, and its old IP may already be another pod's.
+        connector = aiohttp.TCPConnector(limit=self.capacity.upstream, use_dns_cache=False)
         self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         watcher = asyncio.create_task(self._watch())
         yield
@@ -518,8 +520,13 @@ class Proxy:
     async def _decode(self, request: web.Request, path: str, body: dict, headers: dict[str, str],
                       cached: int, awaiting: Awaiting, tries: Tries, layout: str) -> web.StreamResponse:
         """Decode's answer, from a member on the prefill's KV `layout` not in `tries` yet while there
-        is one. Raises Reprefill."""
+        is one. Raises Reprefill, also when no decode member of that layout is left (the last one
+        left the membership during a rollout after the prefill began): another prefill pairs."""
         stream = bool(body.get("stream", False))
+        if not self.balancer.members("decode", layout):
+            tries.count += 1  # an attempt, so a membership that keeps changing cannot loop forever
+            raise Reprefill(error(503, f"no decode instance of KV layout {layout or '(none)'} to route to",
+                                  "no_upstream"), "no decode instance of its KV layout is left")
         limits = self.limits
         timeout = aiohttp.ClientTimeout(sock_connect=self.connect_timeout, sock_read=(
             limits.idle_timeout_seconds if stream else limits.answer_timeout_seconds))
