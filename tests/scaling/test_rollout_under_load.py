@@ -32,9 +32,10 @@ from support.audit import Event
 from support.cluster import DEFAULT_NODES, ControlPlane
 from support.fakevllm import Load, until
 from support.fixtures import keep_workdir
-from support.installed import ROOT, example, get_pdd, weights_claim
+from support.installed import get_pdd, weights_claim
 from support.kube import kubectl
 from support.podnet import Kubelet, loopback
+from support.specs import example
 
 pytestmark = [pytest.mark.integration, pytest.mark.rollout]
 
@@ -96,7 +97,7 @@ class Sampler:
 
 
 async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathlib.Path) -> None:
-    doc = example(ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml", namespace)
+    doc = example(namespace=namespace)
     doc["spec"]["prefill"]["replicas"] = doc["spec"]["decode"]["replicas"] = 2
     doc["spec"].setdefault("proxy", {})["image"] = PROXY_IMAGE
     cp.create_weights_volume(namespace, str(weights_claim(doc)))
