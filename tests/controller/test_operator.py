@@ -276,8 +276,10 @@ def test_kv_layout_rollout_never_routes_across_layouts(control_plane, namespace,
     apply(cp, glm(namespace))
     serve(cp, namespace)
     old_layout = get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["hash"]
-    # With the StatefulSet controller stopped, every pod keeps the old layout: no instance of the
-    # new one exists, so the proxy must not route at all until pods of the new layout are Ready.
+    # A new image is a new KV layout. With 1 prefill and 1 decode instance and the default rollout
+    # (maxUnavailable 1), both leave the membership to be replaced; with the StatefulSet controller
+    # stopped no pod of the new layout comes back, so the proxy routes to nothing (never an old
+    # instance with a new one) until pods of the new layout are Ready.
     manager = cp.components["kube-controller-manager"]
     manager.stop()
     try:
@@ -286,10 +288,11 @@ def test_kv_layout_rollout_never_routes_across_layouts(control_plane, namespace,
 
         def proxy_gated() -> bool:
             status = get_pdd(cp, namespace, GLM).get("status") or {}
-            return (condition({"status": status}, "Progressing").get("reason") == "RollingOut"
+            return (condition({"status": status}, "Progressing").get("reason") == "RolloutInProgress"
                     and status["kvLayout"]["hash"] != old_layout
                     and routes(cp, namespace) == ([], []))
-        wait_for("RollingOut with no upstream in the proxy's membership", proxy_gated, READY_TIMEOUT_S)
+        wait_for("RolloutInProgress with no upstream in the proxy's membership", proxy_gated,
+                 READY_TIMEOUT_S)
         assert cond(cp, namespace, "ProxyReady") == ("False", "NoUpstreams")
         assert cp.api("GET", PROXY_PATH.format(namespace))["spec"]["replicas"] == 1, "the proxy stays up"
     finally:

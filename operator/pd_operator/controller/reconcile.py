@@ -108,7 +108,12 @@ def _rollout(resolved: Resolved, body: dict, pods: list[dict], now: datetime) ->
     figures = status_mod.rollout_figures(resolved, pods)
     then: dict[str, tuple[int, int]] = {role: (int((previous.get(role) or {}).get("updatedInstances", -1)),
                    int((previous.get(role) or {}).get("readyInstances", -1))) for role in ROLES}
-    active = any(rollout.outdated(rollout.params_of(resolved), state).values())
+    # Under way while outdated instances remain, and after that until the replaced ones are Ready
+    # (a new template that never starts stops at its deadline even on the last instance).
+    starting = any(i not in state[role] or not state[role][i].ready
+                   for role in ROLES for i in range(resolved.role(role).replicas))
+    active = any(rollout.outdated(rollout.params_of(resolved), state).values()) or (
+        previous.get("rolloutProgressTime") is not None and starting)
     since = rollout.progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, figures,
                                   active, now)
     halted: set[str] = {role for role in ROLES
@@ -340,7 +345,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     draining = [d for d in drains if not d.done]
     if draining:
         outcome.requeue_after = drain.RECHECK_S
-    elif moving.since is not None and not moving.plan.complete:  # look again when the deadline passes
+    elif moving.since is not None:  # look again when the deadline passes
         left = min(moving.deadline[role] - (now - moving.since).total_seconds() for role in ROLES)
         if left > 0:
             outcome.requeue_after = left + 1

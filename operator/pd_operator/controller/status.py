@@ -278,8 +278,8 @@ def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> 
 
 
 def _rollout_condition(resolved: Resolved, moving: Rollout | None) -> _Cond | None:
-    """Progressing while outdated instances remain (None: no rollout under way)."""
-    if moving is None or moving.plan.complete:
+    """Progressing while a rollout is under way (None: none is)."""
+    if moving is None or moving.since is None:
         return None
     plan, params = moving.plan, moving.params
     counts = ", ".join(f"{role} {params[role].replicas - plan.outdated[role]} of {params[role].replicas}"
