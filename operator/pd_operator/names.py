@@ -55,6 +55,12 @@ class Names:
         return f"{self.deployment}-proxy"
 
     @property
+    def proxy_access(self) -> str:
+        """The proxy pods' ServiceAccount, and the Role and RoleBinding that let it read the
+        membership ConfigMap through the API (render/proxy_access.py)."""
+        return f"{self.deployment}-proxy"
+
+    @property
     def serving_config(self) -> str:
         """The ConfigMap serving pods mount: preflight configs and the KV-link probe's pairing."""
         return f"{self.deployment}-serving"

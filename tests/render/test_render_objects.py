@@ -92,8 +92,8 @@ def test_labels_and_selectors():
 
 def test_apply_order():
     kinds = [m["kind"] for m in render(resolve(example(GLM)))]
-    order = ["PDRole", "ConfigMap", "Service", "StatefulSet", "Deployment", "NetworkPolicy",
-             "PodDisruptionBudget"]
+    order = ["PDRole", "ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding", "StatefulSet",
+             "Deployment", "NetworkPolicy", "PodDisruptionBudget"]
     assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == order
 
 

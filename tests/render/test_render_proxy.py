@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from pd_operator.controller.permissions import RULES
 from pd_operator.proxy.membership import KEY, document, parse_document
 from pd_operator.render import proxy, render
 from support.renders import VALID_EXAMPLES, of_kind, proxy_membership, role_of
@@ -55,3 +56,29 @@ def test_the_proxy_stays_up_when_a_role_has_no_instance():
     cont = _proxy_deployment(zero)["spec"]["template"]["spec"]["containers"][0]
     assert cont["readinessProbe"]["httpGet"]["path"] == "/healthcheck"
     assert cont["livenessProbe"]["httpGet"]["path"] == "/pd/state"
+
+
+def test_the_proxy_may_read_its_own_membership_config_map_and_nothing_else():
+    manifests = render(resolve(example(GLM)))
+    (account,) = of_kind(manifests, "ServiceAccount")
+    (role,) = of_kind(manifests, "Role")
+    (binding,) = of_kind(manifests, "RoleBinding")
+    (config_map,) = [m for m in of_kind(manifests, "ConfigMap") if m["data"].keys() == {KEY}]
+    name = config_map["metadata"]["name"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [name],
+                              "verbs": ["get", "list", "watch"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "default"}]
+    pod = _proxy_deployment(manifests)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is True
+    argv = pod["containers"][0]["command"]
+    assert argv[argv.index("--membership-configmap") + 1] == name
+    # RBAC lets the operator create and bind the Role only while it holds what the Role grants.
+    held = {(group, resource, verb) for rule in RULES if not rule.get("resourceNames")
+            for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+    granted = {(group, resource, verb) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted <= held, granted - held

@@ -3,8 +3,10 @@ before it deletes it.
 
 The GLM example (`glm-flash`: prefill TP8, decode DP2xTP4) runs on kwok nodes whose pods get
 loopback IPs, and what its pods would run runs there (support/podnet.py): the real `pd-proxy` in the
-proxy pod, following the membership ConfigMap as a projected volume and reaching the engines by
-their pods' DNS names, and a fake engine in each instance's leader pod. So the operator asks the
+proxy pod, watching its membership ConfigMap through the API with its own ServiceAccount (the
+mounted file is projected at the start and then only at the kubelet's sync period, so every change
+here reaches it through the watch) and reaching the engines by their pods' DNS names, and a fake
+engine in each instance's leader pod. So the operator asks the
 proxy pod's /pd/state as it would in a cluster, and a few clients send requests through the proxy
 pod. Meanwhile `kubectl scale` takes decode 1 -> 2 -> 1 and prefill 1 -> 2 -> 1, and the departing
 instance holds a request (decode: a stream after its first token; prefill: a prompt being computed
@@ -14,9 +16,13 @@ and a prefilled request whose decode has not pulled its KV yet):
   names it, across the operator's re-checks), and loses it once released;
 - no request fails: a deletion while a request is in flight there would cut it (what ran in a
   deleted pod is killed, and decode pulls the KV from the prefill that computed it);
-- a departed instance gets no request begun after the proxy routed by the version without it;
+- a departed instance gets no request begun after the proxy routed by the version without it (by
+  request id: the load's requests started after /pd/state first showed that version);
+- every membership version after the first reached the proxy through its watch;
 - the audit log: the operator's ConfigMap write that drops the instance comes before every DELETE
   of its StatefulSet, pods and headless Service, and every such DELETE after the release.
+And a decode instance whose pod fails under load leaves the membership, and no request begun after
+the proxy routed by that version reaches it.
 Only conditions are waited for (generous deadlines); nothing asserts a duration.
 """
 
@@ -254,6 +260,8 @@ async def _scenario(cp: ControlPlane, namespace: str, op: OperatorProcess, user:
 
     assert load.failures == [], load.failures[:10]
     assert kubelet.errors() == []
+    sources = kubelet.membership_sources()
+    assert len(sources) > 1 and all(s.endswith("(watched)") for s in sources[1:]), sources
     for d in (d1_drained, p1_drained):
         engine = d.engine
         # Nothing begun after the proxy routed by the version without it reached it; at most what
@@ -267,3 +275,46 @@ def test_scaling_under_load_drains_before_it_deletes(control_plane, namespace, r
                                                      tmp_path):
     op = start_operator()
     asyncio.run(_scenario(control_plane, namespace, op, release.user, tmp_path))
+
+
+async def _failure_scenario(cp: ControlPlane, namespace: str, workdir: pathlib.Path) -> None:
+    doc = example(namespace=namespace)
+    doc["spec"]["decode"]["replicas"] = 2
+    cp.create_weights_volume(namespace, str(weights_claim(doc)))
+    kubectl(cp.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc))
+    async with Kubelet(cp, namespace, GLM, workdir / "pods") as kubelet:
+        await kubelet.routed({P0}, {D0, D1})
+        d1 = await kubelet.engine(D1)
+        async with Load((await kubelet.proxy()).url, clients=CLIENTS) as load:
+            await until(f"{D1} to get requests", lambda: len(d1.received) >= 3, TIMEOUT_S)
+            await asyncio.to_thread(fail_pod, cp, namespace, f"{D1}-0")
+            out = await kubelet.routed({P0}, {D0})
+            mark, received_then = load.mark(), len(d1.received)
+            await load.completed_after(mark, 20)
+            await load.stop()
+        assert load.failures == [], load.failures[:10]
+        # D1 still runs (its pod is only NotReady): had the proxy kept it, it would get requests.
+        assert kubelet.running(D1) is d1
+        assert not load.started_after(mark) & d1.ids, sorted(load.started_after(mark) & d1.ids)
+        assert len(d1.received) - received_then <= load_of(out, D1)[0]
+        sources = kubelet.membership_sources()
+        assert sources[1:] and all(s.endswith("(watched)") for s in sources[1:]), sources
+
+
+def fail_pod(cp: ControlPlane, namespace: str, name: str) -> None:
+    """Report the pod NotReady as a kubelet does when its container crashed (kwok leaves it so)."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    pod = cp.api("GET", path)
+    failed = ("Ready", "ContainersReady")
+    pod["status"]["conditions"] = [{**c, "status": "False"} if c["type"] in failed else c
+                                   for c in pod["status"]["conditions"]]
+    cp.api("PUT", f"{path}/status", pod)
+
+
+def test_a_failed_decode_gets_no_request_begun_after_the_proxy_dropped_it(control_plane, namespace, release,
+                                                                          start_operator, tmp_path):
+    """A decode instance whose pod fails under load leaves the membership (controller/gate.py), the
+    proxy learns it through its watch, and no request begun after its /pd/state showed that version
+    reaches the instance: ordered by request ids and versions, not by time."""
+    start_operator()
+    asyncio.run(_failure_scenario(control_plane, namespace, tmp_path))

@@ -574,11 +574,16 @@ class ControlPlane:
             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": volume,
                      "resources": {"requests": {"storage": size}}}})
 
-    def service_account_token(self, namespace: str, name: str, expiration_s: int = 24 * 3600) -> str:
-        """A TokenRequest token of ServiceAccount namespace/name (what a pod of it would mount)."""
+    def service_account_token(self, namespace: str, name: str, expiration_s: int = 24 * 3600,
+                              pod: dict | None = None) -> str:
+        """A TokenRequest token of ServiceAccount namespace/name (what a pod of it would mount); bound
+        to `pod` when given, as the kubelet binds a projected token: it stops working once that pod
+        is deleted."""
+        bound = {"boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                                    "uid": pod["metadata"]["uid"]}} if pod else {}
         review = self.api("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
             "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {"expirationSeconds": expiration_s}})
+            "spec": {"expirationSeconds": expiration_s, **bound}})
         return str(review["status"]["token"])
 
     def service_account_kubeconfig(self, namespace: str, name: str, path: pathlib.Path, *,

@@ -21,8 +21,9 @@ GLM = "glm-flash"
 GLM_CHILDREN = {"PDRole/glm-flash-prefill", "PDRole/glm-flash-decode",
                 "ConfigMap/glm-flash-serving", "ConfigMap/glm-flash-proxy",
                 "Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
+                "ServiceAccount/glm-flash-proxy", "Role/glm-flash-proxy", "RoleBinding/glm-flash-proxy",
                 "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
-                "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv",
+                "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv", "NetworkPolicy/glm-flash-proxy",
                 "PodDisruptionBudget/glm-flash-prefill", "PodDisruptionBudget/glm-flash-decode"}
 READY_TIMEOUT_S = 180
 PROXY_PATH = "/apis/apps/v1/namespaces/{}/deployments/glm-flash-proxy"

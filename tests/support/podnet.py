@@ -14,8 +14,12 @@ loopback interface without any setup: every pod IP can be bound and dialled here
 
 The kubelet (`Kubelet`), for the pods of one PDDeployment, following the API (polled):
 - a proxy pod: its container's own command and port, with what only a pod has put back in: its
-  ConfigMap volumes (each key a file of the pod's own directory, replaced atomically when the
-  ConfigMap changes, as the kubelet swaps a projected volume), its own address for the wildcard
+  ConfigMap volumes (each key a file of the pod's own directory, replaced atomically, as the kubelet
+  swaps a projected volume: at the start, then every CONFIG_MAP_SYNC_S as the kubelet's periodic
+  sync does, so only a watch through the API sees a change sooner), its ServiceAccount volume (the
+  `kube-api-access-*` volume the API server's ServiceAccount admission added: a TokenRequest token
+  bound to the pod, the cluster CA, the namespace) and the API server's address in
+  KUBERNETES_SERVICE_HOST/PORT, as a kubelet gives every container, its own address for the wildcard
   (all pods share loopback, so each binds its IP) and pod DNS (support/poddns.py answers pod names
   from a file kept here as CoreDNS answers them from the API: pods of a headless Service);
 - the leader pod (pod-index 0) of a prefill or decode instance: a FakeEngine named as the
@@ -41,14 +45,18 @@ from pathlib import Path
 from pd_operator.api.labels import DEPLOYMENT, POD_INDEX, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.proxy.membership import Membership, ProxyState
+from pd_operator.proxy.watch import HOST_ENV, PORT_ENV, SERVICE_ACCOUNT_DIR
 from pd_operator.render.proxy import ADMIN_PORT_NAME, members
 from pd_operator.render.proxy import COMPONENT as PROXY
-from support.cluster import ApiError, ControlPlane, NodePool
+from support.cluster import HOST, ApiError, ControlPlane, NodePool
 from support.fakevllm import WAIT_S, FakeEngine, ProxyProcess, project, until
 
 WILDCARD = "0.0.0.0"
 POD_DNS = Path(__file__).with_name("poddns.py")
 SYNC_S = 0.2
+CONFIG_MAP_SYNC_S = 60.0
+"""The kubelet's default sync period: how often it projects a changed ConfigMap into a running pod
+(its ConfigMap cache TTL can add as much again)."""
 API_POLL_S = 0.1
 """How often to ask the API server when waiting for what it holds."""
 
@@ -108,6 +116,8 @@ class Kubelet:
 
     def __init__(self, cp: ControlPlane, namespace: str, deployment: str, workdir: Path) -> None:
         self.cp, self.namespace, self.deployment = cp, namespace, deployment
+        self._projected: dict[str, float] = {}
+        """Proxy pod uid -> when its ConfigMap volumes were last projected."""
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.hosts = workdir / "pod-dns.json"
@@ -175,6 +185,10 @@ class Kubelet:
                             timeout, API_POLL_S)
         return await (await self.proxy()).wait_version(found.version)
 
+    def membership_sources(self) -> list[str]:
+        """Where the proxy pods took each membership version they applied from, in order."""
+        return membership_sources(*sorted(self.workdir.glob("*/proxy.log")))
+
     def errors(self) -> list[str]:
         """Protocol violations and failed KV pulls any engine saw."""
         return [e for engine in self.started for e in engine.errors]
@@ -212,6 +226,7 @@ class Kubelet:
             await self.engines.pop(uid).kill()
         for uid in [u for u in self.proxies if u not in live]:
             self.proxies.pop(uid).kill()
+            self._projected.pop(uid, None)
         project_if_changed(self.hosts, json.dumps(pod_dns(self.namespace, list(live.values()), services)))
         for uid, pod in live.items():
             role = _labels(pod).get(ROLE)
@@ -229,25 +244,67 @@ class Kubelet:
     async def _proxy_pod(self, uid: str, pod: dict, config_maps: dict[str, dict]) -> None:
         name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
         (container,) = pod["spec"]["containers"]
-        by_volume = {v["name"]: v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
-                     if "configMap" in v}
-        mounts = {m["mountPath"]: self.workdir / name / m["name"]
-                  for m in container.get("volumeMounts") or [] if m["name"] in by_volume}
-        volumes = {directory: by_volume[directory.name] for directory in mounts.values()}
-        if uid not in self.proxies and any(c not in config_maps for c in volumes.values()):
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        mounts = {m["mountPath"]: self.workdir / name / m["name"] for m in container.get("volumeMounts") or []
+                  if m["name"] in volumes}
+        by_directory = {directory: volumes[directory.name] for directory in mounts.values()}
+        wanted = {v["configMap"]["name"] for v in by_directory.values() if "configMap" in v}
+        if uid not in self.proxies and any(c not in config_maps for c in wanted):
             return  # the kubelet cannot mount the volume yet: the container does not start
-        for directory, config_map in volumes.items():
-            if config_map in config_maps:
-                project_config_map(directory, config_maps[config_map])
+        now = time.monotonic()
+        if uid not in self.proxies or now - self._projected[uid] >= CONFIG_MAP_SYNC_S:
+            self._projected[uid] = now
+            for directory, volume in by_directory.items():
+                if "configMap" in volume and volume["configMap"]["name"] in config_maps:
+                    project_config_map(directory, config_maps[volume["configMap"]["name"]])
         if uid in self.proxies:
             return
+        for directory, volume in by_directory.items():
+            if "projected" in volume:
+                await asyncio.to_thread(self._project, directory, volume["projected"], pod, config_maps)
         argv = [in_pod(a, ip, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
+        argv += ["--service-account-dir", in_pod(str(SERVICE_ACCOUNT_DIR), ip, mounts)]
         (self.workdir / name).mkdir(parents=True, exist_ok=True)
         process = ProxyProcess([sys.executable, str(POD_DNS), str(self.hosts), *argv], ip,
                                _http_port(container), self.workdir / name / "proxy.log",
-                               _port(container, ADMIN_PORT_NAME))
+                               _port(container, ADMIN_PORT_NAME), env=api_env(self.cp.port))
         await process.start()
         self.proxies[uid] = process
+
+    def _project(self, directory: Path, projected: dict, pod: dict, config_maps: dict[str, dict]) -> None:
+        """A projected volume as the kubelet writes it: the ServiceAccount token (a TokenRequest bound
+        to the pod), ConfigMap items and the pod's namespace."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for source in projected["sources"]:
+            if token := source.get("serviceAccountToken"):
+                account = pod["spec"].get("serviceAccountName") or "default"
+                text = self.cp.service_account_token(self.namespace, account,
+                                                     token.get("expirationSeconds", 3600), pod=pod)
+                project(directory / token["path"], text)
+            elif ref := source.get("configMap"):
+                data = config_maps[ref["name"]].get("data") or {}
+                for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
+                    project(directory / item["path"], data[item["key"]])
+            elif downward := source.get("downwardAPI"):
+                for item in downward["items"]:
+                    assert item["fieldRef"]["fieldPath"] == "metadata.namespace", item
+                    project(directory / item["path"], self.namespace)
+            else:
+                raise AssertionError(f"a projected volume source this kubelet does not write: {source}")
+
+
+def membership_sources(*logs: Path) -> list[str]:
+    """Where a pd-proxy took each membership version it applied from, in order (its log lines
+    `membership version A -> B from SOURCE: ...`)."""
+    lines = [line for log in logs for line in log.read_text().splitlines()
+             if "membership version " in line and " from " in line]
+    return [line.split(" from ", 1)[1].split(":", 1)[0] for line in lines]
+
+
+def api_env(port: int) -> dict[str, str]:
+    """A container's environment: this machine's, with the API server's address as the kubelet sets
+    it in every container."""
+    return {**os.environ, HOST_ENV: HOST, PORT_ENV: str(port)}
 
 
 def in_pod(arg: str, ip: str, mounts: dict[str, Path]) -> str:

@@ -79,7 +79,12 @@ RULES: list[dict] = [
     {"apiGroups": ["pd.serving.dev"], "resources": ["pdroles/status"], "verbs": ["patch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["services"], "verbs": CHILD_VERBS},
+    # The proxy's Role grants get/list/watch on its membership ConfigMap: RBAC lets the operator
+    # create it (and bind it) because it holds those verbs itself (render/proxy_access.py).
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", *CHILD_VERBS]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": CHILD_VERBS},
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
+     "verbs": CHILD_VERBS},
     # Pods are only read for status and deleted for group restarts; the workloads create them.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
     # The last line of a decode pod's kv-link gate: the figures of a KV link that changed state.

@@ -1,9 +1,13 @@
 """The pd-proxy process: an aiohttp server routing each request to a prefill member, then to a
 decode member, by the membership file it re-reads while it runs.
 
-Membership: the file is polled (content, not mtime: the kubelet replaces a projected ConfigMap by
-swapping a symlink); a missing or malformed file keeps the last good membership. New requests go
-only to current members; a request already in flight to an instance that left finishes there.
+Membership: with API access (a ServiceAccount token, --membership-configmap), the proxy watches its
+ConfigMap (proxy/watch.py) and applies each change as the API server sends it. The mounted file is
+the fallback: it is polled (content, not mtime: the kubelet replaces a projected ConfigMap by
+swapping a symlink) and a change of it is applied while the watch is not live (no API access, or
+the watch is down), never while it is: the kubelet's projection lags the API. A missing or malformed
+membership keeps the last good one. New requests go only to current members; a request already in
+flight to an instance that left finishes there.
 
 Accounting (GET /pd/state, pd_operator.proxy.membership.ProxyState): per upstream name, the calls in
 flight, and per prefill member the requests whose decode has not sent its first byte yet. The first
@@ -84,6 +88,7 @@ from pd_operator.proxy.protocol import (
     patch_answer,
     prefill_request,
 )
+from pd_operator.proxy.watch import SERVICE_ACCOUNT_DIR, ConfigMapWatch, configmap_watch
 
 log = logging.getLogger("pd_operator.proxy")
 
@@ -279,11 +284,13 @@ class Proxy:
         """The client connections inside a request (the others may be closed for new ones)."""
         self._seen: bytes | None | object = _UNREAD
         self._session: aiohttp.ClientSession | None = None
+        self.watch: ConfigMapWatch | None = None
+        """The membership watch (None: the file only)."""
 
     # --- membership ---------------------------------------------------------------------------------
 
     def reload(self) -> None:
-        """Read the membership file; apply it when its content changed and is good."""
+        """Read the membership file; apply it when its content changed, unless the watch is live."""
         try:
             data: bytes | None = self.path.read_bytes()
             why = ""
@@ -294,19 +301,25 @@ class Proxy:
         if data == self._seen:
             return
         self._seen = data
+        if self.watch is None or not self.watch.live:
+            self.apply(data, f"membership file {self.path}", why)
+
+    def apply(self, data: bytes | None, source: str, why: str = "") -> None:
+        """Route by the membership document `data` from `source` when it is good (None: `source`
+        `why` has none)."""
         keeping = (f"keeping version {self.balancer.version}" if self.balancer.version
                    else "no upstreams until it is good")
         if data is None:
-            log.warning("membership file %s %s; %s", self.path, why, keeping)
+            log.warning("%s %s; %s", source, why, keeping)
             return
         try:
             membership = parse_document(json.loads(data))
         except ValueError as err:
-            log.warning("membership file %s is malformed: %s; %s", self.path, err, keeping)
+            log.warning("%s is malformed: %s; %s", source, err, keeping)
             return
         if membership.version != self.balancer.version:
-            log.info("membership version %s -> %s: prefill %s, decode %s", self.balancer.version,
-                     membership.version, [u.name for u in membership.prefill],
+            log.info("membership version %s -> %s from %s: prefill %s, decode %s", self.balancer.version,
+                     membership.version, source, [u.name for u in membership.prefill],
                      [u.name for u in membership.decode])
         self.balancer.update(membership)
 
@@ -343,8 +356,11 @@ class Proxy:
         connector = aiohttp.TCPConnector(limit=self.capacity.upstream, use_dns_cache=False)
         self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         watcher = asyncio.create_task(self._watch())
+        api_watch = self.watch and asyncio.create_task(self.watch.run())
         yield
         watcher.cancel()
+        if api_watch:
+            api_watch.cancel()
         await self._session.close()
 
     @property
@@ -739,6 +755,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pd-proxy", description=__doc__.split("\n\n")[0])
     p.add_argument("--membership", type=Path, default=Path(MOUNT_DIR) / KEY,
                    help="the membership file (pd_operator.proxy.membership.document), re-read while running")
+    p.add_argument("--membership-configmap", metavar="NAME",
+                   help="watch the membership in this ConfigMap of the pod's namespace through the API "
+                        "(with the pod's ServiceAccount), the file being the fallback")
+    p.add_argument("--service-account-dir", type=Path, default=SERVICE_ACCOUNT_DIR,
+                   help="where the ServiceAccount token, ca.crt and namespace are mounted")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000, help="the clients' port")
     p.add_argument("--admin-port", type=int, default=8001, help=f"the port of {STATE_PATH} and {RESET_PATH}")
@@ -759,5 +780,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     proxy = Proxy(args.membership, limits, retry_delay=args.retry_delay, poll_interval=args.poll_interval,
                   open_files=raise_open_file_limit(), api_key=os.environ.get(options.API_KEY_ENV))
+    proxy.watch = configmap_watch(args.membership_configmap, KEY, args.service_account_dir, proxy.apply)
     asyncio.run(serve(proxy, args.host, args.port, args.admin_port))
     return 0

@@ -1,11 +1,11 @@
 """Render a validated PDDeployment into the Kubernetes objects that run it: pure, no I/O, no clock.
 
-`render(resolved, routable=...)` returns the manifests in apply order: the roles' PDRoles (what scalers scale,
-see render/pdroles.py), the serving and proxy ConfigMaps,
-Services, the PodGroups that gang-schedule the instances (spec.scheduling.gang), the serving
-StatefulSets, the proxy, the NetworkPolicy, the PodDisruptionBudgets and the roles' HPAs. PodGroups
-come before the StatefulSets: when the cluster lacks their API, the apply stops before any pod is
-created.
+`render(resolved, routable=...)` returns the manifests in apply order: the roles' PDRoles (what
+scalers scale, see render/pdroles.py), the serving and proxy ConfigMaps, Services, the proxy's
+ServiceAccount, Role and RoleBinding, the PodGroups that gang-schedule the instances
+(spec.scheduling.gang), the serving StatefulSets, the proxy, the NetworkPolicy, the
+PodDisruptionBudgets and the roles' HPAs. PodGroups come before the StatefulSets: when the cluster
+lacks their API, the apply stops before any pod is created.
 Owner references are left to the controller, which adopts what it applies.
 """
 
@@ -25,6 +25,7 @@ from pd_operator.render.policy import (
     proxy_network_policy,
 )
 from pd_operator.render.proxy import Routable
+from pd_operator.render.proxy_access import proxy_access
 from pd_operator.render.workloads import headless_service, stateful_set
 from pd_operator.spec.validate import Resolved
 
@@ -44,7 +45,7 @@ def render(ctx: Resolved, routable: Routable | None = None, operator_namespace: 
         out.append(proxy.membership_config_map(ctx, routable))
     out += [headless_service(ctx, role, i) for role, i in instances]
     if proxy_on:
-        out.append(proxy.service(ctx))
+        out += [proxy.service(ctx), *proxy_access(ctx)]
     out += [group for role, i in instances if (group := scheduling.pod_group(ctx, role, i))]
     out += [stateful_set(ctx, role, i) for role, i in instances]
     if proxy_on:

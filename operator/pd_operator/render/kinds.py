@@ -14,6 +14,10 @@ CHILD_KINDS: dict[tuple[str, str], str] = {
     (API_VERSION, ROLE_KIND): ROLE_PLURAL,
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
+    # The proxy's API identity (render/proxy_access.py).
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("apps/v1", "Deployment"): "deployments",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",

@@ -2,8 +2,10 @@
 then to a decode instance with the returned kv_transfer_params (facts.md section 2).
 
 Which instances it routes to lives in the ConfigMap `<name>-proxy` (pd_operator.proxy.membership), not
-in the pod template: the proxy re-reads the mounted file, so a scale event or a gate (KV link,
-layout roll; controller/gate.py) changes the ConfigMap only and the Deployment never rolls.
+in the pod template: the proxy watches it through the API with its own ServiceAccount
+(render/proxy_access.py, proxy/watch.py) and re-reads the mounted file as the fallback, so a scale
+event or a gate (KV link, layout roll; controller/gate.py) changes the ConfigMap only and the
+Deployment never rolls.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def members(config_map: dict) -> Membership | None:
 
 def proxy_argv(ctx: Resolved) -> list[str]:
     proxy = ctx.deployment.spec.proxy
-    return ["pd-proxy", "--membership", f"{MOUNT_DIR}/{KEY}", "--host", "0.0.0.0",
+    return ["pd-proxy", "--membership", f"{MOUNT_DIR}/{KEY}",
+            "--membership-configmap", ctx.names.proxy_membership, "--host", "0.0.0.0",
             "--port", str(proxy.port), "--admin-port", str(proxy.admin_port), *options.argv(proxy.limits)]
 
 
@@ -134,7 +137,8 @@ def deployment(ctx: Resolved) -> dict:
         "securityContext": dict(security.PROXY),
         "resources": proxy_resources(spec.proxy.resources),
     }
-    pod_spec: dict = {"containers": [container], "volumes": [volume], **ctx.pull_secrets()}
+    pod_spec: dict = {"containers": [container], "volumes": [volume], **api_identity(ctx),
+                      **ctx.pull_secrets()}
     pod_spec |= security.pod_fields(pod_spec, non_root=True)
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": metadata(ctx, ctx.names.proxy, COMPONENT),
@@ -142,3 +146,9 @@ def deployment(ctx: Resolved) -> dict:
                      "selector": {"matchLabels": selector(ctx, COMPONENT)},
                      "template": {"metadata": {"labels": labels(ctx, COMPONENT)},
                                   "spec": pod_spec}}}
+
+
+def api_identity(ctx: Resolved) -> dict:
+    """The proxy pod's own ServiceAccount, its token mounted: the one pod of a PDDeployment that
+    talks to the API (its membership watch)."""
+    return {"serviceAccountName": ctx.names.proxy_access, "automountServiceAccountToken": True}
