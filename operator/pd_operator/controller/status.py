@@ -122,7 +122,8 @@ def _kv_condition(validation: Validation) -> _Cond:
     if errors:
         return _Cond("KVCompatible", False, errors[0].code, _errors_text(errors))
     p, d = report.prefill_layout, report.decode_layout
-    assert p is not None and d is not None
+    if p is None or d is None:  # check_pair leaves a layout out only beside an error finding
+        return _Cond("KVCompatible", False, "Unknown", "The KV layout of a role could not be resolved.")
     return _Cond("KVCompatible", True, "Compatible",
                  f"Prefill engine blocks of {p.engine_block_size} tokens and decode blocks of "
                  f"{d.engine_block_size} tokens pair through {report.segment_tokens}-token segments.")
