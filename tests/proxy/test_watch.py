@@ -34,10 +34,11 @@ from support.specs import example, resolve
 
 pytestmark = pytest.mark.integration
 
-ROUTABLE = [{"prefill": {0}, "decode": {0}}, {"prefill": {0}, "decode": {0, 1}},
-            {"prefill": {0, 1}, "decode": {0, 1}}, {"prefill": {1}, "decode": {0, 1}},
-            {"prefill": {1}, "decode": {1}}, {"prefill": {0}, "decode": {1}}]
-"""Memberships to switch between: each a different version."""
+LAYOUT = resolve(example()).layout_hash
+"""The example's kv-layout hash (the namespace does not change it)."""
+_INSTANCES = [({0}, {0}), ({0}, {0, 1}), ({0, 1}, {0, 1}), ({1}, {0, 1}), ({1}, {1}), ({0}, {1})]
+ROUTABLE = [{"prefill": dict.fromkeys(p, LAYOUT), "decode": dict.fromkeys(d, LAYOUT)} for p, d in _INSTANCES]
+"""Memberships to switch between (instances on one layout): each a different version."""
 
 
 def _path(api_version: str, plural: str, namespace: str) -> str:

@@ -553,14 +553,17 @@ class ProxyProcess:
             print(f"--- pd-proxy log ({self.log}) ---\n{self.log.read_text()[-20000:]}")
 
     def _listening(self) -> bool:
+        """Both ports accept: the clients' and the admin one (pd-proxy starts them one after the other)."""
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"pd-proxy exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
-        try:
-            with socket.create_connection((self.host, self.port), timeout=1):
-                return True
-        except OSError:
-            return False
+        for port in (self.port, self.admin_port):
+            try:
+                with socket.create_connection((self.host, port), timeout=1):
+                    pass
+            except OSError:
+                return False
+        return True
 
     async def get(self, path: str, admin: bool = False) -> tuple[int, Any]:
         """On the clients' port, or the admin port."""
