@@ -81,15 +81,18 @@ def of_image(image: str, *, tools_image: str, serving_name: str, serving_version
              serving_ours: bool) -> Contents | None:
     """The contents of `image`; None when the operator cannot tell (an image of the user's own, say a
     proxy image: nothing is checked then). `serving_*` describe spec.image, which may name a release by
-    spec.image.vllmAscendVersion rather than its tag."""
+    spec.image.vllmAscendVersion rather than its tag. A vllm-ascend release tag is a release image
+    whichever field names it; the tools image is otherwise taken to be the operator image, as the
+    admin said."""
+    if image == serving_name:
+        version: str | None = serving_version or release_of_tag(image)
+        return release_contents(version, ours=serving_ours) if version in RELEASES else None
+    version = release_of_tag(image)
+    if version is not None:
+        return release_contents(version) if version in RELEASES else None
     if image == tools_image or _repository(image) == OPERATOR_REPOSITORY:
         return OPERATOR
-    if image == serving_name:
-        version = serving_version or release_of_tag(image)
-        ours = serving_ours
-    else:
-        version, ours = release_of_tag(image), False
-    return release_contents(version, ours=ours) if version in RELEASES else None
+    return None
 
 
 EXECS_AFTER_SEPARATOR = frozenset({"pd-preflight"})
