@@ -23,19 +23,20 @@ TOOLS = [f"--tools-image={DEFAULT_TOOLS_IMAGE}"]  # the chart's own image (every
 EXPECTED_ARGS = {
     "default": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json", *TOOLS, *HOST_PATHS],
     "namespaced": [
-        "run", "--namespace=llm-prod", "--namespace=llm-staging", *COMMON, *SELF_SIGNED, "--log-format=json", *TOOLS,
-        *HOST_PATHS,
+        "run", "--namespace=llm-prod", "--namespace=llm-staging", *COMMON, *SELF_SIGNED, "--log-format=json",
+        *TOOLS, *HOST_PATHS,
     ],
     "cert-manager": ["run", "--all-namespaces", *COMMON, *CERT_DIR, "--log-format=json", *TOOLS, *HOST_PATHS],
-    "webhook-off": ["run", "--all-namespaces", *COMMON, "--no-webhook", "--log-format=plain", *TOOLS, *HOST_PATHS],
+    "webhook-off": ["run", "--all-namespaces", *COMMON, "--no-webhook", "--log-format=plain", *TOOLS,
+                    *HOST_PATHS],
     "metrics": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json", *TOOLS, *HOST_PATHS],
     "peering": [
-        "run", "--all-namespaces", *COMMON, *CERT_DIR, "--peering=pd-operator-peers", "--log-format=json", *TOOLS,
-        *HOST_PATHS,
+        "run", "--all-namespaces", *COMMON, *CERT_DIR, "--peering=pd-operator-peers", "--log-format=json",
+        *TOOLS, *HOST_PATHS,
     ],
     "peering-namespaced": [
-        "run", "--namespace=llm-prod", *COMMON, "--no-webhook", f"--peering={FULLNAME}", "--log-format=json", *TOOLS,
-        *HOST_PATHS,
+        "run", "--namespace=llm-prod", *COMMON, "--no-webhook", f"--peering={FULLNAME}", "--log-format=json",
+        *TOOLS, *HOST_PATHS,
     ],
 }
 
@@ -60,7 +61,8 @@ def test_the_tools_image_is_the_operators_own(value_set):
 def test_the_default_tools_image_is_the_charts_default_image():
     values = yaml.safe_load((REPO / "charts/pd-operator/values.yaml").read_text())
     chart = yaml.safe_load((REPO / "charts/pd-operator/Chart.yaml").read_text())
-    assert DEFAULT_TOOLS_IMAGE == f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}"
+    tag = values["image"]["tag"] or chart["appVersion"]
+    assert f"{values['image']['repository']}:{tag}" == DEFAULT_TOOLS_IMAGE
 
 
 def test_command_is_the_packages_console_script():
