@@ -308,8 +308,10 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
 
 
 def _run_findings(resolved: Resolved) -> list[Finding]:
-    """ImageCannotRun for every rendered container whose image cannot run its command."""
-    from pd_operator.render import render  # the renderer builds on Resolved, defined here
+    """ImageCannotRun for every rendered container whose image cannot run its command: the pods of one
+    instance per role (every instance of a role runs the same commands; one is rendered even for a
+    role at 0 instances, which a scale-up would start) and the proxy's."""
+    from pd_operator.render import proxy, workloads  # the renderer builds on Resolved, defined here
 
     image = resolved.deployment.spec.image
 
@@ -322,7 +324,10 @@ def _run_findings(resolved: Resolved) -> list[Finding]:
             return "spec.proxy.image"
         return "spec.image.name" if name == image.name else f"pd-operator {contents.TOOLS_IMAGE_FLAG}"
 
-    return contents.findings(render(resolved), contents_of, field_of)
+    pods = [workloads.stateful_set(resolved, role, 0) for role in ROLES]
+    if resolved.deployment.spec.proxy.enabled:
+        pods.append(proxy.deployment(resolved))
+    return contents.findings(pods, contents_of, field_of)
 
 
 def _resolved(dep: PDDeployment, model: ModelKV, report: PairReport, shapes: dict[str, InstanceShape],
