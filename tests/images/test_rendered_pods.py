@@ -12,7 +12,8 @@ sidecar runs in the same image and must reach its loop: prefill `serve` publishe
 decode `gate` runs rounds and answers /ready (503: its peers' names do not resolve here).
 
 The proxy container runs in the operator image as rendered (user, read-only root) on the host's
-network and serves a request through fake prefill and decode engines (support.fakevllm).
+network and serves a request through fake prefill and decode engines (support.fakevllm), reading its
+membership from the mounted file (no ServiceAccount token here: the watch's fallback).
 """
 
 from __future__ import annotations
@@ -187,8 +188,9 @@ def test_the_proxy_serves_a_request_in_the_operator_image(path, images, tmp_path
     membership = tmp_path / "membership"
     membership.mkdir()
     membership.chmod(0o755)
-    port = pick_port(HOST)
-    cont = {**proxy, "command": [*proxy["command"], "--host", HOST, "--port", str(port)]}
+    port, admin = pick_port(HOST), pick_port(HOST)  # the host's network: free ports, not the rendered
+    cont = {**proxy, "command": [*proxy["command"], "--host", HOST, "--port", str(port),
+                                 "--admin-port", str(admin)]}
     options = [*containers.security_options(pod_spec, cont),
                *containers.volume_options(pod_spec, cont, {"membership": membership}),
                *containers.command_options(cont)[0], "--network", "host"]
@@ -200,7 +202,7 @@ def test_the_proxy_serves_a_request_in_the_operator_image(path, images, tmp_path
         swap(membership / KEY, document([prefill.upstream], [decode.upstream]))
         (membership / KEY).chmod(0o644)
         try:
-            async with ProxyProcess(argv, HOST, port, tmp_path / "proxy.log",
+            async with ProxyProcess(argv, HOST, port, tmp_path / "proxy.log", admin,
                                     env=containers.environment()) as served:
                 status, body = await served.post("/v1/completions", {
                     "model": "m", "prompt": "hello", "max_tokens": 4})
