@@ -40,3 +40,22 @@ def cel(rule: str, message: str):
 def preserve_unknown() -> dict:
     """Schema extra for free-form objects (affinity, tolerations, inline config.json)."""
     return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def sentence(text: str) -> str:
+    """A pydantic error message as a sentence of a finding."""
+    text = text.removeprefix("Value error, ")
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as a manifest field path (`spec.decode.env[0].name`)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "tagged-union") or "[" in str(part):
+            continue  # pydantic's own markers inside unions and validators, not fields
+        else:
+            out += f".{part}" if out else str(part)
+    return out

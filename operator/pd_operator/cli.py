@@ -25,9 +25,10 @@ from pd_operator.kv.summary import report_json, report_table
 from pd_operator.kv.transfer_plan import plan_transfer
 from pd_operator.render import render
 from pd_operator.render.yaml_text import to_yaml
+from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE, TOOLS_IMAGE_FLAG
 from pd_operator.spec.host_paths import WEIGHTS_ROOT, HostPathPolicy
-from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
-from pd_operator.spec.validate import validate
+from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput
+from pd_operator.spec.validate import pair_from_manifest, validate
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
 
@@ -146,6 +147,9 @@ def _host_path_flag(command: argparse.ArgumentParser) -> None:
                          help="a node path PDDeployments may mount, as the operator's flag of that name "
                               "(repeatable); default: the Ascend driver and tool paths of the node "
                               f"presets and {WEIGHTS_ROOT}")
+    command.add_argument(TOOLS_IMAGE_FLAG, default=DEFAULT_TOOLS_IMAGE, metavar="IMAGE",
+                         help="the operator's image, as the operator's flag of that name (its pods' tools "
+                              f"bundle and proxy); default {DEFAULT_TOOLS_IMAGE}")
 
 
 def _host_path_policy(args: argparse.Namespace) -> HostPathPolicy:
@@ -169,7 +173,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             worst = max(worst, EXIT_UNREADABLE)
             continue
         for index, doc in enumerate(docs):
-            result = validate(doc, host_path_policy=policy)
+            result = validate(doc, host_path_policy=policy, tools_image=args.tools_image)
             meta = doc.get("metadata") if isinstance(doc, dict) else None
             name = meta.get("name") if isinstance(meta, dict) else None
             label = f"{path}" + (f" ({name})" if isinstance(name, str) else "") + \
@@ -211,7 +215,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     manifests: list[dict] = []
     policy = _host_path_policy(args)
     for doc in docs:
-        result = validate(doc, host_path_policy=policy)
+        result = validate(doc, host_path_policy=policy, tools_image=args.tools_image)
         if not result.ok:
             for f in result.errors:
                 print(f"{args.file}: {f.line()}", file=sys.stderr)

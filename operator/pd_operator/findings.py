@@ -157,6 +157,11 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "error", "The image's vllm-ascend sizes this model's engine block by a rule the operator does not "
         "plan (an older hybrid-model rule, or no C8 packing of an int8/fp8 MLA cache).",
         "Use an image with the vllm-ascend release whose block rule the operator plans (0.30.0rc2)."),
+    "ImageCannotRun": (
+        "error", "A rendered container's command needs what its image lacks (by the image model, "
+        "serving_image/contents.py): for example pd-proxy in a vllm-ascend release image.",
+        "Leave spec.proxy.image unset (the operator image runs the proxy) or name an image that has the "
+        "command."),
     "PortOverlap": (
         "error", "Two port ranges of the same pod overlap.",
         "Move kvTransfer.kvPort (or the named port) so the ranges are disjoint."),

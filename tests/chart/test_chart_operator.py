@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from pd_operator.controller.main import options_from
+from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec.host_paths import DEFAULT as DEFAULT_HOST_PATHS
 from support.helm_chart import RELEASE, REPO, operator_container, operator_deployment, rendered, template
 
@@ -17,23 +18,25 @@ COMMON = ["--health-port=8080", "--metrics-port=9090"]
 SELF_SIGNED = ["--webhook-port=9443", "--webhook-self-signed", f"--webhook-config-name={FULLNAME}"]
 CERT_DIR = ["--webhook-port=9443", "--webhook-cert-dir=/etc/pd-operator/webhook-tls"]
 HOST_PATHS = [f"--allow-host-path={p}" for p in DEFAULT_HOST_PATHS.allowed]
+TOOLS = [f"--tools-image={DEFAULT_TOOLS_IMAGE}"]  # the chart's own image (every value set keeps it)
 
 EXPECTED_ARGS = {
-    "default": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json", *HOST_PATHS],
+    "default": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json", *TOOLS, *HOST_PATHS],
     "namespaced": [
         "run", "--namespace=llm-prod", "--namespace=llm-staging", *COMMON, *SELF_SIGNED, "--log-format=json",
-        *HOST_PATHS,
+        *TOOLS, *HOST_PATHS,
     ],
-    "cert-manager": ["run", "--all-namespaces", *COMMON, *CERT_DIR, "--log-format=json", *HOST_PATHS],
-    "webhook-off": ["run", "--all-namespaces", *COMMON, "--no-webhook", "--log-format=plain", *HOST_PATHS],
-    "metrics": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json", *HOST_PATHS],
+    "cert-manager": ["run", "--all-namespaces", *COMMON, *CERT_DIR, "--log-format=json", *TOOLS, *HOST_PATHS],
+    "webhook-off": ["run", "--all-namespaces", *COMMON, "--no-webhook", "--log-format=plain", *TOOLS,
+                    *HOST_PATHS],
+    "metrics": ["run", "--all-namespaces", *COMMON, *SELF_SIGNED, "--log-format=json", *TOOLS, *HOST_PATHS],
     "peering": [
         "run", "--all-namespaces", *COMMON, *CERT_DIR, "--peering=pd-operator-peers", "--log-format=json",
-        *HOST_PATHS,
+        *TOOLS, *HOST_PATHS,
     ],
     "peering-namespaced": [
         "run", "--namespace=llm-prod", *COMMON, "--no-webhook", f"--peering={FULLNAME}", "--log-format=json",
-        *HOST_PATHS,
+        *TOOLS, *HOST_PATHS,
     ],
 }
 
@@ -47,6 +50,19 @@ def test_operator_command_line(value_set):
     container = operator_container(rendered(value_set))
     assert container["command"] == ["pd-operator"]
     assert container["args"] == EXPECTED_ARGS[value_set]
+
+
+def test_the_tools_image_is_the_operators_own(value_set):
+    """The serving pods' init container and the proxy run the image the operator runs from."""
+    container = operator_container(rendered(value_set))
+    assert f"--tools-image={container['image']}" in container["args"]
+
+
+def test_the_default_tools_image_is_the_charts_default_image():
+    values = yaml.safe_load((REPO / "charts/pd-operator/values.yaml").read_text())
+    chart = yaml.safe_load((REPO / "charts/pd-operator/Chart.yaml").read_text())
+    tag = values["image"]["tag"] or chart["appVersion"]
+    assert f"{values['image']['repository']}:{tag}" == DEFAULT_TOOLS_IMAGE
 
 
 def test_command_is_the_packages_console_script():

@@ -241,8 +241,8 @@ def test_serving_image_is_a_known_vllm_ascend_release_and_installs_the_pod_comma
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert {"pd-preflight", "pd-kv-probe", "pd-proxy"} <= set(project["scripts"])
     assert "/opt/pd-operator" in pip_requirements(IMAGES["vllm-ascend"])
-    # The proxy Deployment runs pd-proxy from this image: its extra comes with vLLM, and the build
-    # runs the script once (importing aiohttp) right after the package is installed.
+    # The package's `proxy` extra comes with vLLM, and the build runs pd-proxy once (importing the
+    # package and aiohttp) right after the package is installed. The pods do not run it from here.
     assert {canonicalize_name(Requirement(r).name)
             for r in project["optional-dependencies"]["proxy"]} == PROXY_FROM_VLLM
     (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_REF" not in r]

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from pd_operator.serving_image.capabilities import RELEASES
 from support import containers
 
 pytestmark = pytest.mark.images
@@ -46,3 +47,14 @@ def test_stock_stand_in_vllm_records_its_argv_and_env_and_serves_nothing(stock_i
     recorded = json.loads(done.stdout)
     assert recorded["argv"][1:] == ["serve", "/models/x", "--port", "8000"]
     assert recorded["env"]["VLLM_TEST"] == "1"
+
+
+def test_stock_stand_in_has_the_release_images_python_and_what_vllm_brings(stock_image):
+    """The image model's python3 of the release it plays (3.12), with vLLM's oldest allowed pydantic."""
+    done = containers.run(stock_image, "python3", "-c",
+                          "import sys, pydantic, numpy, yaml, aiohttp; "
+                          "print(*sys.version_info[:2], pydantic.VERSION)")
+    assert done.returncode == 0, done.stderr
+    major, minor, pydantic = done.stdout.split()
+    assert (int(major), int(minor)) == RELEASES["0.30.0rc2"].python
+    assert pydantic == "2.12.0"

@@ -3,6 +3,10 @@ see are laid out (support.renders.run_pod), a recorder stands in for `vllm`, and
 exec it with exactly the rendered argv, and refuse, naming the finding, a pod whose argv, NPU
 grant or image was tampered with.
 
+Each pod runs as in the image its container names, by the image model (support.image_model: only that
+image's commands and packages, so not this venv's pd_operator), with the tools bundle laid out where
+the init container puts it; without the bundle it does not start.
+
 The image is what `pd-preflight` finds installed (pd_operator.serving_image.installed reads its source and
 preflight.check_image judges it against the rendered claim); here a stand-in vllm-ascend source tree
 is laid out on PYTHONPATH, as the serving image has it installed.
@@ -16,7 +20,8 @@ import json
 import pytest
 
 from pd_operator.render import render
-from support.renders import VALID_EXAMPLES, container, role_of, run_pod, serving_sets
+from pd_operator.serving_image import bundle
+from support.renders import VALID_EXAMPLES, container, image_of, role_of, run_pod, serving_sets
 from support.specs import example, resolve
 
 GLM = next(p for p in VALID_EXAMPLES if p.stem == "glm-5.3-flash-tp8-dp2tp4")
@@ -43,9 +48,9 @@ def test_every_rendered_pod_passes_its_preflight_and_execs_the_rendered_argv(pat
     manifests = _manifests(path)
     for sts in serving_sets(manifests):
         cont = container(sts)
-        start = cont["command"].index("pd-preflight")
-        assert cont["command"][start:start + 4] == \
-            ["pd-preflight", "--config", f"/etc/pd/preflight-{role_of(sts)}.json", "--"]
+        start = cont["command"].index("python3")
+        assert cont["command"][start:start + 5] == \
+            [*bundle.command("pd-preflight"), "--config", f"/etc/pd/preflight-{role_of(sts)}.json", "--"]
         for ordinal in range(sts["spec"]["replicas"]):
             run = run_pod(manifests, sts, ordinal, tmp_path / f"{sts['metadata']['name']}-{ordinal}")
             assert run.returncode == 0, run.stderr
@@ -59,6 +64,17 @@ def test_every_rendered_pod_passes_its_preflight_and_execs_the_rendered_argv(pat
                 local = int(rendered[rendered.index("--data-parallel-size-local") + 1])
                 assert extra == [*(["--headless"] if ordinal else []), "--data-parallel-start-rank",
                                  str(ordinal * local)]
+
+
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_without_the_tools_bundle_no_pod_starts(path, tmp_path):
+    """The bundle is the only pd_operator the pod's python3 finds: without the init container's copy,
+    the command fails before `vllm serve`."""
+    manifests = _manifests(path)
+    sts = serving_sets(manifests)[0]
+    run = run_pod(manifests, sts, 0, tmp_path / "pod", bundled=False)
+    assert run.returncode != 0 and run.argv is None
+    assert f"{bundle.MOUNT.rsplit('/', 1)[1]}/pd-preflight" in run.stderr  # python3: can't open file ...
 
 
 def _refused(run, code: str, path: str) -> None:
@@ -131,7 +147,8 @@ def test_an_image_without_cross_tp_runs_is_refused(tmp_path):
 def test_a_missing_config_is_refused(tmp_path):
     manifests = _manifests(GLM)
     sts = _decode(manifests)
+    image = image_of(manifests, container(sts))
     for config_map in (m for m in manifests if m["kind"] == "ConfigMap"):
         config_map["data"] = {}
-    run = run_pod(manifests, sts, 0, tmp_path)
+    run = run_pod(manifests, sts, 0, tmp_path, image=image)
     assert run.returncode == EX_CONFIG and "PreflightConfigInvalid" in run.stderr and run.argv is None

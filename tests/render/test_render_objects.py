@@ -199,7 +199,7 @@ def test_probe_sidecars_read_the_pairing_the_engines_run(tmp_path):
             (tmp_path / key).write_text(text)
         for sts in serving_sets(manifests):
             (sidecar,) = sts["spec"]["template"]["spec"]["containers"][1:]
-            args = parser().parse_args([a.replace(CONFIG_DIR, str(tmp_path)) for a in sidecar["command"][1:]])
+            args = parser().parse_args([a.replace(CONFIG_DIR, str(tmp_path)) for a in sidecar["command"][2:]])
             assert args.port == 8090 and args.command == {"prefill": "serve", "decode": "gate"}[role_of(sts)]
             geo = geometry(args)
             assert geo.prefill.engine_block_size == validation.report.prefill_layout.engine_block_size
@@ -219,7 +219,7 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
         sidecar = sts["spec"]["template"]["spec"]["containers"][1]
         volumes = {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
         assert {m["name"] for m in sidecar["volumeMounts"]} <= volumes
-        args = parser().parse_args([a.replace(MOUNT_DIR, str(tmp_path)) for a in sidecar["command"][1:]])
+        args = parser().parse_args([a.replace(MOUNT_DIR, str(tmp_path)) for a in sidecar["command"][2:]])
         if args.membership:
             assert MOUNT_DIR in {m["mountPath"] for m in sidecar["volumeMounts"]}
             return membership_peers(args.membership)

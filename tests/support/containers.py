@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import pathlib
 import re
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from support.cluster import Component
@@ -168,6 +169,40 @@ def base_image() -> str:
     return BASE_IMAGE
 
 
+# What a CPython prefix holds that an image needs none of: its tests, IDLE, Tk, and whatever was
+# installed into its own site-packages (the image makes a venv).
+PYTHON_LEAVE_OUT = ("test", "idlelib", "tkinter", "turtledemo", "__pycache__", "site-packages")
+
+
+def _python_prefixes(version: str) -> list[pathlib.Path]:
+    """Where this machine may have a CPython `version` (x.y) built as a relocatable prefix: pyenv's
+    versions (the machines here have them), then an interpreter on PATH."""
+    pyenv = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv")) / "versions"
+    found = sorted(pyenv.glob(f"{version}.*"), reverse=True) if pyenv.is_dir() else []
+    on_path = shutil.which(f"python{version}")
+    if on_path and "shims" not in on_path:
+        found.append(pathlib.Path(on_path).resolve().parents[1])
+    return [p for p in found if (p / "bin" / f"python{version}").is_file()]
+
+
+def release_python(version: str = "3.12") -> pathlib.Path:
+    """A copy under STATE of this machine's CPython `version`, without what an image needs none of: the
+    build context `python` of the stock-serving stand-in (vllm-ascend's images run 3.12, which Debian
+    does not package and which nothing but the package registries could bring here)."""
+    prefixes = _python_prefixes(version)
+    if not prefixes:
+        raise RuntimeError(f"no CPython {version} on this machine (pyenv or PATH): the stock-serving "
+                           f"stand-in runs the vllm-ascend images' python3 {version}")
+    source = prefixes[0]
+    target = STATE / f"python-{source.name}"
+    if not (target / "bin" / f"python{version}").is_file():
+        progress(f"copying CPython {version} from {source} for the stock-serving stand-in (once)")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns(*PYTHON_LEAVE_OUT))
+        (target / "lib" / f"python{version}" / "site-packages").mkdir()
+    return target
+
+
 def _copy_sources(dockerfile: pathlib.Path) -> list[str]:
     """The build-context paths a Dockerfile's COPY/ADD instructions read (not other stages')."""
     sources: list[str] = []
@@ -186,13 +221,19 @@ def local_images(text: str, build_args: Mapping[str, str]) -> set[str]:
     return {name for name in named if name.startswith("localhost/")}
 
 
-def inputs_hash(dockerfile: pathlib.Path, context: pathlib.Path, build_args: Mapping[str, str]) -> str:
+def inputs_hash(dockerfile: pathlib.Path, context: pathlib.Path, build_args: Mapping[str, str],
+                contexts: Mapping[str, pathlib.Path] | None = None) -> str:
     """What decides an image: the Dockerfile, the build arguments, every file its COPYs read (as git
-    sees them: ignored files are not sent, see .dockerignore) and the local images it builds on."""
+    sees them: ignored files are not sent, see .dockerignore), the local images it builds on, and the
+    files of any named build context (by path and size: they are made here, not edited)."""
     text = dockerfile.read_text()
     digest = hashlib.sha256(text.encode())
     for key, value in sorted(build_args.items()):
         digest.update(f"\0arg {key}={value}".encode())
+    for key, root in sorted((contexts or {}).items()):
+        digest.update(f"\0context {key}".encode())
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+            digest.update(f"\0{path.relative_to(root)}:{path.stat().st_size}".encode())
     for image in sorted(local_images(text, build_args)):
         digest.update(podman("image", "inspect", "--format", "{{.Id}}", image).stdout.encode())
     sources = _copy_sources(dockerfile)
@@ -208,20 +249,24 @@ def inputs_hash(dockerfile: pathlib.Path, context: pathlib.Path, build_args: Map
 
 
 def build(image: str, dockerfile: pathlib.Path, context: pathlib.Path,
-          build_args: Mapping[str, str] | None = None, timeout: float = 1800) -> str:
+          build_args: Mapping[str, str] | None = None,
+          contexts: Mapping[str, Callable[[], pathlib.Path]] | None = None, timeout: float = 1800) -> str:
     """`podman build` of `image` unless an image of that name already carries the hash of these inputs.
-    A build that names BASE_IMAGE (in the Dockerfile or a build argument) makes it first. Returns `image`."""
+    A build that names BASE_IMAGE (in the Dockerfile or a build argument) makes it first; `contexts`
+    makes the named build contexts (`COPY --from=NAME`). Returns `image`."""
     args = dict(build_args or {})
     if BASE_IMAGE in local_images(dockerfile.read_text(), args):
         base_image()
-    wanted = inputs_hash(dockerfile, context, args)
+    named = {key: make() for key, make in (contexts or {}).items()}
+    wanted = inputs_hash(dockerfile, context, args, named)
     if label(image, INPUTS_LABEL) == wanted:
         return image
     started = time.monotonic()
     progress(f"building {image} from {dockerfile.relative_to(ROOT)} (inputs {wanted})")
     argv = ["podman", "build", "--layers", "-f", str(dockerfile), "-t", image,
             "--secret", f"id=cacert,src={CA_BUNDLE}", "--label", f"{INPUTS_LABEL}={wanted}",
-            *[a for k, v in args.items() for a in ("--build-arg", f"{k}={v}")], str(context)]
+            *[a for k, v in args.items() for a in ("--build-arg", f"{k}={v}")],
+            *[a for k, v in named.items() for a in ("--build-context", f"{k}={v}")], str(context)]
     output: list[str] = []
     with subprocess.Popen(argv, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:
@@ -308,14 +353,15 @@ TMPFS_SIZE_SUFFIX = {"Ki": "k", "Mi": "m", "Gi": "g"}
 
 
 def volume_options(pod_spec: Mapping, container: Mapping, sources: Mapping[str, pathlib.Path]) -> list[str]:
-    """podman options for a container's volumeMounts: an emptyDir is a tmpfs (its sizeLimit kept); any
-    other volume is the host directory `sources` names for it, read-only for the kinds a kubelet mounts
-    read-only (configMap, secret, projected, downwardAPI) or when the mount says so."""
+    """podman options for a container's volumeMounts: an emptyDir is a tmpfs (its sizeLimit kept) unless
+    `sources` names a host directory for it (one the pod's containers share); any other volume is the
+    host directory `sources` names for it, read-only for the kinds a kubelet mounts read-only
+    (configMap, secret, projected, downwardAPI) or when the mount says so."""
     volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
     options = []
     for mount in container.get("volumeMounts") or []:
         volume = volumes[mount["name"]]
-        if "emptyDir" in volume:
+        if "emptyDir" in volume and mount["name"] not in sources:
             size = str((volume["emptyDir"] or {}).get("sizeLimit", ""))
             for suffix, short in TMPFS_SIZE_SUFFIX.items():
                 size = size.replace(suffix, short)
@@ -326,6 +372,13 @@ def volume_options(pod_spec: Mapping, container: Mapping, sources: Mapping[str, 
         read_only = mount.get("readOnly") or bool(READ_ONLY_VOLUMES & set(volume))
         options += ["--volume", f"{sources[mount['name']]}:{mount['mountPath']}{':ro' if read_only else ''}"]
     return options
+
+
+def command_options(container: Mapping) -> tuple[list[str], list[str]]:
+    """(podman options, command) that run a container's `command` and `args` as a kubelet does: the
+    command replaces the image's entrypoint (and so its default arguments), the args follow."""
+    options = ["--entrypoint", json.dumps(list(container["command"]))] if container.get("command") else []
+    return options, list(container.get("args") or [])
 
 
 class InContainer:
@@ -376,8 +429,13 @@ class Container(InContainer, Component):
 OPERATOR = ("localhost/pd-operator:test", ROOT / "images" / "operator" / "Dockerfile", ROOT,
             {"BASE_IMAGE": BASE_IMAGE})
 STOCK_SERVING = ("localhost/stock-serving:test", ROOT / "tests" / "support" / "images" / "stock-serving" /
-                 "Dockerfile", ROOT / "tests" / "support", {"BASE_IMAGE": BASE_IMAGE})
-TIER = (OPERATOR, STOCK_SERVING)
+                 "Dockerfile", ROOT / "tests" / "support", {"BASE_IMAGE": BASE_IMAGE},
+                 {"python": release_python})
+# The same with the seed change's function in its vllm-ascend tree: the stand-in for an image built from
+# images/vllm-ascend (which cannot be built here: it starts from a stock image), as the pods see it.
+SEED_SERVING = ("localhost/seed-serving:test", *STOCK_SERVING[1:3],
+                {**STOCK_SERVING[3], "VLLM_ASCEND_SEED": "1"}, STOCK_SERVING[4])
+TIER = (OPERATOR, STOCK_SERVING, SEED_SERVING)
 
 
 def main() -> None:

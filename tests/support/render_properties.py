@@ -19,6 +19,7 @@ from pd_operator.api.types import ROLE_KIND, PDRole
 from pd_operator.names import Names
 from pd_operator.proxy.membership import KEY, MOUNT_DIR, Upstream
 from pd_operator.render.env import ENGINE_API_KEY_ENV
+from pd_operator.serving_image import bundle
 from pd_operator.spec.ports import PROBE_PORT, pod_ports
 from pd_operator.spec.reserved import OWNED_ENV
 from pd_operator.spec.validate import Validation
@@ -100,7 +101,17 @@ def check_containers(validation: Validation, manifests: list[dict]) -> None:
         # Every serving pod runs its side of the KV-link probe (kv_probe.py).
         (sidecar,) = pod["containers"][1:]
         assert sidecar["name"] == {"prefill": "kv-probe", "decode": "kv-link"}[role]
-        assert sidecar["command"][:2] == ["pd-kv-probe", {"prefill": "serve", "decode": "gate"}[role]]
+        assert sidecar["command"][:3] == [*bundle.command("pd-kv-probe"),
+                                          {"prefill": "serve", "decode": "gate"}[role]]
+        # Both run the tools bundle the operator image's init container copies in (render/tools.py),
+        # read-only, with the serving image's python3: nothing of ours needs to be in that image.
+        (init,) = pod["initContainers"]
+        assert init["image"] == validation.resolved.tools_image
+        assert init["command"] == [bundle.COMMAND, bundle.MOUNT]
+        for c in (cont, sidecar):
+            assert c["image"] == validation.deployment.spec.image.name
+            assert {"name": init["volumeMounts"][0]["name"], "mountPath": bundle.MOUNT,
+                    "readOnly": True} in c["volumeMounts"]
         served = {p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
         assert served == _plan_ports(validation, role) and PROBE_PORT in served
         names = [e["name"] for e in cont["env"]]
@@ -132,6 +143,8 @@ def check_proxy(validation: Validation, manifests: list[dict]) -> None:
     (proxy,) = deployments
     cont = container(proxy)
     assert cont["command"][0] == "pd-proxy"
+    # The proxy runs from the operator image, never the serving one, unless the spec names another.
+    assert cont["image"] == (dep.spec.proxy.image or validation.resolved.tools_image)
     assert flag(cont["command"], "--membership") == f"{MOUNT_DIR}/{KEY}"
     assert flag(cont["command"], "--port") == str(dep.spec.proxy.port)
     (mount,) = cont["volumeMounts"]

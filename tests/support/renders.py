@@ -4,8 +4,10 @@
 ConfigMap's files at their mount path, the container's env with the downward-API values filled in,
 the NPUs the device plugin would grant for the container's resource limit, an installed
 vllm-ascend source tree, which pd-preflight introspects) and runs the rendered container command in
-its own network namespace, with a stand-in `vllm` on PATH that records its argv. So `pd-preflight`
-and the shell prelude that computes the DP start rank run exactly as written.
+its own network namespace, as in the image the container names by its model (support.image_model:
+that image's commands alone on PATH, a python3 that imports only its packages; `vllm` a recorder of
+its argv), with the tools bundle where the init container puts it. So `pd-preflight` and the shell
+prelude that computes the DP start rank run exactly as written, with what the image has.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from pd_operator.proxy.membership import KEY, Membership, parse_document
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
+from pd_operator.serving_image import bundle
+from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE, Contents, of_image
 from pd_operator.spec.validate import Validation, validate
+from support import image_model
 from support.specs import EXAMPLES, example, resolve
 from support.vllm_ascend_tree import write_tree
 
@@ -80,12 +84,23 @@ def pod_env(cont: dict, ordinal: int) -> dict[str, str]:
 # the serving image has it installed; pd-preflight reads its source. By default it carries everything
 # an example claims (MooncakeConnectorV2, the seed change, GLM-Next model code).
 SEED_TREE: dict = {}
-VENV_BIN = Path(sys.executable).parent
-# The stand-in `vllm`: it records its argv in $PD_TEST_ARGV (also the stock-serving image's `vllm`).
-RECORDER = Path(__file__).with_name("recorder.py")
 # A pod has its own network namespace; without one, ports of this shared machine would look busy.
-NETNS = ["unshare", "-rn"] if shutil.which("unshare") and subprocess.run(
-    ["unshare", "-rn", "true"], capture_output=True).returncode == 0 else []
+# By absolute path: the pod's PATH is the image's.
+UNSHARE = shutil.which("unshare")
+NETNS = [UNSHARE, "-rn"] if UNSHARE and subprocess.run(
+    [UNSHARE, "-rn", "true"], capture_output=True).returncode == 0 else []
+
+
+def image_of(manifests: list[dict], cont: dict) -> Contents:
+    """The model of the image a rendered container names (what the validator checked it against)."""
+    (config_map,) = [m for m in of_kind(manifests, "ConfigMap") if "pd.serving.dev/role" not in
+                     m["metadata"]["labels"]]
+    image = json.loads(config_map["data"]["pairing.json"])["spec"]["image"]
+    found = of_image(cont["image"], tools_image=DEFAULT_TOOLS_IMAGE, serving_name=image["name"],
+                     serving_version=image.get("vllmAscendVersion"),
+                     serving_ours=bool(image.get("seedChange")))
+    assert found is not None, f"no model of {cont['image']}"
+    return found
 
 
 @dataclass(frozen=True)
@@ -117,30 +132,37 @@ def proxy_membership(manifests: list[dict]) -> Membership:
 
 def run_pod(manifests: list[dict], sts: dict, ordinal: int, work: Path, *,
             cont: dict | None = None, npus: int | None = None,
-            vllm_ascend: dict | None = SEED_TREE) -> PodRun:
-    """Run pod `ordinal` of `sts` (its main container, or `cont` edited from it) with a vllm-ascend
-    laid out by `write_tree(**vllm_ascend)` (None: no vllm-ascend installed)."""
+            vllm_ascend: dict | None = SEED_TREE, bundled: bool = True,
+            image: Contents | None = None) -> PodRun:
+    """Run pod `ordinal` of `sts` (its main container, or `cont` edited from it) as in the image the
+    container names, by its model (support.image_model: only the image's commands on PATH, only its
+    packages importable), with a vllm-ascend laid out by `write_tree(**vllm_ascend)` (None: none
+    installed) and, unless not `bundled`, the tools bundle where the init container puts it. `image`:
+    the model to run as (default: that of the container's image, `image_of`)."""
     cont = cont or container(sts)
     work.mkdir(parents=True, exist_ok=True)
     mounted = work / "etc-pd"
     mounted.mkdir(exist_ok=True)
     for key, text in config_map_data(manifests).items():
         (mounted / key).write_text(text)
-    recorder = work / "bin" / "vllm"
-    recorder.parent.mkdir(exist_ok=True)
-    shutil.copy(RECORDER, recorder)  # its `#!/usr/bin/env python3` finds VENV_BIN's on PATH
-    site = work / "site"
-    shutil.rmtree(site, ignore_errors=True)
-    site.mkdir()
+    tools = work / "pd-tools"
+    shutil.rmtree(tools, ignore_errors=True)
+    tools.mkdir()
+    if bundled:
+        bundle.write(tools)
+    bin_dir, site = image_model.lay_out(image or image_of(manifests, cont), work / "image")
+    tree = work / "vllm-ascend"
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir()
     if vllm_ascend is not None:
-        write_tree(site, **vllm_ascend)
+        write_tree(tree, **vllm_ascend)
     granted = npu_count(cont) if npus is None else npus
     argv_file = work / "argv.json"
     argv_file.unlink(missing_ok=True)
-    env = {**pod_env(cont, ordinal), "PATH": f"{recorder.parent}:{VENV_BIN}:/usr/bin:/bin",
-           "PD_TEST_ARGV": str(argv_file), "PYTHONPATH": str(site),
-           "ASCEND_VISIBLE_DEVICES": ",".join(str(i) for i in range(granted))}
-    command = [arg.replace(CONFIG_DIR, str(mounted)) for arg in cont["command"]]
+    env = {**pod_env(cont, ordinal), **image_model.path_env(bin_dir, site, tree),
+           "PD_TEST_ARGV": str(argv_file), "ASCEND_VISIBLE_DEVICES": ",".join(str(i) for i in range(granted))}
+    command = [arg.replace(CONFIG_DIR, str(mounted)).replace(bundle.MOUNT, str(tools))
+               for arg in cont["command"]]
     done = subprocess.run([*NETNS, *command], env=env, capture_output=True, text=True, timeout=60)
     argv = json.loads(argv_file.read_text()) if argv_file.exists() else None
     if argv:

@@ -5,7 +5,8 @@ stopped and the gate goes not ready; the operator's pure gate (controller/gate.p
 given the pods with the kv-link readiness the kubelet would report, takes the decode instance out of
 the proxy's upstreams and says why in DecodeReady and status.kvLinks.
 
-What stands in for the cluster: the rendered ConfigMap's files at a temporary mount path, POD_IP
+What stands in for the cluster: the rendered ConfigMap's files at a temporary mount path, the tools
+bundle where the init container puts it (pd_operator.serving_image.bundle), POD_IP
 127.0.0.1 (the downward API), free ports instead of 8090 (both pods share one network here),
 `--peer 127.0.0.1:<port>` for the prefill pod's DNS name, a 1 s period instead of 30 s, and a plain
 GET of the rendered readinessProbe path standing in for the kubelet.
@@ -32,6 +33,7 @@ from pd_operator.proxy.membership import parse_document
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
 from pd_operator.render.proxy import membership_document
+from pd_operator.serving_image import bundle
 from support.cluster import pick_port, wait_for
 from support.controller_fakes import desired, link_down, pods_of, routable_of, validated
 from support.renders import config_map_data, role_of, serving_sets
@@ -47,7 +49,11 @@ class Sidecar:
     """One sidecar command of a rendered pod, running, with its stdout lines collected."""
 
     def __init__(self, cont: dict, mounted: Path, port: int, extra: list[str] | None = None) -> None:
-        command = [arg.replace(CONFIG_DIR, str(mounted)) for arg in cont["command"]]
+        tools = mounted / "pd-tools"  # where the init container would have put the tools bundle
+        if not tools.exists():
+            bundle.write(tools)
+        command = [arg.replace(CONFIG_DIR, str(mounted)).replace(bundle.MOUNT, str(tools))
+                   for arg in cont["command"]]
         command[command.index("--port") + 1] = str(port)
         if "--every" in command:
             command[command.index("--every") + 1] = "1"

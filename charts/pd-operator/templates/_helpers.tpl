@@ -77,6 +77,10 @@ The `pd-operator run` flags (the contract with pd_operator.controller.main), one
 A self-signed certificate is made per process, so several replicas behind one Service would each
 present a different CA: that combination is refused here.
 */}}
+{{- define "pd-operator.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
 {{- define "pd-operator.args" -}}
 - run
 {{- if .Values.watchNamespaces }}
@@ -105,6 +109,8 @@ present a different CA: that combination is refused here.
 - --peering={{ include "pd-operator.peeringName" . }}
 {{- end }}
 - --log-format={{ .Values.logFormat }}
+{{- /* The serving pods' tools bundle and the proxy come from this very image. */}}
+- --tools-image={{ include "pd-operator.image" . }}
 {{- $allowed := .Values.hostPaths.allowed | default (.Files.Get "files/host-paths.yaml" | fromYaml).allowed }}
 {{- range concat $allowed .Values.hostPaths.additional | uniq }}
 - --allow-host-path={{ . }}

@@ -396,7 +396,9 @@ class ProxySpec(ApiModel):
     """The port of /pd/state (what the operator reads to drain) and /reset_prefix_cache: not in the
     Service, and the proxy's NetworkPolicy admits only the operator's namespace to it."""
     image: str | None = Field(default=None, max_length=512)
-    """Defaults to the serving image, which has this package installed and so runs `pd-proxy`."""
+    """The image that runs `pd-proxy`. Defaults to the operator's own image (the chart's `image`), which
+    has it: the CPU-only router never pulls the serving image. An image the operator knows not to have
+    `pd-proxy` (a vllm-ascend release) is refused (ImageCannotRun)."""
     api_key: SecretKeyRef | None = None
     """A Secret key holding the API key clients must send (`Authorization: Bearer <key>`) on every
     /v1 path. The engines get the same key (VLLM_API_KEY) and the proxy sends it to them, so a client

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 from pd_operator.spec.validate import validate
 
@@ -21,8 +22,9 @@ class Verdict:
     warnings: list[str]
 
 
-def verdict(body: dict, operation: str, host_path_policy: HostPathPolicy = DEFAULT) -> Verdict:
-    result = validate(body, host_path_policy=host_path_policy)
+def verdict(body: dict, operation: str, host_path_policy: HostPathPolicy = DEFAULT,
+            tools_image: str = DEFAULT_TOOLS_IMAGE) -> Verdict:
+    result = validate(body, host_path_policy=host_path_policy, tools_image=tools_image)
     warnings = [f"{f.path}: {f.message}" if f.path else f.message for f in result.warnings]
     errors = [f"{f.path}: {f.message}" if f.path else f.message for f in result.errors]
     if not errors:

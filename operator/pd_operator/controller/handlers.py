@@ -112,7 +112,8 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
         @kopf.on.validate(*resource, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
         def validate_pdd(*, body: kopf.Body, warnings: list[str], operation: str | None = None,
                          **_: Any) -> None:
-            verdict = admission.verdict(dict(body), operation or "CREATE", runner.host_path_policy)
+            verdict = admission.verdict(dict(body), operation or "CREATE", runner.host_path_policy,
+                                        runner.tools_image)
             warnings.extend(verdict.warnings)
             if not verdict.allowed:
                 raise kopf.AdmissionError(verdict.message, code=422)

@@ -24,6 +24,7 @@ from pd_operator.controller import handlers, logs, webhook
 from pd_operator.controller.client import Client, connect
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.runner import Runner
+from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE, TOOLS_IMAGE_FLAG
 from pd_operator.spec.host_paths import DEFAULT, WEIGHTS_ROOT, HostPathPolicy
 
 
@@ -43,6 +44,7 @@ class Options:
     kubeconfig: str | None = None
     drift_interval_s: float = 30.0
     host_path_policy: HostPathPolicy = DEFAULT
+    tools_image: str = DEFAULT_TOOLS_IMAGE
 
 
 def _port(text: str) -> int:
@@ -80,6 +82,10 @@ def parser() -> argparse.ArgumentParser:
                      help="a node path (and what lies under it) PDDeployments may mount (repeatable); "
                           "default: the Ascend driver and tool paths of the node presets and "
                           f"{WEIGHTS_ROOT}")
+    run.add_argument(TOOLS_IMAGE_FLAG, default=DEFAULT_TOOLS_IMAGE, metavar="IMAGE",
+                     help="this operator's own image: serving pods copy the tools bundle from it and "
+                          f"the proxy runs from it (the chart passes its image; default "
+                          f"{DEFAULT_TOOLS_IMAGE})")
     return top
 
 
@@ -105,7 +111,8 @@ def options_from(argv: Sequence[str]) -> Options:
                    webhook_cert_dir=args.webhook_cert_dir, webhook_self_signed=args.webhook_self_signed,
                    webhook_config_name=args.webhook_config_name, peering=args.peering,
                    log_format=args.log_format, kubeconfig=args.kubeconfig,
-                   drift_interval_s=args.drift_interval, host_path_policy=host_path_policy)
+                   drift_interval_s=args.drift_interval, host_path_policy=host_path_policy,
+                   tools_image=args.tools_image)
 
 
 def settings_for(options: Options, workdir: pathlib.Path, client: Client | None = None,
@@ -140,7 +147,7 @@ def run(options: Options, *, stop_flag: threading.Event | None = None,
     metrics = Metrics()
     client = connect(options.kubeconfig)
     runner = Runner(client, metrics, drift_interval_s=options.drift_interval_s,
-                    host_path_policy=options.host_path_policy)
+                    host_path_policy=options.host_path_policy, tools_image=options.tools_image)
     registry = kopf.OperatorRegistry()
     health = webhook.WebhookHealth() if options.webhook else None
     handlers.register(registry, runner, webhook=health)

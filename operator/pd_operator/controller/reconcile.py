@@ -32,6 +32,7 @@ from pd_operator.render import Routable, policy, render
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_version
 from pd_operator.render.workloads import revision
+from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec import scaling
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 from pd_operator.spec.validate import Resolved, Validation, validate, with_instances
@@ -309,7 +310,8 @@ def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mo
 
 
 def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: list[dict], pods: list[dict],
-              now: datetime | None = None, host_path_policy: HostPathPolicy = DEFAULT) -> Outcome:
+              now: datetime | None = None, host_path_policy: HostPathPolicy = DEFAULT,
+              tools_image: str = DEFAULT_TOOLS_IMAGE) -> Outcome:
     """Bring the children of one PDDeployment to its spec. `children` and `pods` are the objects
     carrying its `pd.serving.dev/deployment` label, as observed. Raises InvalidSpec (after recording
     the findings in the status) when the spec cannot be served, client.ApiError on API failures."""
@@ -318,7 +320,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     ns = meta["namespace"]
     validation = validate(manifest_of(body),
                           read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k),
-                          host_path_policy=host_path_policy)
+                          host_path_policy=host_path_policy, tools_image=tools_image)
     outcome = Outcome()
     if validation.resolved is not None:
         asks = pdroles.asks(validation.resolved, children, meta["uid"])

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 
 from pd_operator.preflight.checks import POD_INDEX_ENV, ROLE_OF
+from pd_operator.serving_image import bundle
 from pd_operator.spec.ports import DP_RPC_PORT
 from pd_operator.spec.reserved import PREFIX_CACHING_OFF
 from pd_operator.spec.validate import Resolved
 
-PREFLIGHT_COMMAND = "pd-preflight"  # console script of this package, installed in the serving image
+PREFLIGHT = "pd-preflight"  # run from the tools bundle (render/tools.py) by the serving image's python3
 CONFIG_DIR = "/etc/pd"
 """Where serving pods mount the serving ConfigMap (render/serving_config.py)."""
 # vLLM 0.34 turns prefix caching on by default for hybrid models, which switches their state cache to the
@@ -77,12 +78,14 @@ def preflight_config_path(role: str) -> str:
 
 
 def pod_command(ctx: Resolved, role: str, index: int) -> list[str]:
-    """The container command: `pd-preflight` checks the pod against the rendered pairing, then
-    execs `vllm serve`. In a multi-pod instance all pods share one template, so a short shell
-    prelude first appends the flags that depend on the pod's ordinal (downward API, PD_POD_INDEX):
-    the DP start rank and the non-leaders' --headless. The argv reaches the shell as its positional
-    parameters ("$@"), never as script text, so the JSON argument needs no quoting."""
-    argv = [PREFLIGHT_COMMAND, "--config", preflight_config_path(role), "--", *serve_argv(ctx, role, index)]
+    """The container command: `pd-preflight` (the tools bundle's, run by the image's python3) checks
+    the pod against the rendered pairing, then execs `vllm serve`. In a multi-pod instance all pods
+    share one template, so a short shell prelude first appends the flags that depend on the pod's
+    ordinal (downward API, PD_POD_INDEX): the DP start rank and the non-leaders' --headless. The argv
+    reaches the shell as its positional parameters ("$@"), never as script text, so the JSON argument
+    needs no quoting."""
+    argv = [*bundle.command(PREFLIGHT), "--config", preflight_config_path(role), "--",
+            *serve_argv(ctx, role, index)]
     plan = ctx.shapes[role]
     if not plan.multi_pod:
         return argv

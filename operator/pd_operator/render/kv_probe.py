@@ -21,11 +21,12 @@ Without the proxy (spec.proxy.enabled false) the gate links every prefill instan
 from __future__ import annotations
 
 from pd_operator.proxy.membership import KEY, MOUNT_DIR
-from pd_operator.render import proxy, security, serving_config
+from pd_operator.render import proxy, security, serving_config, tools
+from pd_operator.serving_image import bundle
 from pd_operator.spec.ports import HANDSHAKE_RPC, PROBE_PORT, PROBE_READY_PATH
 from pd_operator.spec.validate import Resolved
 
-PROBE_COMMAND = "pd-kv-probe"  # console script of this package, installed in the serving image
+PROBE = "pd-kv-probe"  # run from the tools bundle (render/tools.py) by the serving image's python3
 CONTAINER = {"prefill": "kv-probe", "decode": "kv-link"}
 PORT_NAME = "kv-probe"
 GATE_PERIOD = 30
@@ -38,10 +39,10 @@ def _gated_by_membership(ctx: Resolved, role: str) -> bool:
 def probe_argv(ctx: Resolved, role: str) -> list[str]:
     common = ["--config", serving_config.PAIRING_PATH, "--port", str(PROBE_PORT)]
     if role == "prefill":
-        return [PROBE_COMMAND, "serve", *common]
+        return [*bundle.command(PROBE), "serve", *common]
     members = (["--membership", f"{MOUNT_DIR}/{KEY}", "--layout", ctx.layout_hash]
                if _gated_by_membership(ctx, role) else [])
-    return [PROBE_COMMAND, "gate", *common, *members, "--every", str(GATE_PERIOD)]
+    return [*bundle.command(PROBE), "gate", *common, *members, "--every", str(GATE_PERIOD)]
 
 
 def volumes(ctx: Resolved, role: str) -> list[dict]:
@@ -69,7 +70,7 @@ def sidecar(ctx: Resolved, role: str) -> dict:
                 {"name": "MC_MIN_RPC_PORT", "value": str(HANDSHAKE_RPC[0])},
                 {"name": "MC_MAX_RPC_PORT", "value": str(HANDSHAKE_RPC[1])}],
         "ports": [{"name": PORT_NAME, "containerPort": PROBE_PORT, "protocol": "TCP"}],
-        "volumeMounts": [serving_config.volume(ctx)[1],
+        "volumeMounts": [serving_config.volume(ctx)[1], tools.mount(),
                          *([proxy.membership_volume(ctx)[1]] if _gated_by_membership(ctx, role) else [])],
         "readinessProbe": readiness(role),
         "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},

@@ -6,7 +6,7 @@ import json
 import re
 
 from pd_operator.api.labels import HOSTNAME
-from pd_operator.render import kv_probe, scheduling, security, serving_config
+from pd_operator.render import kv_probe, scheduling, security, serving_config, tools
 from pd_operator.render.command import pod_command
 from pd_operator.render.env import container_env
 from pd_operator.render.labels import labels, selector
@@ -47,8 +47,8 @@ def _volumes(ctx: Resolved, role: str) -> tuple[list[dict], list[dict]]:
     weights = ctx.deployment.spec.model.weights
     config_volume, config_mount = serving_config.volume(ctx)
     volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
-                           config_volume]
-    mounts: list[dict] = [{"name": "dshm", "mountPath": "/dev/shm"}, config_mount]
+                           config_volume, tools.volume()]
+    mounts: list[dict] = [{"name": "dshm", "mountPath": "/dev/shm"}, config_mount, tools.mount()]
     for path, kind in host_mounts(ctx.role(role).host_mounts):
         name = _volume_name(path)
         volumes.append({"name": name, "hostPath": {"path": path, **({"type": kind} if kind else {})}})
@@ -101,7 +101,8 @@ def pod_template(ctx: Resolved, role: str, index: int) -> dict:
     volumes, mounts = _volumes(ctx, role)
     containers = [serving_container(ctx, role, index, mounts),
                   kv_probe.sidecar(ctx, role)]
-    spec: dict = {"containers": containers, "volumes": [*volumes, *kv_probe.volumes(ctx, role)],
+    spec: dict = {"initContainers": [tools.init_container(ctx)], "containers": containers,
+                  "volumes": [*volumes, *kv_probe.volumes(ctx, role)],
                   "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS, **ctx.pull_secrets()}
     if side.host_network:
         spec |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}

@@ -15,7 +15,7 @@ import json
 from pd_operator.api.types import ROLES, Resources
 from pd_operator.proxy import membership, options
 from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, parse_document
-from pd_operator.render import security
+from pd_operator.render import security, tools
 from pd_operator.render.env import secret_env
 from pd_operator.render.labels import labels, metadata, selector
 from pd_operator.render.resources import resources
@@ -124,8 +124,8 @@ def deployment(ctx: Resolved) -> dict:
     volume, mount = membership_volume(ctx)
     container = {
         "name": "proxy",
-        "image": spec.proxy.image or spec.image.name,
-        "imagePullPolicy": spec.image.pull_policy,
+        "image": ctx.proxy_image(),
+        "imagePullPolicy": spec.image.pull_policy if spec.proxy.image else tools.PULL_POLICY,
         "command": proxy_argv(ctx),
         **({"env": env} if (env := secret_env(spec.proxy.api_key, options.API_KEY_ENV)) else {}),
         "ports": [{"name": "http", "containerPort": spec.proxy.port, "protocol": "TCP"},

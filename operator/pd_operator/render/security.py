@@ -13,15 +13,17 @@
   non-root user but names components that need root. So the engine drops nothing until that is
   measured on an NPU node; it never adds any and never escalates. Mooncake over RDMA would need
   IPC_LOCK (its Kubernetes guide), which the operator does not render.
-- The proxy runs as a non-root user (NON_ROOT) on a read-only root file system: it needs no file of
-  its own to write.
+- The proxy and the tools init container run from the operator image as its non-root user (NON_ROOT)
+  on a read-only root file system: the proxy needs no file of its own to write, the init container
+  writes only the bundle's emptyDir.
 """
 
 from __future__ import annotations
 
-NON_ROOT = 65532
-"""The uid and gid of the proxy (the conventional "nonroot" user of distroless images): numeric,
-so the kubelet can enforce runAsNonRoot whatever user the image names."""
+NON_ROOT = 10001
+"""The uid and gid of the operator image's user (images/operator/Dockerfile USER; the chart's
+securityContext), which runs the proxy and the tools init container: numeric, so the kubelet can
+enforce runAsNonRoot whatever user the image names."""
 
 NO_ESCALATION = {"privileged": False, "allowPrivilegeEscalation": False}
 ENGINE = NO_ESCALATION
@@ -30,6 +32,8 @@ ENGINE = NO_ESCALATION
 SIDECAR = {**NO_ESCALATION, "capabilities": {"drop": ["ALL"]}}
 """Containers beside the engine (the KV-link probe)."""
 PROXY = {**SIDECAR, "runAsNonRoot": True, "readOnlyRootFilesystem": True}
+TOOLS = {**PROXY, "runAsUser": NON_ROOT, "runAsGroup": NON_ROOT}
+"""The tools init container of an engine pod, whose pod-level context sets no user."""
 
 
 def pod_fields(pod_spec: dict, *, non_root: bool = False) -> dict:

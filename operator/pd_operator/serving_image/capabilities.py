@@ -59,6 +59,9 @@ class Release:
     patch_mamba_config.py @ 0.30.0rc2: the pooled-indexer rule with C8 packing, vLLM's rule for other
     hybrid models). Older releases size every other hybrid model by their own state-aligned rule and
     do not pack an int8/fp8 MLA cache."""
+    python: tuple[int, int] = (3, 12)
+    """The release image's python3: its CANN base is `...-py3.12` since vllm-ascend 0.21.0rc1
+    (vllm-ascend PR #9558; Dockerfile @ every release here)."""
 
 
 # Ordered oldest first. 0.23.0 is the release the stock `v0.23.0-a3` images carry; 0.28.0rc1 first

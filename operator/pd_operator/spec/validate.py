@@ -11,8 +11,7 @@ the pair.
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,25 +19,21 @@ from pydantic import ValidationError
 
 from pd_operator.api import serving_metrics
 from pd_operator.api.schema_check import schema_problems
-from pd_operator.api.types import API_VERSION, KIND, ROLES, ModelSpec, PDDeployment, RoleSpec
+from pd_operator.api.types import API_VERSION, KIND, ROLES, PDDeployment, RoleSpec
+from pd_operator.api_model import field_path, sentence
 from pd_operator.findings import Finding, is_compatible
-from pd_operator.kv import presets
 from pd_operator.kv.blocksize import SideLayout
 from pd_operator.kv.compat import PairReport, check_pair
-from pd_operator.kv.hf_config import ConfigError, model_from_hf_config
 from pd_operator.kv.model import ModelKV
-from pd_operator.kv.side import Side
 from pd_operator.names import DNS1035_LABEL, Names
-from pd_operator.serving_image import capabilities
+from pd_operator.serving_image import capabilities, contents
 from pd_operator.spec import host_paths, scaling
 from pd_operator.spec.host_paths import HostPathPolicy
 from pd_operator.spec.layout import layout_hash
+from pd_operator.spec.pairing import ConfigMapReader, ManifestError, PairInput, resolve_model, side_of
 from pd_operator.spec.ports import port_findings
 from pd_operator.spec.reserved import OWNED_ENV, OWNED_FLAGS, PREFIX_CACHING_FLAGS, flag_name, owned_flag
 from pd_operator.spec.topology import InstanceShape, TopologyError, instance_shape
-
-ConfigMapReader = Callable[[str, str], str | None]
-"""(configmap name, key) -> the value, or None when the ConfigMap or key does not exist."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +52,13 @@ class Resolved:
     layout_hash: str
     """spec/layout.py: the value of every serving pod's kv-layout label."""
     names: Names
+    tools_image: str = contents.DEFAULT_TOOLS_IMAGE
+    """The operator's own image (`--tools-image`): the serving pods' init container copies the tools
+    bundle from it (serving_image/bundle.py), and the proxy runs from it unless spec.proxy.image says
+    otherwise."""
+
+    def proxy_image(self) -> str:
+        return self.deployment.spec.proxy.image or self.tools_image
 
     def role(self, role: str) -> RoleSpec:
         return self.deployment.role(role)
@@ -113,23 +115,6 @@ def _invalid(path: str, message: str) -> Finding:
     return Finding("InvalidSpec", "error", path, "", message)
 
 
-def _sentence(text: str) -> str:
-    text = text.removeprefix("Value error, ")
-    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
-
-
-def _pydantic_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("function-after", "tagged-union") or "[" in str(part):
-            continue  # pydantic's own markers inside unions and validators, not fields
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
 def _shape_findings(doc: Any) -> list[Finding]:
     if not isinstance(doc, dict):
         return [_invalid("(root)",
@@ -145,7 +130,7 @@ def _shape_findings(doc: Any) -> list[Finding]:
         out.append(_invalid("metadata.name", "metadata.name is required."))
     if out:
         return out
-    return [_invalid(path, _sentence(message)) for path, message in schema_problems(doc)]
+    return [_invalid(path, sentence(message)) for path, message in schema_problems(doc)]
 
 
 def parse(doc: Any) -> tuple[PDDeployment | None, list[Finding]]:
@@ -156,58 +141,7 @@ def parse(doc: Any) -> tuple[PDDeployment | None, list[Finding]]:
     try:
         return PDDeployment.model_validate(doc), []
     except ValidationError as err:
-        return None, [_invalid(_pydantic_path(e["loc"]), _sentence(e["msg"])) for e in err.errors()]
-
-
-def resolve_model(spec: ModelSpec, namespace: str, read_config_map: ConfigMapReader | None
-                  ) -> tuple[ModelKV | None, list[Finding]]:
-    name = spec.served_model_name or spec.name
-    try:
-        if spec.preset is not None:
-            model = presets.get(spec.preset)
-        elif spec.kv is not None:
-            model = spec.kv
-        elif spec.hf_config is not None:
-            model = model_from_hf_config(spec.hf_config, name)
-        else:
-            ref = spec.hf_config_map
-            assert ref is not None
-            if read_config_map is None:
-                return None, [Finding(
-                    "KVCheckDeferred", "warning", "spec.model.hfConfigMap", "",
-                    f"The model config is in ConfigMap {ref.name}; the controller reads it and reports "
-                    "KV compatibility in the KVCompatible condition.")]
-            text = read_config_map(ref.name, ref.key)
-            if text is None:
-                return None, [Finding("ConfigMapNotFound", "error", "spec.model.hfConfigMap", "",
-                                      f"ConfigMap {namespace}/{ref.name} has no key {ref.key!r}; create it "
-                                      "with the model's config.json.")]
-            try:
-                data = json.loads(text)
-            except ValueError as err:
-                raise ConfigError(f"key {ref.key!r} of ConfigMap {ref.name} is not JSON: {err}") from None
-            model = model_from_hf_config(data, name)
-    except KeyError as err:
-        return None, [Finding("UnknownModel", "error", "spec.model.preset", "", f"{err.args[0]}.")]
-    except ConfigError as err:
-        where = "spec.model.hfConfigMap" if spec.hf_config_map else "spec.model.hfConfig"
-        code = "UnsupportedArchitecture" if "no KV description rule" in str(err) else "UnknownModel"
-        return None, [Finding(code, "error", where, "", f"{err}.")]
-    if spec.dtype is not None:
-        model = model.model_copy(update={"dtype": spec.dtype})
-    return model, []
-
-
-def side_of(role: str, spec: RoleSpec, model: ModelKV, kv_cache_dtype: str) -> Side:
-    """The side as a serving image runs it: every image is a vllm-ascend one, so vllm-ascend's block
-    rule (platform "ascend", as 0.30.0rc2 has it); images whose release sizes blocks otherwise are
-    refused by capabilities.findings (ImageBlockRuleUnmodelled, KVCacheDTypeUnsupported)."""
-    return Side(role=role, model=model, tensor_parallel=spec.tensor_parallel_size,  # type: ignore[arg-type]
-                data_parallel=spec.data_parallel_size, pipeline_parallel=spec.pipeline_parallel_size,
-                kv_cache_dtype=kv_cache_dtype, block_size=spec.block_size,
-                kernel_block_size=spec.kernel_block_size,
-                num_speculative_tokens=spec.num_speculative_tokens, path=f"spec.{role}",
-                model_path="spec.model", platform="ascend")
+        return None, [_invalid(field_path(e["loc"]), sentence(e["msg"])) for e in err.errors()]
 
 
 def _override_findings(role: str, spec: RoleSpec) -> list[Finding]:
@@ -335,11 +269,15 @@ def _image_findings(dep: PDDeployment, model: ModelKV | None) -> list[Finding]:
 
 
 def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
-             host_path_policy: HostPathPolicy = host_paths.DEFAULT) -> Validation:
+             host_path_policy: HostPathPolicy = host_paths.DEFAULT,
+             tools_image: str = contents.DEFAULT_TOOLS_IMAGE) -> Validation:
     """Validate one PDDeployment manifest. `read_config_map` lets the controller resolve
     `spec.model.hfConfigMap`; without it (pdctl, the webhook) that check is deferred.
     `host_path_policy` is the cluster admin's allow-list of host paths (`--allow-host-path` of
-    pd-operator run and pdctl validate); the built-in default otherwise."""
+    pd-operator run and pdctl validate); the built-in default otherwise. `tools_image` is the
+    operator's own image (`--tools-image`), which the rendered pods take the tools bundle and the proxy
+    from. Last, the spec is rendered and every container's command checked against the model of its
+    image (serving_image/contents.py): a spec whose pods would not start is not servable."""
     dep, findings = parse(doc)
     if dep is None:
         return Validation(findings)
@@ -363,17 +301,43 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
                         side_of("decode", dep.spec.decode, model, cache_dtype),
                         connector=dep.spec.kv_transfer.connector)
     findings = [*findings, *report.findings]
-    return Validation(findings, dep, model, report, shapes, _resolved(dep, model, report, shapes, findings))
+    resolved = _resolved(dep, model, report, shapes, findings, tools_image)
+    if resolved is not None and (cannot_run := _run_findings(resolved)):
+        return Validation([*findings, *cannot_run], dep, model, report, shapes)
+    return Validation(findings, dep, model, report, shapes, resolved)
+
+
+def _run_findings(resolved: Resolved) -> list[Finding]:
+    """ImageCannotRun for every rendered container whose image cannot run its command: the pods of one
+    instance per role (every instance of a role runs the same commands; one is rendered even for a
+    role at 0 instances, which a scale-up would start) and the proxy's."""
+    from pd_operator.render import proxy, workloads  # the renderer builds on Resolved, defined here
+
+    image = resolved.deployment.spec.image
+
+    def contents_of(name: str) -> contents.Contents | None:
+        return contents.of_image(name, tools_image=resolved.tools_image, serving_name=image.name,
+                                 serving_version=image.vllm_ascend_version, serving_ours=image.seed_change)
+
+    def field_of(name: str) -> str:
+        if name == resolved.deployment.spec.proxy.image:
+            return "spec.proxy.image"
+        return "spec.image.name" if name == image.name else f"pd-operator {contents.TOOLS_IMAGE_FLAG}"
+
+    pods = [workloads.stateful_set(resolved, role, 0) for role in ROLES]
+    if resolved.deployment.spec.proxy.enabled:
+        pods.append(proxy.deployment(resolved))
+    return contents.findings(pods, contents_of, field_of)
 
 
 def _resolved(dep: PDDeployment, model: ModelKV, report: PairReport, shapes: dict[str, InstanceShape],
-              findings: list[Finding]) -> Resolved | None:
+              findings: list[Finding], tools_image: str) -> Resolved | None:
     prefill, decode = report.prefill_layout, report.decode_layout
     if not is_compatible(findings) or prefill is None or decode is None or set(shapes) != set(ROLES):
         return None
     layouts = {"prefill": prefill, "decode": decode}
     return Resolved(dep, model, report, dict(shapes), layouts, layout_hash(dep, model, layouts),
-                    Names(dep.name, dep.namespace))
+                    Names(dep.name, dep.namespace), tools_image)
 
 
 def with_instances(validation: Validation, instances: Mapping[str, int]) -> Validation:
@@ -394,3 +358,16 @@ def with_instances(validation: Validation, instances: Mapping[str, int]) -> Vali
     return dataclasses.replace(validation, findings=findings, deployment=scaled,
                                resolved=dataclasses.replace(resolved, deployment=scaled)
                                if is_compatible(findings) else None)
+
+
+def pair_from_manifest(doc: Any) -> PairInput:
+    """The pairing of a user's manifest (`pdctl plan FILE`), read through the validator, so the tool
+    accepts exactly what the webhook and the controller accept."""
+    result = validate(doc)
+    if result.report is None or result.deployment is None:
+        problems = result.errors or result.findings
+        raise ManifestError("; ".join(f"{f.path}: {f.message}" if f.path else f.message for f in problems))
+    kv_findings = set(result.report.findings)
+    connector = result.deployment.spec.kv_transfer.connector
+    return PairInput(result.report.prefill, result.report.decode, connector,
+                     [f for f in result.findings if f not in kv_findings])

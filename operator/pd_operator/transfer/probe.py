@@ -4,7 +4,8 @@
     pd-kv-probe check --peer HOST:8090 PAIRING                (one check; exit 0 ok, 1 failed)
     pd-kv-probe gate --port 8090 --every 30 --config FILE     (decode side; stays up)
 
-PAIRING is `--config FILE` (a PDDeployment manifest, YAML or JSON) or `--model PRESET --prefill-tp N
+PAIRING is `--config FILE` (a PDDeployment manifest, YAML or JSON, as the operator renders it in
+pairing.json: read with the API model, spec.pairing.pair_from_rendered) or `--model PRESET --prefill-tp N
 --decode-tp N [...]`, plus `--prompt-tokens` and `--layers`. Engines use P2P handshakes over tcp
 (`--local-hostname`, default $POD_IP), as vllm-ascend's PD connectors discover peers.
 
@@ -50,7 +51,7 @@ from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, Side
 from pd_operator.kv.simulate import UNWRITTEN, regions
 from pd_operator.names import Names
 from pd_operator.proxy.membership import parse_document
-from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_manifest
+from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput, pair_from_rendered
 from pd_operator.spec.ports import PROBE_PORT, PROBE_READY_PATH
 from pd_operator.transfer import arena
 from pd_operator.transfer.engine import Engine, EngineError, open_engine
@@ -89,7 +90,7 @@ def pairing(args: argparse.Namespace) -> PairInput:
     if args.config:
         doc = read_manifest(args.config)
         try:
-            return pair_from_manifest(doc)
+            return pair_from_rendered(doc)
         except ManifestError as err:
             raise InputError(f"{args.config}: {err}") from None
     if not (args.model and args.prefill_tp and args.decode_tp):
