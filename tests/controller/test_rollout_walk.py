@@ -19,11 +19,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from pd_operator.api.types import ROLES
-from pd_operator.controller.rollout import InstanceState, Plan, RoleParams, other, plan, serving
+from pd_operator.controller.rollout import (
+    InstanceState,
+    Plan,
+    RoleParams,
+    other,
+    plan,
+    progressed_at,
+    serving,
+)
 
 OLD, NEW = "old-layout", "new-layout"
 SETTINGS = [(mu, ms) for mu in (0, 1, 2) for ms in (0, 1) if mu or ms]
@@ -228,3 +237,17 @@ def test_halted_moves_nothing_new_and_keeps_surge() -> None:
     step = plan(params, state, NEW)
     assert step.leave == frozenset() and step.instances["prefill"] == 3
     assert not step.complete and step.blocked is None
+
+
+def test_the_progress_clock_restarts_on_progress_and_on_a_new_template() -> None:
+    """A halted rollout rolled back by applying the previous spec again moves the stuck instance
+    back: as many instances updated and Ready as before, but on another revision, which is progress
+    (else the halt would outlive the spec that caused it)."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    later = start + timedelta(hours=1)
+    stuck = {"prefill": ("bad", 1, 1), "decode": ("bad", 1, 1)}
+    assert progressed_at(start, stuck, stuck, True, later) == start
+    assert progressed_at(start, stuck, {**stuck, "decode": ("bad", 2, 1)}, True, later) == later
+    assert progressed_at(start, stuck, {role: ("old", 1, 1) for role in ROLES}, True, later) == later
+    assert progressed_at(None, None, stuck, True, later) == later
+    assert progressed_at(start, stuck, stuck, False, later) is None

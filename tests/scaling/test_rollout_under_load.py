@@ -21,46 +21,35 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from collections.abc import Iterator
 
 import pytest
-import yaml
 
 from pd_operator.api.labels import REVISION
 from pd_operator.api.types import ROLES
-from support.audit import Event
-from support.cluster import DEFAULT_NODES, ControlPlane
-from support.fakevllm import Load, until
-from support.fixtures import keep_workdir
-from support.installed import get_pdd, weights_claim
-from support.kube import kubectl
-from support.podnet import Kubelet, loopback
-from support.specs import example
+from support.cluster import ControlPlane
+from support.fakevllm import Load
+from support.podnet import Kubelet
+from support.rollout import (
+    GLM,
+    INSTANCES,
+    NEW_IMAGE,
+    apply,
+    create,
+    deletes_pod_of,
+    live_pods,
+    loopback_plane,
+    rolled,
+    status,
+    status_until,
+    two_by_two,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.rollout]
 
-GLM = "glm-flash"
-INSTANCES = {role: {f"{GLM}-{role}-{i}" for i in (0, 1)} for role in ROLES}
-NEW_IMAGE = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed2"
-PROXY_IMAGE = "registry.example.com/pd-operator/pd-proxy:v1"
 CLIENTS = 4
-TIMEOUT_S = 300.0
 SAMPLE_S = 0.2
 
-
-@pytest.fixture(scope="module")
-def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
-    cp = ControlPlane(nodes=[loopback(DEFAULT_NODES[0])]).start()
-    yield cp
-    cp.stop(keep=keep_workdir(request))
-
-
-def _pods(cp: ControlPlane, namespace: str) -> list[dict]:
-    return list(cp.api("GET", f"/api/v1/namespaces/{namespace}/pods")["items"])
-
-
-def _pdd(cp: ControlPlane, namespace: str) -> dict:
-    return dict(get_pdd(cp, namespace, GLM))
+control_plane = pytest.fixture(scope="module")(loopback_plane)
 
 
 class Sampler:
@@ -97,14 +86,11 @@ class Sampler:
 
 
 async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathlib.Path) -> None:
-    doc = example(namespace=namespace)
-    doc["spec"]["prefill"]["replicas"] = doc["spec"]["decode"]["replicas"] = 2
-    doc["spec"].setdefault("proxy", {})["image"] = PROXY_IMAGE
-    cp.create_weights_volume(namespace, str(weights_claim(doc)))
-    kubectl(cp.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc))
+    doc = two_by_two(namespace)
+    create(cp, doc)
     async with Kubelet(cp, namespace, GLM, workdir / "pods") as kubelet:
         await kubelet.routed(INSTANCES["prefill"], INSTANCES["decode"])
-        old = {role: _pdd(cp, namespace)["status"][role]["revision"] for role in ROLES}
+        old = {role: status(cp, namespace)[role]["revision"] for role in ROLES}
         load = Load((await kubelet.proxy()).url, clients=CLIENTS)
         sampler = Sampler(cp, kubelet)
         async with load:
@@ -112,18 +98,9 @@ async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathli
             sampling = asyncio.create_task(sampler.run())
             patched = cp.audit.mark()
             doc["spec"]["image"]["name"] = NEW_IMAGE
-            kubectl(cp.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(doc))
-
-            async def rolled() -> dict | None:
-                pdd = await asyncio.to_thread(_pdd, cp, namespace)
-                st = pdd.get("status") or {}
-                progressing = next((c for c in st.get("conditions") or [] if c["type"] == "Progressing"), {})
-                done = all((st.get(role) or {}).get("updatedInstances") == 2
-                           and (st.get(role) or {}).get("revision") != old[role] for role in ROLES)
-                return st if done and progressing.get("reason") == "Complete" else None
-
-            final = await until("every instance on the new revision and Progressing=Complete", rolled,
-                                TIMEOUT_S)
+            apply(cp, doc)
+            final = await status_until(cp, namespace, "every instance on the new revision and "
+                                       "Progressing=Complete", rolled(old))
             await kubelet.routed(INSTANCES["prefill"], INSTANCES["decode"])
             await load.completed_after(load.mark(), 10)
             sampler.stop()
@@ -134,13 +111,12 @@ async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathli
     assert kubelet.errors() == []
     assert sampler.samples >= 2  # it sampled the membership the proxy routed by (how often depends on load)
     assert sampler.fewest == {"prefill": 1, "decode": 1}, sampler.fewest  # 2 - maxUnavailable, and it moved
-    pods = _pods(cp, namespace)
+    pods = live_pods(cp, namespace)
     for role in ROLES:
         revision = final[role]["revision"]
         assert {i["name"]: i["revision"] for i in final[role]["instances"]} == dict.fromkeys(INSTANCES[role],
                                                                                             revision)
-        serving = [p for p in pods if (p["metadata"].get("labels") or {}).get("pd.serving.dev/role") == role
-                   and not p["metadata"].get("deletionTimestamp")]
+        serving = [p for p in pods if p["metadata"]["labels"]["pd.serving.dev/role"] == role]
         assert {p["metadata"]["labels"][REVISION] for p in serving} == {revision}
         pdr = cp.api("GET", f"/apis/pd.serving.dev/v1alpha1/namespaces/{namespace}/pdroles/{GLM}-{role}")
         assert pdr["status"]["updatedReplicas"] == 2
@@ -148,17 +124,12 @@ async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathli
     writes = [i for i, e in enumerate(events) if e.user == user and e.write and e.resource == "configmaps"
               and e.name == f"{GLM}-proxy" and e.code < 300]
     for instance in INSTANCES["prefill"] | INSTANCES["decode"]:
-        removed = [i for i, e in enumerate(events) if _deletes_pod_of(e, instance)]
+        removed = [i for i, e in enumerate(events) if deletes_pod_of(e, instance)]
         assert removed, f"{instance}'s pods were never replaced"
         assert writes and writes[0] < removed[0], f"{instance}: a pod DELETE before the membership write"
         later = [e for e in cp.audit.events(sampler.last_routed[instance], namespace=namespace)
-                 if _deletes_pod_of(e, instance)]
+                 if deletes_pod_of(e, instance)]
         assert len(later) == len(removed), f"{instance}: its pods were deleted while the proxy routed to it"
-
-
-def _deletes_pod_of(event: Event, instance: str) -> bool:
-    return (event.verb == "delete" and event.resource == "pods" and event.code < 300
-            and event.name.startswith(f"{instance}-"))
 
 
 def test_a_new_image_rolls_through_under_load_without_a_failed_request(control_plane, namespace, release,

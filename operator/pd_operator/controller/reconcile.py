@@ -106,9 +106,15 @@ def _rollout(resolved: Resolved, body: dict, pods: list[dict], now: datetime) ->
     state = gate.observe(resolved, pods, {d.get("name") for d in previous.get("draining") or []})
     limits: dict[str, int] = {role: deadline(resolved, role) for role in ROLES}
 
-    figures = status_mod.rollout_figures(resolved, pods)
-    then: dict[str, tuple[int, int]] = {role: (int((previous.get(role) or {}).get("updatedInstances", -1)),
-                   int((previous.get(role) or {}).get("readyInstances", -1))) for role in ROLES}
+    # A new template (applying the previous spec again, say) is progress too: as a Deployment's new
+    # ReplicaSet restarts its deadline, else a halted rollout could never be rolled back.
+    figures: dict[str, tuple[str, int, int]] = {
+        role: (revision(resolved, role), *counts)
+        for role, counts in status_mod.rollout_figures(resolved, pods).items()}
+    then: dict[str, tuple[str, int, int]] = {
+        role: (str((previous.get(role) or {}).get("revision", "")),
+               int((previous.get(role) or {}).get("updatedInstances", -1)),
+               int((previous.get(role) or {}).get("readyInstances", -1))) for role in ROLES}
     # Under way while outdated instances remain, and after that until the replaced ones are Ready
     # (a new template that never starts stops at its deadline even on the last instance).
     starting = any(i not in state[role] or not state[role][i].ready

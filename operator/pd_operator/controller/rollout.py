@@ -238,11 +238,16 @@ def outdated(params: Mapping[str, RoleParams], state: State) -> dict[str, int]:
     return {role: len(_outdated(params[role], state.get(role, {}))) for role in ROLES}
 
 
-def progressed_at(previous: datetime | None, figures_then: Mapping[str, tuple[int, int]] | None,
-                  figures: Mapping[str, tuple[int, int]], active: bool, now: datetime) -> datetime | None:
-    """When the rollout last progressed: `now` when it starts or its figures (per role: instances
-    updated, instances ready) changed since the last status, else `previous`; None when no rollout
-    is under way. What the progress deadline counts from (Deployments count the same way)."""
+Figures = Mapping[str, tuple[str, int, int]]
+"""Per role: the revision, instances updated, instances ready."""
+
+
+def progressed_at(previous: datetime | None, figures_then: Figures | None, figures: Figures, active: bool,
+                  now: datetime) -> datetime | None:
+    """When the rollout last progressed: `now` when it starts or its figures (per role: the
+    revision, instances updated, instances ready) changed since the last status, else `previous`;
+    None when no rollout is under way. What the progress deadline counts from (Deployments count
+    the same way)."""
     if not active:
         return None
     if previous is None or figures_then is None or dict(figures_then) != dict(figures):
