@@ -167,6 +167,9 @@ class FakeEngine:
     """Decode, streaming: the time between two tokens."""
     host: str = HOST
     port: int = 0
+    layout: str = ""
+    """The kv-layout hash of the KV it computes (prefill) or pulls into (decode): a decode told to
+    pull KV of another layout records an error (pd-proxy must never pair across layouts)."""
     blocks: set[str] = field(default_factory=set)
     """Prefill: the requests whose KV decode has not pulled yet."""
     _runner: web.AppRunner | None = None
@@ -290,7 +293,7 @@ class FakeEngine:
         if request_id not in self.blocks:
             return web.json_response({"error": f"no blocks of {request_id}"}, status=404)
         self.blocks.discard(request_id)
-        return web.json_response({"request_id": request_id})
+        return web.json_response({"request_id": request_id, "layout": self.layout})
 
     async def _pull(self, params: dict) -> str | None:
         """Decode: pull the request's KV from the prefill engine its parameters name; what failed."""
@@ -298,9 +301,12 @@ class FakeEngine:
         url = f"http://{params['remote_host']}:{params['remote_port']}{KV_PULL_PATH}{params['remote_request_id']}"
         try:
             async with self._session.get(url) as resp:
-                if resp.status == 200:
+                if resp.status != 200:
+                    why = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
+                elif (layout := (await resp.json()).get("layout")) != self.layout:
+                    why = f"its KV has layout {layout!r}, this engine's is {self.layout!r}"
+                else:
                     return None
-                why = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
             why = f"{type(err).__name__}: {err}"
         problem = (f"{self.name} {params['remote_request_id']}: KV pull from {params['remote_engine_id']} "

@@ -23,7 +23,8 @@ The kubelet (`Kubelet`), for the pods of one PDDeployment, following the API (po
   (all pods share loopback, so each binds its IP) and pod DNS (support/poddns.py answers pod names
   from a file kept here as CoreDNS answers them from the API: pods of a headless Service);
 - the leader pod (pod-index 0) of a prefill or decode instance: a FakeEngine named as the
-  instance (its StatefulSet), on the pod's IP and its container's `http` port;
+  instance (its StatefulSet), on the pod's IP and its container's `http` port, with the pod's
+  kv-layout hash (a decode refuses KV of another layout);
 - a pod that is deleted: what ran for it is killed (SIGKILL, connections reset), so a deletion
   while a request is in flight there fails that request.
 kwok marks every pod Ready at once, so readiness says nothing about what runs here: wait for the
@@ -42,7 +43,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from pd_operator.api.labels import DEPLOYMENT, POD_INDEX, ROLE
+from pd_operator.api.labels import DEPLOYMENT, KV_LAYOUT, POD_INDEX, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.proxy.membership import Membership, ProxyState
 from pd_operator.proxy.watch import HOST_ENV, PORT_ENV, SERVICE_ACCOUNT_DIR
@@ -236,7 +237,7 @@ class Kubelet:
                 (container,) = [c for c in pod["spec"]["containers"] if c.get("ports")
                                 and any(p.get("name") == "http" for p in c["ports"])]
                 engine = FakeEngine(_owner(pod, "StatefulSet"), role, host=pod["status"]["podIP"],
-                                    port=_http_port(container))
+                                    port=_http_port(container), layout=_labels(pod).get(KV_LAYOUT, ""))
                 await engine.start()
                 self.engines[uid] = engine
                 self.started.append(engine)
