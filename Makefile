@@ -136,6 +136,7 @@ bench: install tools testcluster upstream
 	$(PY) bench/reconcile.py
 	$(PY) bench/scale.py
 	$(PY) bench/proxy.py
+	$(PY) bench/rollout.py
 
 bench-transfer: install
 	$(PY) bench/transfer.py

@@ -1,0 +1,169 @@
+"""Rolling-update latency on the real control plane: an image change rolled through 2 prefill and 2
+decode instances under client load, against a bare StatefulSet `RollingUpdate` of the same pod
+count in the same run.
+
+One control plane (tests/support: kube-apiserver v1.36.3, etcd, controller-manager, scheduler, kwok
+nodes whose pods get loopback IPs) and the operator as the chart installs it. The GLM example with
+2 + 2 instances (one pod each) runs with what its pods would run (support/podnet.py: the real
+`pd-proxy`, fake engines in the instances' leader pods) under a client load through the proxy pod
+for the whole run. Each repetition, in turn:
+
+1. bare: a 4-pod StatefulSet's image changes (RollingUpdate, the default: one pod at a time,
+   highest ordinal first) until every pod runs the update revision and is Ready;
+2. operator: the PDDeployment's image changes (the default rollout: maxUnavailable 1 per role,
+   no surge) until every instance runs the new revision, Progressing=Complete, and the proxy routes
+   to all four again. Each instance leaves the proxy and drains before its pods go, which bare
+   skips: the ratio is what serving through the change costs.
+
+Medians over the repetitions; `rollout_vs_bare_ratio` is the operator's over bare's. The emulated
+kubelet projects a changed ConfigMap within 0.2 s and pd-proxy reads its file every second; on a
+cluster the kubelet's ConfigMap sync adds to the operator's figure. Fake engines load at once, so
+neither figure has a model load in it (on NPUs that dominates both alike).
+
+`--repetitions N` (default 2). The bench exits 1 when a request failed.
+
+Figures:
+- repetitions: image changes of each kind
+- bare_rollout_seconds: bare, the image change until every pod is updated and Ready (median)
+- operator_rollout_seconds: operator, the image change until every instance is updated and routed (median)
+- rollout_vs_bare_ratio: operator over bare
+- bare_runs_seconds: every repetition's bare rollout, space-separated
+- operator_runs_seconds: every repetition's operator rollout
+- requests: client requests completed through the proxy
+- rollout_failed_requests: failed requests and the engines' protocol errors
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import _paths  # noqa: F401  (tests/ on sys.path)
+
+from pd_operator.api.types import ROLES
+from support import bench
+from support.cluster import DEFAULT_NODES, ControlPlane
+from support.fakevllm import Load, until
+from support.installed import helm_install, helm_uninstall
+from support.podnet import API_POLL_S, Kubelet, loopback
+from support.rollout import GLM, INSTANCES, NEW_IMAGE, TIMEOUT_S, apply, create, rolled, status, two_by_two
+
+REPETITIONS = 2
+QUICK = {"repetitions": 1}
+BARE = "bare"
+PODS = 4
+CLIENTS = 2
+BARE_IMAGES = ("registry.k8s.io/pause:3.10", "registry.k8s.io/pause:3.9")
+
+
+def bare_statefulset(namespace: str) -> dict:
+    labels = {"app": BARE}
+    container = {"name": "pause", "image": BARE_IMAGES[0]}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": BARE, "namespace": namespace},
+            "spec": {"replicas": PODS, "serviceName": BARE, "selector": {"matchLabels": labels},
+                     "updateStrategy": {"type": "RollingUpdate"},
+                     "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}}}
+
+
+@dataclass
+class Figures:
+    bare: list[float] = field(default_factory=list)
+    operator: list[float] = field(default_factory=list)
+    requests: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+async def bare_rollout(cp: ControlPlane, namespace: str, image: str) -> float:
+    path = f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{BARE}"
+
+    async def rolled_out() -> bool:
+        st = (await asyncio.to_thread(cp.api, "GET", path)).get("status") or {}
+        return (st.get("updateRevision") == st.get("currentRevision") and st.get("updatedReplicas") == PODS
+                and st.get("readyReplicas") == PODS and st.get("observedGeneration", 0) >= generation)
+
+    change = {"spec": {"template": {"spec": {"containers": [{"name": "pause", "image": image}]}}}}
+    started = time.monotonic()
+    generation = (await asyncio.to_thread(cp.api, "PATCH", path, change,
+                                          content_type="application/strategic-merge-patch+json"))["metadata"]["generation"]
+    await until("the bare StatefulSet rolled out", rolled_out, TIMEOUT_S, API_POLL_S)
+    return time.monotonic() - started
+
+
+async def operator_rollout(cp: ControlPlane, namespace: str, doc: dict, image: str,
+                           kubelet: Kubelet) -> float:
+    old = {role: status(cp, namespace)[role]["revision"] for role in ROLES}
+    started = time.monotonic()
+    doc["spec"]["image"]["name"] = image
+    await asyncio.to_thread(apply, cp, doc)
+    check = rolled(old)
+    await until("every instance on the new revision and Progressing=Complete",
+                lambda: asyncio.to_thread(lambda: check(status(cp, namespace))), TIMEOUT_S, API_POLL_S)
+    await kubelet.routed(INSTANCES["prefill"], INSTANCES["decode"], TIMEOUT_S)
+    return time.monotonic() - started
+
+
+async def measure(cp: ControlPlane, workdir: pathlib.Path, repetitions: int) -> Figures:
+    bare_ns, operator_ns = "bench-bare", "bench-operator"
+    for namespace in (bare_ns, operator_ns):
+        cp.create_namespace(namespace)
+    cp.api("POST", f"/apis/apps/v1/namespaces/{bare_ns}/statefulsets", bare_statefulset(bare_ns))
+    doc = two_by_two(operator_ns)
+    images = (doc["spec"]["image"]["name"], NEW_IMAGE)
+    create(cp, doc)
+    figures = Figures()
+    async with Kubelet(cp, operator_ns, GLM, workdir / "pods") as kubelet:
+        await kubelet.routed(INSTANCES["prefill"], INSTANCES["decode"], TIMEOUT_S)
+        async with Load((await kubelet.proxy()).url, clients=CLIENTS) as load:
+            await load.completed_after(0, 10)
+            for k in range(repetitions):
+                figures.bare.append(await bare_rollout(cp, bare_ns, BARE_IMAGES[(k + 1) % 2]))
+                figures.operator.append(await operator_rollout(cp, operator_ns, doc, images[(k + 1) % 2],
+                                                               kubelet))
+            await load.completed_after(load.mark(), 10)
+            await load.stop()
+        figures.requests = len(load.completed)
+        figures.failed = load.failures + kubelet.errors()
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = bench.parser(__doc__)
+    parser.add_argument("--repetitions", type=int, default=REPETITIONS,
+                        help=f"image changes of each kind (default {REPETITIONS})")
+    repetitions = bench.parse(parser, argv, QUICK).repetitions
+    with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp, \
+            ControlPlane(nodes=[loopback(DEFAULT_NODES[0])]) as cp:
+        workdir = pathlib.Path(tmp)
+        release = helm_install(cp, workdir)
+        try:
+            with release.operator(cp, workdir) as op:
+                op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "the webhook configured")
+                result = asyncio.run(measure(cp, workdir, repetitions))
+        finally:
+            helm_uninstall(cp, release)
+        print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
+    bare, operator = statistics.median(result.bare), statistics.median(result.operator)
+    bench.report(__doc__, {
+        "repetitions": repetitions,
+        "bare_rollout_seconds": f"{bare:.2f}",
+        "operator_rollout_seconds": f"{operator:.2f}",
+        "rollout_vs_bare_ratio": f"{operator / bare:.2f}",
+        "bare_runs_seconds": " ".join(f"{v:.2f}" for v in result.bare),
+        "operator_runs_seconds": " ".join(f"{v:.2f}" for v in result.operator),
+        "requests": result.requests,
+        "rollout_failed_requests": len(result.failed),
+    })
+    for failure in result.failed[:10]:
+        print(f"  {failure}", file=sys.stderr)
+    return 0 if not result.failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
