@@ -15,9 +15,8 @@ for the whole run. Each repetition, in turn:
    to all four again. Each instance leaves the proxy and drains before its pods go, which bare
    skips: the ratio is what serving through the change costs.
 
-Medians over the repetitions; `rollout_vs_bare_ratio` is the operator's over bare's. The emulated
-kubelet projects a changed ConfigMap within 0.2 s and pd-proxy reads its file every second; on a
-cluster the kubelet's ConfigMap sync adds to the operator's figure. Fake engines load at once, so
+Medians over the repetitions; `rollout_vs_bare_ratio` is the operator's over bare's. pd-proxy
+watches its membership ConfigMap through the API, as on a cluster. Fake engines load at once, so
 neither figure has a model load in it (on NPUs that dominates both alike).
 
 `--repetitions N` (default 2). The bench exits 1 when a request failed.

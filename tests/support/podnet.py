@@ -12,7 +12,9 @@ controller-manager here runs without nodeipam (support/cluster.py), so nothing r
 `loopback(pool)` gives each node of a pool a /24 of 127.0.0.0/8, which Linux routes to the
 loopback interface without any setup: every pod IP can be bound and dialled here.
 
-The kubelet (`Kubelet`), for the pods of one PDDeployment, following the API (polled):
+The kubelet (`Kubelet`), for the pods of one PDDeployment, following the API (listed every
+SYNC_S, and at once on a pod event: kwok removes a deleted pod at once and the StatefulSet
+recreates it, so a slower kubelet would leave the old process serving under the name):
 - a proxy pod: its container's own command and port, with what only a pod has put back in: its
   ConfigMap volumes (each key a file of the pod's own directory, replaced atomically, as the kubelet
   swaps a projected volume: at the start, then every CONFIG_MAP_SYNC_S as the kubelet's periodic
@@ -34,13 +36,17 @@ process (`engine()`, `proxy()`), never for the pod's status.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import random
 import sys
+import threading
 import time
 import urllib.parse
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from pd_operator.api.labels import DEPLOYMENT, KV_LAYOUT, POD_INDEX, ROLE
@@ -197,17 +203,30 @@ class Kubelet:
     # --- the loop -----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        # A pod event starts a round at once (module docstring): a real kubelet stops a deleted
+        # pod's containers before the pod goes.
+        changed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        watcher = threading.Thread(target=watch_pods, daemon=True, args=(
+            self.cp, self.namespace, f"{DEPLOYMENT}={self.deployment}",
+            lambda _type, _pod: loop.call_soon_threadsafe(changed.set), stop))
+        watcher.start()
         try:
             while True:
+                changed.clear()
                 try:
                     observed = await asyncio.to_thread(self._observe)
                 except (ApiError, OSError) as err:  # the API server is busy: the next round sees it
                     print(f"kubelet emulator: {err}", file=sys.stderr)
                 else:
                     await self._sync(*observed)
-                await asyncio.sleep(SYNC_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), SYNC_S)
         except Exception as err:  # handed to the test by _check()
             self._failure = err
+        finally:
+            stop.set()
 
     def _list(self, resource: str, selector: str = "") -> list[dict]:
         query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
@@ -306,6 +325,27 @@ def api_env(port: int) -> dict[str, str]:
     """A container's environment: this machine's, with the API server's address as the kubelet sets
     it in every container."""
     return {**os.environ, HOST_ENV: HOST, PORT_ENV: str(port)}
+
+
+def watch_pods(cp: ControlPlane, namespace: str, selector: str, handle: Callable[[str, dict], object],
+               stop: threading.Event) -> None:
+    """Call `handle` with each event (ADDED, MODIFIED or DELETED) and pod a watch of `namespace`
+    (pods matching `selector`) shows, from a relist on, until `stop` is set (a thread's body; the
+    watch is renewed every few seconds, so `stop` takes effect within them)."""
+    query = urllib.parse.urlencode({"watch": "1", "timeoutSeconds": "5", "labelSelector": selector})
+    request = urllib.request.Request(f"{cp.server}/api/v1/namespaces/{namespace}/pods?{query}",
+                                     headers={"Authorization": f"Bearer {cp.admin_token}"})
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(request, context=cp.ssl_context, timeout=10) as stream:
+                for line in stream:
+                    if stop.is_set():
+                        return
+                    event = json.loads(line)
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        handle(event["type"], event["object"])
+        except OSError:  # timed out or cut: the next watch lists again
+            continue
 
 
 def in_pod(arg: str, ip: str, mounts: dict[str, Path]) -> str:

@@ -13,7 +13,6 @@ import asyncio
 import json
 import threading
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,7 +27,7 @@ from support.fakevllm import until
 from support.fixtures import keep_workdir
 from support.installed import condition, get_pdd, weights_claim
 from support.kube import kubectl
-from support.podnet import loopback
+from support.podnet import loopback, watch_pods
 from support.specs import example
 
 GLM = "glm-flash"
@@ -149,30 +148,15 @@ class CrashingImage:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._watch()
-            except OSError:  # the watch timed out or was cut: the next one relists
-                continue
-            except Exception as err:  # handed to the test by check()
-                self.errors.append(repr(err))
-                return
+        try:
+            watch_pods(self.cp, self.namespace, "", self._crash, self._stop)
+        except Exception as err:  # handed to the test by check()
+            self.errors.append(repr(err))
 
-    def _watch(self) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/pods?watch=1&timeoutSeconds=5"
-        request = urllib.request.Request(self.cp.server + path,
-                                         headers={"Authorization": f"Bearer {self.cp.admin_token}"})
-        with urllib.request.urlopen(request, context=self.cp.ssl_context, timeout=10) as stream:
-            for line in stream:
-                if self._stop.is_set():
-                    return
-                event = json.loads(line)
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    self._crash(event["object"])
-
-    def _crash(self, pod: dict) -> None:
+    def _crash(self, kind: str, pod: dict) -> None:
         meta, spec = pod["metadata"], pod["spec"]
-        if meta.get("deletionTimestamp") or all(c["image"] != self.image for c in spec["containers"]):
+        if (kind == "DELETED" or meta.get("deletionTimestamp")
+                or all(c["image"] != self.image for c in spec["containers"])):
             return
         if all(s.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
                for s in (pod.get("status") or {}).get("containerStatuses") or [{}]):
