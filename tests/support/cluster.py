@@ -68,6 +68,8 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # kwok's own stages (sigs.k8s.io/kwok: kustomize/stage @ the version in go.mod): nodes become Ready
 # and renew their Lease, pods go Running and Ready at once, deleted pods go away.
 KWOK_STAGES = ("node/fast", "node/heartbeat-with-lease", "pod/fast")
+NEVER_READY_IMAGE = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-broken"
+"""Pods whose first container runs this image stay Pending for kwok (stage_documents)."""
 # The node lifecycle controller marks a node unreachable when its Lease is older than 40 s
 # (--node-monitor-grace-period); kwok's default lease is shorter than its renew interval allows.
 NODE_LEASE_SECONDS = 40
@@ -127,6 +129,18 @@ def _module_version(module: str) -> str:
 def kubernetes_version() -> str:
     """The kube-apiserver version the binary reports (`kubectl version`), e.g. v1.36.3."""
     return _module_version("k8s.io/kubernetes")
+
+
+def stage_documents() -> list[dict]:
+    """kwok's stages as configured here: its own, with pod-ready skipping pods whose first container
+    runs NEVER_READY_IMAGE (a test's image that "crashes": it writes their status itself, and kwok
+    must never have marked them Ready first)."""
+    out = [yaml.safe_load(f.read_text()) for f in kwok_stages()]
+    for stage in out:
+        if stage["metadata"]["name"] == "pod-ready":
+            stage["spec"]["selector"]["matchExpressions"].append(
+                {"key": ".spec.containers.[0].image", "operator": "NotIn", "values": [NEVER_READY_IMAGE]})
+    return out
 
 
 def kwok_stages() -> list[pathlib.Path]:
@@ -445,7 +459,7 @@ class ControlPlane:
             configs[name] = self.workdir / f"{name}.kubeconfig"
             configs[name].write_text(kubeconfig_text(self.server, self.ca_pem, token, name))
         stages = self.workdir / "kwok-stages.yaml"
-        stages.write_text("\n---\n".join(f.read_text() for f in kwok_stages()))
+        stages.write_text("\n---\n".join(yaml.safe_dump(stage) for stage in stage_documents()))
         argvs = {
             "kube-controller-manager": [
                 exe, "kube-controller-manager", f"--kubeconfig={configs['kube-controller-manager']}",

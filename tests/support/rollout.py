@@ -22,7 +22,7 @@ import yaml
 from pd_operator.api.labels import DEPLOYMENT, REVISION, ROLE
 from pd_operator.api.types import ROLES
 from support.audit import Event
-from support.cluster import DEFAULT_NODES, ControlPlane
+from support.cluster import DEFAULT_NODES, NEVER_READY_IMAGE, ControlPlane
 from support.fakevllm import until
 from support.fixtures import keep_workdir
 from support.installed import condition, get_pdd, weights_claim
@@ -33,7 +33,7 @@ from support.specs import example
 GLM = "glm-flash"
 INSTANCES = {role: {f"{GLM}-{role}-{i}" for i in (0, 1)} for role in ROLES}
 NEW_IMAGE = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed2"
-BAD_IMAGE = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-broken"
+BAD_IMAGE = NEVER_READY_IMAGE
 PROXY_IMAGE = "registry.example.com/pd-operator/pd-proxy:v1"
 TIMEOUT_S = 300.0
 
@@ -126,10 +126,8 @@ class CrashingImage:
     """While inside `with`: every pod of `namespace` with a container on `image` gets the status a
     kubelet writes for an engine that crashes at start (Running, the container waiting in
     CrashLoopBackOff, Ready=False), as soon as a watch shows the pod, and again whenever it shows
-    another status. kwok's `pod-ready` stage marks a pod Ready once, while it is Pending
-    (sigs.k8s.io/kwok: kustomize/stage/pod/fast/pod-ready.yaml @ v0.8.0), possibly just after the
-    first write (it patches from what its cache held): the pod is then Ready until the watch shows
-    that, tens of milliseconds, and never again."""
+    another status. kwok never marks such a pod Ready: its `pod-ready` stage skips pods on
+    NEVER_READY_IMAGE (support/cluster.py: stage_documents), so the planner never sees one Ready."""
 
     def __init__(self, cp: ControlPlane, namespace: str, image: str) -> None:
         self.cp, self.namespace, self.image = cp, namespace, image
