@@ -24,11 +24,12 @@ from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, PLATFORMS, Side
 from pd_operator.kv.summary import report_json, report_table
 from pd_operator.kv.transfer_plan import plan_transfer
 from pd_operator.render import render
+from pd_operator.render.runnable import validate
 from pd_operator.render.yaml_text import to_yaml
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE, TOOLS_IMAGE_FLAG
 from pd_operator.spec.host_paths import WEIGHTS_ROOT, HostPathPolicy
 from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput
-from pd_operator.spec.validate import pair_from_manifest, validate
+from pd_operator.spec.validate import pair_from_manifest
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pd_operator.render.runnable import validate
 from pd_operator.serving_image import bundle
 from pd_operator.serving_image.capabilities import RELEASES
 from pd_operator.serving_image.contents import (
@@ -22,7 +23,6 @@ from pd_operator.serving_image.contents import (
     of_image,
     release_contents,
 )
-from pd_operator.spec.validate import validate
 from support.renders import VALID_EXAMPLES
 from support.specs import example
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pd_operator.render.runnable import validate
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
-from pd_operator.spec.validate import validate
 
 UPDATE_NOTE = "The update is rejected; the running deployment keeps serving its previous spec."
 

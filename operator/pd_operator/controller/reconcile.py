@@ -31,11 +31,12 @@ from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachabl
 from pd_operator.render import Routable, policy, render
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_version
+from pd_operator.render.runnable import validate
 from pd_operator.render.workloads import revision
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec import scaling
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
-from pd_operator.spec.validate import Resolved, Validation, validate, with_instances
+from pd_operator.spec.validate import Resolved, Validation, with_instances
 
 logger = logging.getLogger(__name__)
 OPERATOR_NAMESPACE = os.environ.get("POD_NAMESPACE") or policy.OPERATOR_NAMESPACE

@@ -276,8 +276,8 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
     `host_path_policy` is the cluster admin's allow-list of host paths (`--allow-host-path` of
     pd-operator run and pdctl validate); the built-in default otherwise. `tools_image` is the
     operator's own image (`--tools-image`), which the rendered pods take the tools bundle and the proxy
-    from. Last, the spec is rendered and every container's command checked against the model of its
-    image (serving_image/contents.py): a spec whose pods would not start is not servable."""
+    from. The callers (pdctl, the webhook, the controller) take it through render/runnable.py, which
+    adds the check that every rendered container's image can run its command."""
     dep, findings = parse(doc)
     if dep is None:
         return Validation(findings)
@@ -302,32 +302,7 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
                         connector=dep.spec.kv_transfer.connector)
     findings = [*findings, *report.findings]
     resolved = _resolved(dep, model, report, shapes, findings, tools_image)
-    if resolved is not None and (cannot_run := _run_findings(resolved)):
-        return Validation([*findings, *cannot_run], dep, model, report, shapes)
     return Validation(findings, dep, model, report, shapes, resolved)
-
-
-def _run_findings(resolved: Resolved) -> list[Finding]:
-    """ImageCannotRun for every rendered container whose image cannot run its command: the pods of one
-    instance per role (every instance of a role runs the same commands; one is rendered even for a
-    role at 0 instances, which a scale-up would start) and the proxy's."""
-    from pd_operator.render import proxy, workloads  # the renderer builds on Resolved, defined here
-
-    image = resolved.deployment.spec.image
-
-    def contents_of(name: str) -> contents.Contents | None:
-        return contents.of_image(name, tools_image=resolved.tools_image, serving_name=image.name,
-                                 serving_version=image.vllm_ascend_version, serving_ours=image.seed_change)
-
-    def field_of(name: str) -> str:
-        if name == resolved.deployment.spec.proxy.image:
-            return "spec.proxy.image"
-        return "spec.image.name" if name == image.name else f"pd-operator {contents.TOOLS_IMAGE_FLAG}"
-
-    pods = [workloads.stateful_set(resolved, role, 0) for role in ROLES]
-    if resolved.deployment.spec.proxy.enabled:
-        pods.append(proxy.deployment(resolved))
-    return contents.findings(pods, contents_of, field_of)
 
 
 def _resolved(dep: PDDeployment, model: ModelKV, report: PairReport, shapes: dict[str, InstanceShape],

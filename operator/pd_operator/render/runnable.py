@@ -1,0 +1,46 @@
+"""The validator as pdctl, the webhook and the controller call it: spec/validate.py's rules, then,
+last, the check that every container the renderer would run can run in the image it names
+(serving_image/contents.py; finding ImageCannotRun): a spec whose pods would not start is not
+servable. It lives above the renderer because it checks what the renderer produces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pd_operator.api.types import ROLES
+from pd_operator.findings import Finding
+from pd_operator.render import proxy, workloads
+from pd_operator.serving_image import contents
+from pd_operator.spec import validate as spec_validate
+from pd_operator.spec.validate import Resolved, Validation
+
+
+def validate(doc: Any, **options: Any) -> Validation:
+    """spec/validate.py's `validate` (same options), then the run check on what it resolved."""
+    result = spec_validate.validate(doc, **options)
+    if result.resolved is None or not (cannot_run := run_findings(result.resolved)):
+        return result
+    return dataclasses.replace(result, findings=[*result.findings, *cannot_run], resolved=None)
+
+
+def run_findings(resolved: Resolved) -> list[Finding]:
+    """ImageCannotRun for every rendered container whose image cannot run its command: the pods of one
+    instance per role (every instance of a role runs the same commands; one is rendered even for a
+    role at 0 instances, which a scale-up would start) and the proxy's."""
+    image = resolved.deployment.spec.image
+
+    def contents_of(name: str) -> contents.Contents | None:
+        return contents.of_image(name, tools_image=resolved.tools_image, serving_name=image.name,
+                                 serving_version=image.vllm_ascend_version, serving_ours=image.seed_change)
+
+    def field_of(name: str) -> str:
+        if name == resolved.deployment.spec.proxy.image:
+            return "spec.proxy.image"
+        return "spec.image.name" if name == image.name else f"pd-operator {contents.TOOLS_IMAGE_FLAG}"
+
+    pods = [workloads.stateful_set(resolved, role, 0) for role in ROLES]
+    if resolved.deployment.spec.proxy.enabled:
+        pods.append(proxy.deployment(resolved))
+    return contents.findings(pods, contents_of, field_of)
