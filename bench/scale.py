@@ -71,11 +71,11 @@ import yaml
 from pd_operator.proxy.membership import KEY, parse_document
 from pd_operator.proxy.watch import CA, NAMESPACE, TOKEN, ApiAccess, ConfigMapWatch
 from support import bench
-from support.cluster import DEFAULT_NODES, ControlPlane
+from support.cluster import ControlPlane
 from support.fakevllm import Load, ProxyProcess, until
-from support.installed import helm_install, helm_uninstall, weights_claim
+from support.installed import weights_claim
 from support.kube import ROOT, kubectl
-from support.podnet import API_POLL_S, Kubelet, loopback
+from support.podnet import API_POLL_S, Kubelet
 from support.specs import example
 
 REPETITIONS = 3
@@ -280,17 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=REPETITIONS,
                         help=f"scale-ups and downs of each kind (default {REPETITIONS})")
     repetitions = bench.parse(parser, argv, QUICK).repetitions
-    with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp, \
-            ControlPlane(nodes=[loopback(DEFAULT_NODES[0])]) as cp:
+    with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp:
         workdir = pathlib.Path(tmp)
-        release = helm_install(cp, workdir)
-        try:
-            with release.operator(cp, workdir) as op:
-                op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "the webhook configured")
-                result = asyncio.run(measure(cp, workdir, repetitions, release.user))
-        finally:
-            helm_uninstall(cp, release)
-        print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
+        with bench.operator_plane(workdir) as (cp, release):
+            result = asyncio.run(measure(cp, workdir, repetitions, release.user))
+            print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
     medians = {k: statistics.median(getattr(result, k))
                for k in ("bare_up", "bare_down", "operator_up", "operator_down")}
     if not result.propagation_ms:

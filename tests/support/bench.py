@@ -10,9 +10,15 @@ checks that the bench runs; its figures mean little.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import pathlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from support.cluster import DEFAULT_NODES, ControlPlane
+from support.installed import Release, helm_install, helm_uninstall
+from support.podnet import loopback
 
 HEADER = "Figures:"
 _ITEM = re.compile(r"- (\w+): \S")
@@ -66,3 +72,18 @@ def report(doc: str, figures: Mapping[str, object]) -> None:
                          f"{sorted(set(figures) - set(names))}, missing {sorted(set(names) - set(figures))}")
     for name in names:
         print(f"{name}: {figures[name]}")
+
+
+@contextlib.contextmanager
+def operator_plane(workdir: pathlib.Path) -> Iterator[tuple[ControlPlane, Release]]:
+    """(control plane, release): a control plane whose kwok pods get loopback IPs (support/podnet.py),
+    the chart installed and its operator running with the webhook configured; uninstalled after.
+    What the benches that run pods under load (scale.py, rollout.py) start from."""
+    with ControlPlane(nodes=[loopback(DEFAULT_NODES[0])]) as cp:
+        release = helm_install(cp, workdir)
+        try:
+            with release.operator(cp, workdir) as op:
+                op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "the webhook configured")
+                yield cp, release
+        finally:
+            helm_uninstall(cp, release)
