@@ -23,11 +23,8 @@ from pd_operator.kv.pages import LayoutError
 from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, PLATFORMS, Side
 from pd_operator.kv.summary import report_json, report_table
 from pd_operator.kv.transfer_plan import plan_transfer
-from pd_operator.render import render
-from pd_operator.render.runnable import validate
+from pd_operator.render import render, runnable
 from pd_operator.render.yaml_text import to_yaml
-from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE, TOOLS_IMAGE_FLAG
-from pd_operator.spec.host_paths import WEIGHTS_ROOT, HostPathPolicy
 from pd_operator.spec.pairing import DEFAULT_CONNECTOR, ManifestError, PairInput
 from pd_operator.spec.validate import pair_from_manifest
 
@@ -143,28 +140,18 @@ def _pd_documents(path: str) -> list:
     return docs
 
 
-def _host_path_flag(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
-                         help="a node path PDDeployments may mount, as the operator's flag of that name "
-                              "(repeatable); default: the Ascend driver and tool paths of the node "
-                              f"presets and {WEIGHTS_ROOT}")
-    command.add_argument(TOOLS_IMAGE_FLAG, default=DEFAULT_TOOLS_IMAGE, metavar="IMAGE",
-                         help="the operator's image, as the operator's flag of that name (its pods' tools "
-                              f"bundle and proxy); default {DEFAULT_TOOLS_IMAGE}")
-
-
-def _host_path_policy(args: argparse.Namespace) -> HostPathPolicy:
+def _validator_options(args: argparse.Namespace) -> dict:
     try:
-        return HostPathPolicy.of(args.allow_host_path)
+        return runnable.options_of(args)
     except ValueError as err:
-        raise InputError(f"--allow-host-path: {err}") from None
+        raise InputError(str(err)) from None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Every document of every file through the one validator (CRD schema, CEL rules, names,
     ports, overrides, host paths, KV compatibility): what the webhook and the controller would say
     (with the same --allow-host-path as the operator)."""
-    policy = _host_path_policy(args)
+    options = _validator_options(args)
     worst = EXIT_OK
     for path in args.files:
         try:
@@ -174,7 +161,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             worst = max(worst, EXIT_UNREADABLE)
             continue
         for index, doc in enumerate(docs):
-            result = validate(doc, host_path_policy=policy, tools_image=args.tools_image)
+            result = runnable.validate(doc, **options)
             meta = doc.get("metadata") if isinstance(doc, dict) else None
             name = meta.get("name") if isinstance(meta, dict) else None
             label = f"{path}" + (f" ({name})" if isinstance(name, str) else "") + \
@@ -214,9 +201,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     if not docs:
         raise InputError(f"{args.file}: no PDDeployment in the file")
     manifests: list[dict] = []
-    policy = _host_path_policy(args)
+    options = _validator_options(args)
     for doc in docs:
-        result = validate(doc, host_path_policy=policy, tools_image=args.tools_image)
+        result = runnable.validate(doc, **options)
         if not result.ok:
             for f in result.errors:
                 print(f"{args.file}: {f.line()}", file=sys.stderr)
@@ -267,13 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check PDDeployment manifests; exit 1 on errors")
     validate.add_argument("files", nargs="+")
-    _host_path_flag(validate)
+    runnable.add_flags(validate)
     validate.set_defaults(run=cmd_validate)
 
     render_cmd = sub.add_parser("render", help="the Kubernetes manifests a PDDeployment becomes")
     render_cmd.add_argument("file", help="PDDeployment manifest (or - for stdin)")
     render_cmd.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
-    _host_path_flag(render_cmd)
+    runnable.add_flags(render_cmd)
     render_cmd.set_defaults(run=cmd_render)
 
     models = sub.add_parser("models", help="list the built-in model presets")

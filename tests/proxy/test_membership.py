@@ -1,6 +1,6 @@
 """The pure parts of the proxy: the membership document and /pd/state formats
-(pd_operator.proxy.membership), who gets the next request (proxy/balancer.py), and the PD protocol's
-rewrites (proxy/protocol.py)."""
+(pd_operator.proxy.membership), who gets the next request (proxy/balancer.py), the PD protocol's
+rewrites (proxy/protocol.py), and when the mounted file may be routed by (server.py, watch.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from pd_operator.proxy.membership import (
     state_document,
 )
 from pd_operator.proxy.protocol import EventFramer, decode_request, patch_answer, prefill_request
+from pd_operator.proxy.server import Proxy
+from pd_operator.proxy.watch import ApiAccess, ConfigMapWatch
 
 P0, P1 = Upstream("d-prefill-0", "http://p0:8000"), Upstream("d-prefill-1", "http://p1:8000")
 D0, D1 = Upstream("d-decode-0", "http://d0:8000"), Upstream("d-decode-1", "http://d1:8000/")
@@ -196,3 +198,37 @@ def test_usage_gets_prefills_cached_tokens_in_whole_answers_and_the_usage_event_
     assert json.loads(events[1][len(b"data: "):])["usage"]["prompt_tokens_details"] == {"cached_tokens": 7}
     tail = EventFramer(7)
     assert tail.feed(b"data: [DO") == b"" and tail.flush() == b"data: [DO"
+
+
+def test_the_mounted_file_never_takes_the_proxy_back_behind_what_the_watch_applied(tmp_path):
+    """The kubelet's projection trails the API: while the watch is down, the file may hold a version
+    older than the watched one (a rollout's drained instance still in it). It counts only once the
+    watch has been down for longer than the file can lag; before the watch first applied anything,
+    at once."""
+    now = [0.0]
+    path = tmp_path / "upstreams.json"
+    proxy = Proxy(path)
+    proxy.watch = ConfigMapWatch(ApiAccess("https://api:6443", tmp_path, "ns"), "d-proxy", "upstreams.json",
+                                 proxy.apply, file_lag_s=120.0, clock=lambda: now[0])
+    old, watched, later = (document([P0, P1], [D0]), document([P0], [D0]), document([P0], [D0, D1]))
+
+    def project(doc: dict) -> None:
+        path.write_text(json.dumps(doc))
+        proxy.reload()
+
+    project(old)  # the watch has not listed yet: the file is all there is
+    assert proxy.balancer.version == old["version"]
+    proxy.watch.live = True
+    proxy.apply(json.dumps(watched).encode(), proxy.watch.source)
+    project(old)
+    assert proxy.balancer.version == watched["version"]
+    proxy.watch.live = False  # cut at t=0; the kubelet has not caught up
+    now[0] = 119.0
+    project(old)
+    assert proxy.balancer.version == watched["version"]
+    now[0] = 120.0  # what the file holds now is at least as new as the watch's last event
+    project(later)
+    assert proxy.balancer.version == later["version"]
+    proxy.watch.live = True
+    project(old)
+    assert proxy.balancer.version == later["version"]

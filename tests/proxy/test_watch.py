@@ -111,11 +111,12 @@ def test_the_proxy_follows_its_config_map_through_cut_watches_and_410(control_pl
         async with s.process(fault_proxy.port) as p:
             await p.wait_version(first)  # the list: there is no file
             await p.wait_version(s.config_map(1))  # a watch event
-            await holds("a watch through the fault proxy", lambda: any(
-                r.verb == "watch" and r.status == 200 for r in fault_proxy.requests))
+            await holds("a watch through the fault proxy", lambda: fault_proxy.open_watches(namespace) >= 1)
             assert fault_proxy.cut_watches() >= 1
             await p.wait_version(s.config_map(2))
             # An ERROR event with 410 on the next watch: the proxy lists again.
+            # The proxy lists and watches again after the cut: cut the new watch once it is open.
+            await holds("the watch back", lambda: fault_proxy.open_watches(namespace) >= 1)
             rule = fault_proxy.inject(verb="watch", resource="configmaps", namespace=namespace, status=410)
             assert fault_proxy.cut_watches() >= 1
             await holds("the 410", lambda: rule.hits == 1)

@@ -160,7 +160,7 @@ class FaultProxy:
         self.rules: list[Rule] = []
         self._hooks: list[WriteHook] = []
         self._lock = threading.Lock()
-        self._watches: set[asyncio.Task[Any]] = set()
+        self._watches: dict[asyncio.Task[Any], Request] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -207,6 +207,12 @@ class FaultProxy:
         """Reset every watch streaming through now; returns how many."""
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(self._cut(), self._loop).result(10)
+
+    def open_watches(self, namespace: str | None = None) -> int:
+        """How many watches (in `namespace`, or anywhere) stream through now: a test waits for one
+        before it cuts, since a client re-lists and re-watches after each cut."""
+        with self._lock:
+            return sum(1 for r in list(self._watches.values()) if namespace in (None, r.namespace))
 
     def kubeconfig(self, path: pathlib.Path, token: str, user: str = "user") -> pathlib.Path:
         """A kubeconfig for `token` that reaches the API server through this proxy."""
@@ -280,7 +286,8 @@ class FaultProxy:
             await self._session.close()
 
     async def _cut(self) -> int:
-        tasks = list(self._watches)
+        with self._lock:
+            tasks = list(self._watches)
         for task in tasks:
             task.cancel()
         return len(tasks)
@@ -351,7 +358,8 @@ class FaultProxy:
             if info.verb == "watch":
                 task = asyncio.current_task()
                 assert task is not None
-                self._watches.add(task)
+                with self._lock:
+                    self._watches[task] = info
             try:
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
@@ -360,7 +368,8 @@ class FaultProxy:
                     request.transport.abort()
                 raise
             finally:
-                self._watches.discard(asyncio.current_task())  # type: ignore[arg-type]
+                with self._lock:
+                    self._watches.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
             return response

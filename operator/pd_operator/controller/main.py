@@ -24,8 +24,9 @@ from pd_operator.controller import handlers, logs, webhook
 from pd_operator.controller.client import Client, connect
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.runner import Runner
-from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE, TOOLS_IMAGE_FLAG
-from pd_operator.spec.host_paths import DEFAULT, WEIGHTS_ROOT, HostPathPolicy
+from pd_operator.render import runnable
+from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
+from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 
 
 @dataclass
@@ -78,14 +79,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", metavar="PATH", help="default: in-cluster, else $KUBECONFIG")
     run.add_argument("--drift-interval", type=float, default=30.0, metavar="SECONDS",
                      help="reconcile an object nothing else reconciled for this long (default 30)")
-    run.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
-                     help="a node path (and what lies under it) PDDeployments may mount (repeatable); "
-                          "default: the Ascend driver and tool paths of the node presets and "
-                          f"{WEIGHTS_ROOT}")
-    run.add_argument(TOOLS_IMAGE_FLAG, default=DEFAULT_TOOLS_IMAGE, metavar="IMAGE",
-                     help="this operator's own image: serving pods copy the tools bundle from it and "
-                          f"the proxy runs from it (the chart passes its image; default "
-                          f"{DEFAULT_TOOLS_IMAGE})")
+    runnable.add_flags(run)
     return top
 
 
@@ -99,9 +93,9 @@ def options_from(argv: Sequence[str]) -> Options:
     if args.drift_interval <= 0:
         top.error("--drift-interval must be positive")
     try:
-        host_path_policy = HostPathPolicy.of(args.allow_host_path)
+        validator = runnable.options_of(args)
     except ValueError as err:
-        top.error(f"--allow-host-path: {err}")
+        top.error(str(err))
     if args.webhook_cert_dir:
         for name in ("tls.crt", "tls.key"):
             if not (pathlib.Path(args.webhook_cert_dir) / name).is_file():
@@ -111,8 +105,7 @@ def options_from(argv: Sequence[str]) -> Options:
                    webhook_cert_dir=args.webhook_cert_dir, webhook_self_signed=args.webhook_self_signed,
                    webhook_config_name=args.webhook_config_name, peering=args.peering,
                    log_format=args.log_format, kubeconfig=args.kubeconfig,
-                   drift_interval_s=args.drift_interval, host_path_policy=host_path_policy,
-                   tools_image=args.tools_image)
+                   drift_interval_s=args.drift_interval, **validator)
 
 
 def settings_for(options: Options, workdir: pathlib.Path, client: Client | None = None,

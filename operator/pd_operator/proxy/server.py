@@ -4,10 +4,12 @@ decode member, by the membership file it re-reads while it runs.
 Membership: with API access (a ServiceAccount token, --membership-configmap), the proxy watches its
 ConfigMap (proxy/watch.py) and applies each change as the API server sends it. The mounted file is
 the fallback: it is polled (content, not mtime: the kubelet replaces a projected ConfigMap by
-swapping a symlink) and a change of it is applied while the watch is not live (no API access, or
-the watch is down), never while it is: the kubelet's projection lags the API. A missing or malformed
-membership keeps the last good one. New requests go only to current members; a request already in
-flight to an instance that left finishes there.
+swapping a symlink) and applied when there is no watch (no API access) or the watch never got
+through, and when a watch that had applied the ConfigMap has been down longer than the file can lag
+(watch.FILE_LAG_S); never sooner, since the kubelet's projection lags the API and an older version
+could route to an instance that has left. A missing or malformed membership keeps the last good
+one. New requests go only to current members; a request already in flight to an instance that left
+finishes there.
 
 Accounting (GET /pd/state, pd_operator.proxy.membership.ProxyState): per upstream name, the calls in
 flight, and per prefill member the requests whose decode has not sent its first byte yet. The first
@@ -290,7 +292,11 @@ class Proxy:
     # --- membership ---------------------------------------------------------------------------------
 
     def reload(self) -> None:
-        """Read the membership file; apply it when its content changed, unless the watch is live."""
+        """Read the membership file; apply it when it counts (ConfigMapWatch.file_counts) and its
+        content is not the one applied from it last."""
+        if self.watch is not None and not self.watch.file_counts():
+            self._seen = _UNREAD  # when it counts again, its content then is applied once
+            return
         try:
             data: bytes | None = self.path.read_bytes()
             why = ""
@@ -301,8 +307,7 @@ class Proxy:
         if data == self._seen:
             return
         self._seen = data
-        if self.watch is None or not self.watch.live:
-            self.apply(data, f"membership file {self.path}", why)
+        self.apply(data, f"membership file {self.path}", why)
 
     def apply(self, data: bytes | None, source: str, why: str = "") -> None:
         """Route by the membership document `data` from `source` when it is good (None: `source`

@@ -4,8 +4,11 @@ Why: the mounted file (proxy/membership.py) changes only when the kubelet projec
 again, up to its sync period plus its ConfigMap cache TTL after the operator's write (about a minute
 by default); scale-up routing, drains and the removal of a failed instance all wait for it. A watch
 gets the change as the API server sends the event. The file stays the fallback: the proxy reads it
-when it has no API access (no ServiceAccount token, or not in a cluster) and whenever the watch is
-down (server.py).
+when it has no API access (no ServiceAccount token, or not in a cluster), and when the watch has
+been down for longer than the file can lag (FILE_LAG_S, server.py). Not sooner: the file may still
+hold a version older than the one the watch applied last, and going back to it would route to an
+instance the operator has seen leave the proxy and may be deleting (a rollout's drained prefill
+whose KV decode then cannot pull).
 
 Why aiohttp and no Kubernetes client: one object, two requests. A list of the one ConfigMap by field
 selector (`metadata.name=<name>`) gives its content and a resourceVersion; a watch from there (with
@@ -29,6 +32,7 @@ import logging
 import os
 import random
 import ssl
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -52,6 +56,12 @@ MAX_EVENT_BYTES = 4 << 20
 """Above a ConfigMap's 1 MiB limit, with room for its JSON encoding and metadata."""
 BACKOFF_S = (0.1, 10.0)
 """The first and the largest wait between failed attempts."""
+FILE_LAG_S = 120.0
+"""How far the mounted file can trail the API: the kubelet projects a changed ConfigMap at its next
+pod sync (--sync-frequency, 1 min by default, plus jitter) from its watch-based cache
+(kubernetes/website: content/en/docs/concepts/configuration/configmap.md, "Mounted ConfigMaps are
+updated automatically"). A file read this long after the watch went down shows the ConfigMap as it
+was at that moment or later, never older than what the watch applied."""
 
 Changed = Callable[[bytes | None, str, str], None]
 """Called with (the key's value, None when the ConfigMap or key is missing; where it came from; why
@@ -101,15 +111,38 @@ class ConfigMapWatch:
     on every list and every change; `live` while a watch runs on a fresh list."""
 
     def __init__(self, access: ApiAccess, name: str, key: str, changed: Changed, *,
-                 timeout_s: int = WATCH_TIMEOUT_S, backoff_s: tuple[float, float] = BACKOFF_S) -> None:
+                 timeout_s: int = WATCH_TIMEOUT_S, backoff_s: tuple[float, float] = BACKOFF_S,
+                 file_lag_s: float = FILE_LAG_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.access, self.name, self.key, self.changed = access, name, key, changed
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
-        self.live = False
+        self.file_lag_s, self._clock = file_lag_s, clock
+        self._live = False
+        self._down_since: float | None = None
+        """When a watch that had applied the ConfigMap went down (None: it is live, or never was)."""
         self.source = f"ConfigMap {access.namespace}/{name} (watched)"
         self._path = f"/api/v1/namespaces/{access.namespace}/configmaps"
         self._selector = urllib.parse.quote(f"metadata.name={name}")
         self._last_failure = ""
+
+    @property
+    def live(self) -> bool:
+        return self._live
+
+    @live.setter
+    def live(self, value: bool) -> None:
+        if self._live and not value:
+            self._down_since = self._clock()
+        elif value:
+            self._down_since = None
+        self._live = value
+
+    def file_counts(self) -> bool:
+        """Whether the mounted file may be routed by: the watch never applied the ConfigMap, or it
+        has been down for longer than the file can lag behind the API (FILE_LAG_S)."""
+        if self._live:
+            return False
+        return self._down_since is None or self._clock() - self._down_since >= self.file_lag_s
 
     async def run(self) -> None:
         """List and watch until cancelled."""
@@ -142,7 +175,8 @@ class ConfigMapWatch:
         why = f"{type(err).__name__}: {err}" if not isinstance(err, Unavailable) else str(err)
         # A failure that repeats (RBAC missing, the API server down) is logged once, not every retry.
         level = logging.DEBUG if why == self._last_failure else logging.WARNING
-        log.log(level, "%s: %s; the membership file is read until the watch is back", self.source, why)
+        log.log(level, "%s: %s; routing by what it applied last until the watch is back (the membership "
+                "file counts after %.0f s down, once it cannot be older)", self.source, why, self.file_lag_s)
         self._last_failure = why
 
     def _session(self) -> aiohttp.ClientSession:

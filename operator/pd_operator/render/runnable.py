@@ -6,6 +6,7 @@ servable. It lives above the renderer because it checks what the renderer produc
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from typing import Any
 
@@ -14,7 +15,30 @@ from pd_operator.findings import Finding
 from pd_operator.render import proxy, workloads
 from pd_operator.serving_image import contents
 from pd_operator.spec import validate as spec_validate
+from pd_operator.spec.host_paths import WEIGHTS_ROOT, HostPathPolicy
 from pd_operator.spec.validate import Resolved, Validation
+
+
+def add_flags(command: argparse.ArgumentParser) -> None:
+    """The validator's settings as command-line flags, one spelling for the operator (`run`) and for
+    pdctl (`validate`, `render`), so pdctl answers as the operator would with the same values."""
+    command.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
+                         help="a node path (and what lies under it) PDDeployments may mount (repeatable); "
+                              "default: the Ascend driver and tool paths of the node presets and "
+                              f"{WEIGHTS_ROOT}")
+    command.add_argument(contents.TOOLS_IMAGE_FLAG, default=contents.DEFAULT_TOOLS_IMAGE, metavar="IMAGE",
+                         help="the operator's own image: serving pods copy the tools bundle from it and "
+                              "the proxy runs from it (the chart passes its image; default "
+                              f"{contents.DEFAULT_TOOLS_IMAGE})")
+
+
+def options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """`validate`'s options from flags `add_flags` declared; ValueError naming the flag."""
+    try:
+        policy = HostPathPolicy.of(args.allow_host_path)
+    except ValueError as err:
+        raise ValueError(f"--allow-host-path: {err}") from None
+    return {"host_path_policy": policy, "tools_image": args.tools_image}
 
 
 def validate(doc: Any, **options: Any) -> Validation:
