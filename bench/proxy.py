@@ -37,7 +37,6 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -276,8 +275,7 @@ async def measure(setup: str, levels: tuple[int, ...], window: float, engines: d
 
 async def main_async(levels: tuple[int, ...], window: float) -> dict[str, dict[int, Level]]:
     assert EXAMPLE_PROXY.is_file(), f"{EXAMPLE_PROXY} is missing: make upstream"
-    with tempfile.TemporaryDirectory(prefix="pd-bench-proxy-") as tmp:
-        workdir = pathlib.Path(tmp)
+    with bench.workdir("pd-bench-proxy-") as workdir:
         procs = {(role, i): Process([sys.executable, __file__, "--serve-engine", role, str(i)],
                                     workdir / f"{role}-{i}.log", stdin=True)
                  for role in ("prefill", "decode") for i in range(ENGINES)}

@@ -51,7 +51,6 @@ import math
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 
@@ -191,8 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"the operator's drift interval, s (default {DRIFT_S:.0f})")
     args = bench.parse(parser, argv, QUICK)
     count = args.objects
-    with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp, ControlPlane(nodes=fleet_nodes(count)) as cp:
-        workdir = pathlib.Path(tmp)
+    with bench.workdir("pd-bench-") as workdir, ControlPlane(nodes=fleet_nodes(count)) as cp:
         floor_s = bare(cp, count, workdir)
         release = helm_install(cp, workdir)
         try:

@@ -60,7 +60,6 @@ import json
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -276,15 +275,11 @@ def percentiles(values: list[float]) -> tuple[float, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = bench.parser(__doc__)
-    parser.add_argument("--repetitions", type=int, default=REPETITIONS,
-                        help=f"scale-ups and downs of each kind (default {REPETITIONS})")
+    parser = bench.parser(__doc__, (REPETITIONS, "scale-ups and downs of each kind"))
     repetitions = bench.parse(parser, argv, QUICK).repetitions
-    with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp:
-        workdir = pathlib.Path(tmp)
-        with bench.operator_plane(workdir) as (cp, release):
-            result = asyncio.run(measure(cp, workdir, repetitions, release.user))
-            print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
+    with bench.workdir("pd-bench-") as workdir, bench.operator_plane(workdir) as (cp, release):
+        result = asyncio.run(measure(cp, workdir, repetitions, release.user))
+        print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
     medians = {k: statistics.median(getattr(result, k))
                for k in ("bare_up", "bare_down", "operator_up", "operator_down")}
     if not result.propagation_ms:

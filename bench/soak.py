@@ -31,10 +31,8 @@ Figures:
 from __future__ import annotations
 
 import json
-import pathlib
 import random
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -96,9 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     names = [f"soak-{i:03d}" for i in range(args.objects)]
     nodes = fleet_nodes(args.objects, NPUS_PER_OBJECT)
-    with tempfile.TemporaryDirectory(prefix="pd-soak-") as tmp, ControlPlane(nodes=nodes) as cp, \
+    with bench.workdir("pd-soak-") as workdir, ControlPlane(nodes=nodes) as cp, \
             FaultProxy(cp) as proxy:
-        workdir = pathlib.Path(tmp)
         cp.create_namespace(NAMESPACE)
         cp.create_weights_volume(NAMESPACE, str(weights_claim(fleet_doc(0, NAMESPACE))))
         release = helm_install(cp, workdir, values=["webhook.enabled=false"])

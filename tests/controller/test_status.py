@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pd_operator.api.conditions import TYPES
-from pd_operator.controller import gate, rollout
+from pd_operator.controller import gate, reconcile, rollout
 from pd_operator.controller.restarts import Decision
 from pd_operator.controller.status import (
     Observed,
@@ -353,3 +353,22 @@ def test_a_key_the_new_status_drops_is_patched_to_null():
     assert merge_patch(previous, new) == {"observedGeneration": 2, "draining": None,
                                                       "proxyEndpoint": None}
     assert merge_patch(new, new) == new
+
+
+@pytest.mark.parametrize(("surge_pods", "under_way"), [(True, True), (False, False)])
+def test_a_rollout_is_under_way_until_its_surge_instances_are_gone(surge_pods, under_way):
+    """Every instance is updated and Ready; a surge instance (prefill-2 of 2) still drains. The
+    rollout is under way (Progressing=True, naming it) until it is gone: it holds NPUs meanwhile."""
+    v = validated(prefill__replicas=2)
+    pods = pods_of(with_status(desired(validated(prefill__replicas=3 if surge_pods else 2))))
+    body = {"metadata": {"uid": "u"}, "status": {"rolloutProgressTime": "2026-01-01T00:00:00Z"}}
+    assert v.resolved is not None
+    moving = reconcile._rollout(v.resolved, body, pods, datetime(2026, 1, 1, 0, 1, tzinfo=UTC))
+    assert (moving.since is not None) == under_way
+    got = {c["type"]: c for c in conditions(v, Observed(children=with_status(desired(v)), pods=pods,
+                                                        rollout=moving), [], 1, T0)}
+    if under_way:
+        assert (got["Progressing"]["status"], got["Progressing"]["reason"]) == ("True", "RolloutInProgress")
+        assert "surge instances running: glm-flash-prefill-2" in got["Progressing"]["message"]
+    else:
+        assert (got["Progressing"]["status"], got["Progressing"]["reason"]) == ("False", "Complete")

@@ -3,15 +3,19 @@
 
 The GLM example on kwok nodes with loopback pod IPs (support/podnet.py): the real `pd-proxy` in the
 proxy pod, a fake engine in each instance's leader pod, clients sending requests through the proxy.
-The image changes (a new kv-layout hash too: the image is part of it), with the default rollout
-(maxUnavailable 1, no surge). Checked:
+The image changes (a new kv-layout hash too: the image is part of it), once with the default
+rollout (maxUnavailable 1, no surge) and once with a surge (maxSurge 1, maxUnavailable 0: a third
+instance per role on the new template serves while the two old ones are replaced, then leaves).
+Checked:
 - no request fails (a pod deleted while it carries a request would cut it);
 - at every sample of the membership the proxy routes by, each role has at least
-  replicas - maxUnavailable = 1 instance that can pair (same KV layout in the other role);
+  replicas - maxUnavailable instances that can pair (same KV layout in the other role), and no
+  more than replicas + maxSurge;
 - the rollout ends with every instance's pods on the new revision and Progressing=Complete, the
-  PDRoles' status counting them updated;
-- the audit log: every pod DELETE of an instance comes after the last moment the proxy was seen
-  routing to it, and the operator wrote the membership before it.
+  PDRoles' status counting them updated, and no surge instance left;
+- the audit log: every pod DELETE of an instance (and a surge instance's StatefulSet DELETE) comes
+  after the last moment the proxy was seen routing to it, and the operator wrote the membership
+  before it.
 The proxy's image is set apart so the image change does not roll the proxy Deployment itself
 (a proxy pod replaced under load is another matter than the engines' rollout).
 Only conditions are waited for; nothing asserts a duration.
@@ -53,13 +57,14 @@ control_plane = pytest.fixture(scope="module")(loopback_plane)
 
 
 class Sampler:
-    """Samples the membership the proxy routes by: the fewest pairable members per role, and per
-    instance the audit position of the last sample that saw the proxy route to it before it first
-    left (to be replaced)."""
+    """Samples the membership the proxy routes by: the fewest and the most pairable members per
+    role, and per instance the audit position of the last sample that saw the proxy route to it
+    before it first left (to be replaced, or as a surge instance, removed)."""
 
     def __init__(self, cp: ControlPlane, kubelet: Kubelet) -> None:
         self.cp, self.kubelet = cp, kubelet
         self.fewest = dict.fromkeys(ROLES, 99)
+        self.most = dict.fromkeys(ROLES, 0)
         self.last_routed: dict[str, int] = {}
         self.left: set[str] = set()
         self.samples = 0
@@ -76,7 +81,8 @@ class Sampler:
                 for role in ROLES:
                     pairable = {u.name for u in listed.pairable(role)}
                     self.fewest[role] = min(self.fewest[role], len(pairable))
-                    self.left |= INSTANCES[role] - pairable
+                    self.most[role] = max(self.most[role], len(pairable))
+                    self.left |= set(self.last_routed) - pairable
                     for name in pairable - self.left:
                         self.last_routed[name] = mark
             await asyncio.sleep(SAMPLE_S)
@@ -85,8 +91,16 @@ class Sampler:
         self._stop.set()
 
 
-async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathlib.Path) -> None:
+SURGE = {"maxSurge": 1, "maxUnavailable": 0}
+SURGED = {role: f"{GLM}-{role}-2" for role in ROLES}
+"""The surge instance of each role (the first ordinal past replicas)."""
+
+
+async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathlib.Path,
+                    rollout: dict) -> None:
     doc = two_by_two(namespace)
+    for role in ROLES:
+        doc["spec"][role]["rollout"] = dict(rollout)
     create(cp, doc)
     async with Kubelet(cp, namespace, GLM, workdir / "pods") as kubelet:
         await kubelet.routed(INSTANCES["prefill"], INSTANCES["decode"])
@@ -110,7 +124,16 @@ async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathli
     assert load.failures == [], load.failures[:10]
     assert kubelet.errors() == []
     assert sampler.samples >= 2  # it sampled the membership the proxy routed by (how often depends on load)
-    assert sampler.fewest == {"prefill": 1, "decode": 1}, sampler.fewest  # 2 - maxUnavailable, and it moved
+    unavailable, surge = rollout.get("maxUnavailable", 1), rollout.get("maxSurge", 0)
+    # At least replicas - maxUnavailable (reached: it moved), at most replicas + maxSurge; a surge
+    # instance was routed (it may join in the reconcile in which an old one leaves, so the most
+    # sampled need not reach the bound).
+    assert sampler.fewest == dict.fromkeys(ROLES, 2 - unavailable), sampler.fewest
+    assert all(sampler.most[role] <= 2 + surge for role in ROLES), sampler.most
+    assert {n for n in sampler.last_routed if n.endswith("-2")} == (set(SURGED.values()) if surge else set())
+    statefulsets = cp.api("GET", f"/apis/apps/v1/namespaces/{namespace}/statefulsets")["items"]
+    assert {o["metadata"]["name"] for o in statefulsets if o["metadata"]["name"].startswith(f"{GLM}-")
+            and not o["metadata"].get("deletionTimestamp")} == INSTANCES["prefill"] | INSTANCES["decode"]
     pods = live_pods(cp, namespace)
     for role in ROLES:
         revision = final[role]["revision"]
@@ -130,9 +153,17 @@ async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathli
         later = [e for e in cp.audit.events(sampler.last_routed[instance], namespace=namespace)
                  if deletes_pod_of(e, instance)]
         assert len(later) == len(removed), f"{instance}: its pods were deleted while the proxy routed to it"
+    for instance in SURGED.values() if surge else ():
+        gone = [i for i, e in enumerate(events) if e.verb == "delete" and e.resource == "statefulsets"
+                and e.name == instance and e.code < 300]
+        assert gone, f"surge instance {instance} was never removed"
+        assert [e for e in cp.audit.events(sampler.last_routed[instance], namespace=namespace)
+                if e.verb == "delete" and e.resource == "statefulsets" and e.name == instance], \
+            f"{instance}: removed while the proxy routed to it"
 
 
+@pytest.mark.parametrize("rollout", [{}, SURGE], ids=["default", "surge"])
 def test_a_new_image_rolls_through_under_load_without_a_failed_request(control_plane, namespace, release,
-                                                                      start_operator, tmp_path):
+                                                                      start_operator, tmp_path, rollout):
     start_operator()
-    asyncio.run(_scenario(control_plane, namespace, release.user, tmp_path))
+    asyncio.run(_scenario(control_plane, namespace, release.user, tmp_path, rollout))

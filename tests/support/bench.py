@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import pathlib
 import re
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,12 +45,34 @@ def documented(doc: str) -> list[str]:
     return names
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
-    """An argument parser for a bench with its docstring's first line and `--quick`."""
+def parser(doc: str, repetitions: tuple[int, str] | None = None) -> argparse.ArgumentParser:
+    """An argument parser for a bench with its docstring's first line and `--quick`, and with
+    `--repetitions` when given as (default, what one repetition is)."""
     out = argparse.ArgumentParser(description=doc.splitlines()[0])
     out.add_argument("--quick", action="store_true",
                      help="small sizes, one repetition: checks that the bench runs (tests/bench)")
+    if repetitions:
+        default, what = repetitions
+        out.add_argument("--repetitions", type=int, default=default, help=f"{what} (default {default})")
     return out
+
+
+KEEP_ENV = "PD_BENCH_KEEP"
+"""Set to a directory: a bench's work directory (logs of the control plane, the operator, the pods'
+processes) is made under it and kept, to read after a surprising figure."""
+
+
+@contextlib.contextmanager
+def workdir(prefix: str) -> Iterator[pathlib.Path]:
+    """A bench's work directory: removed afterwards unless PD_BENCH_KEEP names where to keep it."""
+    if keep := os.environ.get(KEEP_ENV):
+        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+        kept = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=keep))
+        print(f"# work directory kept: {kept}")
+        yield kept
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield pathlib.Path(tmp)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: Mapping[str, Any]

@@ -28,7 +28,11 @@ recreates it, so a slower kubelet would leave the old process serving under the 
   instance (its StatefulSet), on the pod's IP and its container's `http` port, with the pod's
   kv-layout hash (a decode refuses KV of another layout);
 - a pod that is deleted: what ran for it is killed (SIGKILL, connections reset), so a deletion
-  while a request is in flight there fails that request.
+  while a request is in flight there fails that request. The pod object goes only after that, as
+  a kubelet deletes a pod's object once its containers stopped: every pod a process runs for
+  carries the finalizer FINALIZER, removed after the kill (kwok's pod-delete stage deletes at once
+  and would let the StatefulSet create the new pod of that name while the old process still
+  answers under it, which no cluster does).
 kwok marks every pod Ready at once, so readiness says nothing about what runs here: wait for the
 process (`engine()`, `proxy()`), never for the pod's status.
 """
@@ -66,6 +70,8 @@ CONFIG_MAP_SYNC_S = 60.0
 (its ConfigMap cache TTL can add as much again)."""
 API_POLL_S = 0.1
 """How often to ask the API server when waiting for what it holds."""
+FINALIZER = "podnet.pd-operator.test/kubelet"
+"""On every pod the emulator runs a process for, until that process is killed (module docstring)."""
 
 
 def loopback(pool: NodePool) -> NodePool:
@@ -147,6 +153,9 @@ class Kubelet:
         await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.gather(*(e.stop() for e in self.engines.values()),
                              *(p.stop() for p in self.proxies.values()))
+        # Nothing runs for the pods any more: none waits for this emulator to be deleted.
+        for pod in await asyncio.to_thread(self._list, "pods", f"{DEPLOYMENT}={self.deployment}"):
+            await asyncio.to_thread(self._finalized, pod)
         if exc[0] is not None:
             for log in sorted(self.workdir.glob("*/proxy.log")):
                 print(f"--- {log} ---\n{log.read_text()[-20000:]}")
@@ -228,6 +237,34 @@ class Kubelet:
         finally:
             stop.set()
 
+    def _pod_path(self, pod: dict) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}"
+
+    def _finalizing(self, pod: dict) -> bool:
+        """Put FINALIZER on `pod` before a process runs for it; False: the pod is gone or being
+        deleted (run nothing for it)."""
+        if FINALIZER in (pod["metadata"].get("finalizers") or []):
+            return True
+        patch = {"metadata": {"uid": pod["metadata"]["uid"], "finalizers": [FINALIZER]}}
+        try:
+            got = self.cp.api("PATCH", self._pod_path(pod), patch,
+                              content_type="application/strategic-merge-patch+json")
+        except ApiError as err:
+            if err.status in (404, 409, 422):  # gone, or another pod of that name now (uid differs)
+                return False
+            raise
+        return not got["metadata"].get("deletionTimestamp")
+
+    def _finalized(self, pod: dict) -> None:
+        """Take FINALIZER off `pod` (its process, if any, was killed): a deleted pod then goes."""
+        if FINALIZER not in (pod["metadata"].get("finalizers") or []):
+            return
+        patch = {"metadata": {"uid": pod["metadata"]["uid"],
+                              "$deleteFromPrimitiveList/finalizers": [FINALIZER]}}
+        with contextlib.suppress(ApiError):  # gone already, or another pod of that name now
+            self.cp.api("PATCH", self._pod_path(pod), patch,
+                        content_type="application/strategic-merge-patch+json")
+
     def _list(self, resource: str, selector: str = "") -> list[dict]:
         query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
         return list(self.cp.api("GET", f"/api/v1/namespaces/{self.namespace}/{resource}{query}")["items"])
@@ -247,15 +284,26 @@ class Kubelet:
         for uid in [u for u in self.proxies if u not in live]:
             self.proxies.pop(uid).kill()
             self._projected.pop(uid, None)
+        for pod in pods:  # killed (or never run): the pod object may go
+            if pod["metadata"]["uid"] not in live:
+                await asyncio.to_thread(self._finalized, pod)
         project_if_changed(self.hosts, json.dumps(pod_dns(self.namespace, list(live.values()), services)))
         for uid, pod in live.items():
             role = _labels(pod).get(ROLE)
             if role == PROXY:
                 await self._proxy_pod(uid, pod, config_maps)
             elif role in ROLES and _labels(pod).get(POD_INDEX) == "0" and uid not in self.engines:
+                if not await asyncio.to_thread(self._finalizing, pod):
+                    continue  # deleted meanwhile: the next round sees it
                 (container,) = [c for c in pod["spec"]["containers"] if c.get("ports")
                                 and any(p.get("name") == "http" for p in c["ports"])]
-                engine = FakeEngine(_owner(pod, "StatefulSet"), role, host=pod["status"]["podIP"],
+                instance = _owner(pod, "StatefulSet")
+                # One engine per instance at a time: the finalizer keeps a new pod of the name away
+                # until the old one's engine is killed.
+                if any(e.name == instance for e in self.engines.values()):
+                    raise AssertionError(f"pod {pod['metadata']['name']} of {instance} runs while the "
+                                         "engine of its previous pod still does")
+                engine = FakeEngine(instance, role, host=pod["status"]["podIP"],
                                     port=_http_port(container), layout=_labels(pod).get(KV_LAYOUT, ""))
                 await engine.start()
                 self.engines[uid] = engine
@@ -277,7 +325,7 @@ class Kubelet:
             for directory, volume in by_directory.items():
                 if "configMap" in volume and volume["configMap"]["name"] in config_maps:
                     project_config_map(directory, config_maps[volume["configMap"]["name"]])
-        if uid in self.proxies:
+        if uid in self.proxies or not await asyncio.to_thread(self._finalizing, pod):
             return
         for directory, volume in by_directory.items():
             if "projected" in volume:

@@ -117,11 +117,13 @@ def _rollout(resolved: Resolved, body: dict, pods: list[dict], now: datetime) ->
                int((previous.get(role) or {}).get("updatedInstances", -1)),
                int((previous.get(role) or {}).get("readyInstances", -1))) for role in ROLES}
     # Under way while outdated instances remain, and after that until the replaced ones are Ready
-    # (a new template that never starts stops at its deadline even on the last instance).
+    # (a new template that never starts stops at its deadline even on the last instance) and the
+    # surge instances are gone (they hold NPUs until drained).
     starting = any(i not in state[role] or not state[role][i].ready
                    for role in ROLES for i in range(resolved.role(role).replicas))
+    surplus = any(i >= resolved.role(role).replicas for role in ROLES for i in state[role])
     active = any(rollout.outdated(rollout.params_of(resolved), state).values()) or (
-        previous.get("rolloutProgressTime") is not None and starting)
+        previous.get("rolloutProgressTime") is not None and (starting or surplus))
     since = rollout.progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, figures,
                                   active, now)
     halted: set[str] = {role for role in ROLES

@@ -303,9 +303,12 @@ def _rollout_condition(resolved: Resolved, moving: Rollout | None) -> _Cond | No
                      f"spec.{' and spec.'.join(paused)}.rollout.paused is true (instances updated: "
                      f"{counts}). Set it to false to continue.")
     leaving = ", ".join(resolved.names.instance(role, i) for role, i in sorted(plan.leave))
+    surplus = ", ".join(resolved.names.instance(role, i) for role in ROLES for i in sorted(moving.state[role])
+                        if i >= params[role].replicas)
     return _Cond("Progressing", True, "RolloutInProgress",
                  f"Rolling out a new pod template; instances updated: {counts}"
-                 f"{'; replacing ' + leaving if leaving else ''}.")
+                 f"{'; replacing ' + leaving if leaving else ''}"
+                 f"{'; surge instances running: ' + surplus if surplus else ''}.")
 
 
 def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
