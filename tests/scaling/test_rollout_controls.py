@@ -1,7 +1,8 @@
 """The rollout's controls on the real control plane, with the real pd-proxy and fake engines in the
 pods (support/podnet.py) under client load (issue 25): `partition` holds the instances below it,
-`paused` stops between instances, and a bad image stops after one instance per role at its progress
-deadline while the others keep serving, until the previous spec is applied again.
+`paused` stops between instances, a bad image stops after one instance per role at its progress
+deadline while the others keep serving, until the previous spec is applied again, and scaling
+during a (paused) rollout adds instances on the new template.
 
 2 prefill and 2 decode instances, the default rollout otherwise (maxUnavailable 1, no surge), so an
 image change moves instance 1 of each role first and instance 0 after. Every wait is for a status,
@@ -18,6 +19,7 @@ import pytest
 from pd_operator.api.types import ROLES
 from support.cluster import ControlPlane
 from support.fakevllm import Load
+from support.kube import kubectl
 from support.podnet import Kubelet
 from support.rollout import (
     BAD_IMAGE,
@@ -189,6 +191,43 @@ async def _bad_image(cp: ControlPlane, namespace: str, workdir: pathlib.Path) ->
         assert deleted(cp, restored, namespace, instance), f"{instance} was not rolled back"
 
 
+async def _scale_during(cp: ControlPlane, namespace: str, workdir: pathlib.Path) -> None:
+    doc = two_by_two(namespace)
+    async with Kubelet(cp, namespace, GLM, workdir) as kubelet:
+        old = await _serving(cp, namespace, doc, kubelet)
+        async with Load((await kubelet.proxy()).url) as load:
+            await load.completed_after(0, 5)
+            mark = cp.audit.mark()
+            doc["spec"]["image"]["name"] = NEW_IMAGE
+            _set_rollout(doc, paused=True)
+            apply(cp, doc)
+            await status_until(cp, namespace, "Progressing=Unknown RolloutPaused",
+                               lambda st: progressing(st) == ("Unknown", "RolloutPaused"))
+            for role in ROLES:  # as an HPA or a user scales a role
+                await asyncio.to_thread(kubectl, cp.kubeconfig, "-n", namespace, "scale", "pdrole",
+                                        f"{GLM}-{role}", "--replicas=3")
+            added = {role: f"{GLM}-{role}-2" for role in ROLES}
+            state = await kubelet.routed(INSTANCES["prefill"] | {added["prefill"]},
+                                         INSTANCES["decode"] | {added["decode"]})
+            engines = [await kubelet.engine(name) for name in added.values()]
+            since = load.mark()
+            await load.completed_after(since, 10)
+            await load.stop()
+        assert load.failures == [], load.failures[:10]
+        assert kubelet.errors() == []
+    assert set(state.upstreams) >= set(added.values())
+    assert all(e.received for e in engines), "a new instance got no request"
+    paused = status(cp, namespace)
+    revisions = pod_revisions(cp, namespace)
+    for role in ROLES:
+        new = paused[role]["revision"]
+        assert new != old[role]
+        assert revisions[added[role]] == {new}, revisions  # the new instance: the new template
+        for instance in INSTANCES[role]:  # the paused ones stay
+            assert revisions[instance] == {old[role]}, revisions
+            assert deleted(cp, mark, namespace, instance) == [], f"{instance}'s pods were deleted"
+
+
 def test_partition_holds_the_instances_below_it(control_plane, namespace, start_operator, tmp_path):
     start_operator()
     asyncio.run(_partition(control_plane, namespace, tmp_path / "pods"))
@@ -203,3 +242,9 @@ def test_a_bad_image_stops_at_the_deadline_and_the_old_spec_restores(control_pla
                                                                    start_operator, tmp_path):
     start_operator()
     asyncio.run(_bad_image(control_plane, namespace, tmp_path / "pods"))
+
+
+def test_scaling_during_a_rollout_adds_instances_on_the_new_template(control_plane, namespace, start_operator,
+                                                                    tmp_path):
+    start_operator()
+    asyncio.run(_scale_during(control_plane, namespace, tmp_path / "pods"))
