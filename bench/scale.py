@@ -27,7 +27,8 @@ reporting the new version (polled every PROPAGATION_POLL_S), p50 and p99; agains
 write to a plain watch of the ConfigMap in this process (`membership_watch_event_ms_*`): what the
 API server itself takes to deliver the event.
 
-`--repetitions N` (default 3). The bench exits 1 when a request failed.
+`--repetitions N` (default 3). The bench exits 1 when a request failed (PD_BENCH_KEEP=DIR keeps
+the logs: tests/support/bench.py).
 
 Figures:
 - repetitions: scale-ups and downs of each kind
