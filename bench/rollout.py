@@ -148,9 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "requests": result.requests,
         "rollout_failed_requests": len(result.failed),
     })
-    for failure in result.failed[:10]:
-        print(f"  {failure}", file=sys.stderr)
-    return 0 if not result.failed else 1
+    return bench.exit_code(result.failed)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import contextlib
 import os
 import pathlib
 import re
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -73,6 +74,13 @@ def workdir(prefix: str) -> Iterator[pathlib.Path]:
         return
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         yield pathlib.Path(tmp)
+
+
+def exit_code(failed: Sequence[str]) -> int:
+    """A bench under load ends 1 when a request failed, after showing the first failures."""
+    for failure in failed[:10]:
+        print(f"  {failure}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: Mapping[str, Any]
