@@ -372,3 +372,22 @@ def test_a_rollout_is_under_way_until_its_surge_instances_are_gone(surge_pods, u
         assert "surge instances running: glm-flash-prefill-2" in got["Progressing"]["message"]
     else:
         assert (got["Progressing"]["status"], got["Progressing"]["reason"]) == ("False", "Complete")
+
+
+def test_each_instance_shows_the_vllm_ascend_its_leader_pod_reported():
+    """The kubelet puts the pd-image-report init container's termination message into the pod's
+    status; the status shows it per instance (the leader's), and nothing where there is none."""
+    v = validated(prefill__replicas=2)
+    pods = pods_of(with_status(desired(v)))
+    message = '{"vllmAscend": {"version": "0.30.0rc2", "commit": "1a2b3c4", "seedChange": true}}'
+    for pod in pods:
+        if pod["metadata"]["name"] == "glm-flash-prefill-1-0":
+            pod["status"]["initContainerStatuses"] = [
+                {"name": "pd-tools", "state": {"terminated": {"exitCode": 0, "message": message}}},
+                {"name": "pd-image-report", "state": {"terminated": {"exitCode": 0, "message": message}}}]
+        if pod["metadata"]["name"] == "glm-flash-prefill-0-0":  # another container's message is not it
+            pod["status"]["initContainerStatuses"] = [
+                {"name": "pd-tools", "state": {"terminated": {"exitCode": 0, "message": message}}}]
+    out = status(v, Observed(children=with_status(desired(v)), pods=pods), {}, 3, T0)
+    assert {i["name"]: i.get("vllmAscend") for i in out["prefill"]["instances"]} == {
+        "glm-flash-prefill-0": None, "glm-flash-prefill-1": "0.30.0rc2 (commit 1a2b3c4), seed change"}

@@ -17,7 +17,7 @@ from pd_operator.findings import CATALOG
 from pd_operator.preflight.checks import PreflightConfig, parse_config, preflight
 from pd_operator.preflight.cli import visible_npus
 from pd_operator.serving_image.capabilities import capabilities
-from pd_operator.serving_image.installed import Installed, introspect
+from pd_operator.serving_image.installed import Installed, introspect, read_report
 from support.vllm_ascend_tree import write_tree
 
 # GLM-5.3-Flash decode of a P=TP8 -> D=DP2xTP4 pairing on a seed image: 1152-token blocks here, 640
@@ -189,3 +189,35 @@ def test_a_missing_config_refuses_with_its_path(tmp_path):
 def test_no_command_refuses(tmp_path):
     done = pd_preflight("--config", str(tmp_path / "none.json"))
     assert done.returncode == 78 and "no command to run" in done.stderr
+
+
+# --- the image report (pd-preflight --report, read back as the operator reads pod status) -----------
+
+def test_pd_preflight_reports_the_image_for_the_status(tmp_path, seed_tree):
+    message = tmp_path / "termination-log"
+    done = pd_preflight("--report", str(message), vllm_ascend=seed_tree)
+    assert done.returncode == 0, done.stderr
+    assert read_report(message.read_text()) == "0.30.0rc3.dev1 (commit g0123abc), seed change"
+    done = pd_preflight("--report", str(message), vllm_ascend=write_tree(tmp_path / "stock", seed=False))
+    assert read_report(message.read_text()) == "0.30.0rc3.dev1 (commit g0123abc), no seed change"
+    done = pd_preflight("--report", str(message))  # no vllm-ascend at all
+    assert done.returncode == 0 and read_report(message.read_text()) == "not installed"
+    # Information only: a report that cannot be written never stops the pod.
+    done = pd_preflight("--report", str(tmp_path / "no-such-dir" / "log"), vllm_ascend=seed_tree)
+    assert done.returncode == 0 and "cannot write" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("message", [
+    None, 17, "", "not json", "[]", '{"other": 1}', '{"vllmAscend": []}', '{"vllmAscend": "0.30"}',
+    "x" * 5000,
+])
+def test_a_report_that_is_not_one_is_nothing(message):
+    assert read_report(message) is None
+
+
+def test_a_report_keeps_only_plain_short_fields():
+    text = json.dumps({"vllmAscend": {"version": "0.30.0rc2\n<script>", "commit": "a" * 64,
+                                      "seedChange": "yes"}})
+    assert read_report(text) == f"unknown version (commit {'a' * 64}), no seed change"
+    too_long = json.dumps({"vllmAscend": {"version": "x" * 65, "commit": None, "seedChange": True}})
+    assert read_report(too_long) == "unknown version, seed change"

@@ -2,7 +2,10 @@
 
 For each serving pod the init container runs first, in the operator image (built from
 images/operator), as the pod spec says (its user, read-only root, no capabilities): `pd-bundle` copies
-the tools bundle into the pod's shared directory. Then the engine container runs in the image it names,
+the tools bundle into the pod's shared directory. The second init container, `pd-image-report`, runs
+in the serving image and writes what its vllm-ascend is where the kubelet reads a termination message
+(a file of the test's mounted there): the operator's reading of it names the release the spec claims,
+and the seed change exactly when the spec claims it. Then the engine container runs in the image it names,
 the stock-serving stand-in for stock vllm-ascend tags (its python3 is the release images' 3.12, with what
 vLLM brings, and nothing of ours), with the rendered command, env (downward API filled in), the
 ConfigMaps' files where they are mounted and the NPUs the device plugin would grant: the preflight must
@@ -27,6 +30,7 @@ import pytest
 from pd_operator.proxy.membership import KEY, document
 from pd_operator.render import render
 from pd_operator.serving_image import bundle
+from pd_operator.serving_image.installed import read_report
 from pd_operator.spec.ports import PROBE_PORT, PROBE_READY_PATH
 from pd_operator.spec.validate import validate
 from support import containers
@@ -98,9 +102,9 @@ class Pod:
                 "--volume", f"{self.records}:{RECORDS}", "--env", f"PD_TEST_ARGV={RECORDS}/argv.json",
                 *entry, *extra], args
 
-    def run(self, cont: dict, image: str) -> containers.Ran:
+    def run(self, cont: dict, image: str, *extra: str) -> containers.Ran:
         """Run a container to its end, in a network namespace of its own (ports here are not its)."""
-        options, args = self.options(cont, "--network", "none")
+        options, args = self.options(cont, "--network", "none", *extra)
         return containers.run(image, *args, options=options, timeout=120)
 
     def recorded(self) -> list[str] | None:
@@ -124,8 +128,10 @@ def test_every_serving_pod_starts_in_the_images_it_names(path, images, tmp_path)
     probed: set[str] = set()  # the sidecars of a role's instances differ only in names: one runs
     for sts in sets:
         pod_spec = sts["spec"]["template"]["spec"]
-        (init,) = pod_spec["initContainers"]
+        init, report = pod_spec["initContainers"]
         engine, sidecar = pod_spec["containers"]
+        role = sts["metadata"]["labels"]["pd.serving.dev/role"]
+        claimed = json.loads(config_map_data(manifests)[f"preflight-{role}.json"])["image"]
         assert init["image"] == images["tools"] and engine["image"] == sidecar["image"]
         image = local_image(images, manifests, engine["image"])
         rendered_argv = engine["command"][engine["command"].index("--") + 1:]
@@ -140,6 +146,15 @@ def test_every_serving_pod_starts_in_the_images_it_names(path, images, tmp_path)
             done = pod.run(init, local_image(images, manifests, init["image"]))
             assert done.returncode == 0, f"{name} init: {done.stderr}"
             assert (pod.sources["pd-tools"] / "pd-preflight").is_file()
+            message = pod.work / "termination-log"  # the file the kubelet mounts there and reads
+            message.write_text("")
+            message.chmod(0o666)
+            done = pod.run(report, image, "--volume", f"{message}:{report['terminationMessagePath']}")
+            assert done.returncode == 0, f"{name} report: {done.stderr}"
+            found = read_report(message.read_text())
+            seed = "seed change" if claimed.get("seedChange") else "no seed change"
+            assert found is not None and found.startswith(claimed["vllmAscendVersion"]), found
+            assert found.endswith(f", {seed}"), found
             done = pod.run(engine, image)
             assert done.returncode == 0, f"{name}: the preflight refused:\n{done.stderr}"
             argv = pod.recorded()

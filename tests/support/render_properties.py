@@ -105,10 +105,14 @@ def check_containers(validation: Validation, manifests: list[dict]) -> None:
                                           {"prefill": "serve", "decode": "gate"}[role]]
         # Both run the tools bundle the operator image's init container copies in (render/tools.py),
         # read-only, with the serving image's python3: nothing of ours needs to be in that image.
-        (init,) = pod["initContainers"]
+        # Then the serving image reports what its vllm-ascend is, as its termination message.
+        init, report = pod["initContainers"]
         assert init["image"] == validation.resolved.tools_image
         assert init["command"] == [bundle.COMMAND, bundle.MOUNT]
-        for c in (cont, sidecar):
+        assert report["name"] == "pd-image-report"
+        assert report["command"] == [*bundle.command("pd-preflight"), "--report",
+                                     report["terminationMessagePath"]]
+        for c in (cont, sidecar, report):
             assert c["image"] == validation.deployment.spec.image.name
             assert {"name": init["volumeMounts"][0]["name"], "mountPath": bundle.MOUNT,
                     "readOnly": True} in c["volumeMounts"]

@@ -592,6 +592,10 @@ class InstanceStatus(ApiModel):
     """The pod-template revision its pods run (label pd.serving.dev/revision); `mixed` while its pods
     are being replaced, empty when it has none."""
     ready: bool
+    vllm_ascend: str | None = None
+    """The vllm-ascend its leader pod's image has, as the pod's `pd-image-report` init container
+    found it: version, build commit, whether it has the seed change (vllm-ascend PR #16755). Unset
+    until that container ran."""
 
 
 class RoleStatus(ApiModel):

@@ -10,15 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pd_operator.api.conditions import TYPES
-from pd_operator.api.labels import REVISION
+from pd_operator.api.labels import POD_INDEX, REVISION
 from pd_operator.api.types import ROLES, PDDeployment
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label, unschedulable
 from pd_operator.controller.restarts import Decision
 from pd_operator.controller.rollout import Rollout
 from pd_operator.findings import Finding
-from pd_operator.render import Routable, scheduling
+from pd_operator.render import Routable, scheduling, tools
 from pd_operator.render.workloads import revision
+from pd_operator.serving_image.installed import read_report
 from pd_operator.spec.scaling import Bounded
 from pd_operator.spec.validate import Resolved, Validation
 
@@ -103,12 +104,34 @@ def rollout_figures(resolved: Resolved, pods: list[dict]) -> dict[str, tuple[int
     return out
 
 
+def image_report(pods: list[dict]) -> str | None:
+    """What the pd-image-report init container of the instance's leader pod (the lowest ordinal it
+    has) reported of its image (serving_image/installed.py `read_report`); None: nothing yet."""
+    for pod in sorted(pods, key=lambda p: int(i) if (i := label(p, POD_INDEX) or "").isdigit() else 0):
+        for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            if status.get("name") == tools.REPORT_CONTAINER:
+                for state in (status.get("state"), status.get("lastState")):
+                    found = read_report(((state or {}).get("terminated") or {}).get("message"))
+                    if found is not None:
+                        return found
+        return None
+    return None
+
+
 def instance_statuses(resolved: Resolved, role: str, pods: list[dict]) -> list[dict]:
-    """Every instance of the role with pods: its revision and whether it is Ready."""
+    """Every instance of the role with pods: its revision, whether it is Ready, and the vllm-ascend
+    its image reported."""
     expected = resolved.shapes[role].pods
-    return [{"name": resolved.names.instance(role, index), "revision": _revision_of(members),
-             "ready": instance_ready(members, expected)}
-            for (of_role, index), members in sorted(by_instance(pods).items()) if of_role == role]
+    out = []
+    for (of_role, index), members in sorted(by_instance(pods).items()):
+        if of_role != role:
+            continue
+        entry = {"name": resolved.names.instance(role, index), "revision": _revision_of(members),
+                 "ready": instance_ready(members, expected)}
+        if (found := image_report(members)) is not None:
+            entry["vllmAscend"] = found
+        out.append(entry)
+    return out
 
 
 def _kv_condition(validation: Validation) -> _Cond:

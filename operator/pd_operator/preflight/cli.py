@@ -8,6 +8,12 @@ pd_operator.preflight.checks judge it against the rendered config and, when noth
 itself with the command (`exec`), so vLLM keeps the container's PID and signals. Any error: the
 findings on stderr, one per line, and exit 78 (EX_CONFIG), so the pod fails at once with the reason
 in its log instead of minutes later in a transfer.
+
+    pd-preflight --report /dev/termination-log
+
+writes what the image's vllm-ascend is (version, build commit, whether it has the seed change;
+serving_image/installed.py `report`) to the file and exits 0: the `pd-image-report` init container
+(render/tools.py), whose termination message the kubelet puts into the pod's status.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from pathlib import Path
 
 from pd_operator.findings import Finding
 from pd_operator.preflight.checks import ordinal_of, parse_config, preflight
-from pd_operator.serving_image.installed import Installed, installed_root, introspect
+from pd_operator.serving_image.installed import Installed, installed_root, introspect, report
 
 EX_CONFIG = 78
 # NPU ids the Ascend device plugin grants a container (Ascend/ascend-device-plugin: Allocate's
@@ -61,7 +67,9 @@ def busy(ports: Sequence[int]) -> set[int]:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="pd-preflight", description=__doc__.splitlines()[0])
-    top.add_argument("--config", required=True, help="the rendered preflight config (JSON)")
+    mode = top.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--config", help="the rendered preflight config (JSON)")
+    mode.add_argument("--report", metavar="PATH", help="write what the image's vllm-ascend is to PATH")
     top.add_argument("command", nargs=argparse.REMAINDER, help="-- and the command to exec")
     return top
 
@@ -85,6 +93,14 @@ def findings_for(config_path: str, argv: Sequence[str], env: Mapping[str, str]) 
 
 def main(args: Sequence[str] | None = None) -> int:
     ns = parser().parse_args(args)
+    if ns.report:
+        text = report(installed_vllm_ascend())
+        print(f"pd-preflight: {text}", file=sys.stderr)
+        try:
+            Path(ns.report).write_text(text)
+        except OSError as err:  # a report is information: its loss must not stop the pod
+            print(f"pd-preflight: cannot write {ns.report}: {err.strerror}", file=sys.stderr)
+        return 0
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
         print("pd-preflight: no command to run (expected `-- vllm serve ...`)", file=sys.stderr)

@@ -101,7 +101,8 @@ def pod_template(ctx: Resolved, role: str, index: int) -> dict:
     volumes, mounts = _volumes(ctx, role)
     containers = [serving_container(ctx, role, index, mounts),
                   kv_probe.sidecar(ctx, role)]
-    spec: dict = {"initContainers": [tools.init_container(ctx)], "containers": containers,
+    spec: dict = {"initContainers": [tools.init_container(ctx), tools.report_container(ctx)],
+                  "containers": containers,
                   "volumes": [*volumes, *kv_probe.volumes(ctx, role)],
                   "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS, **ctx.pull_secrets()}
     if side.host_network:

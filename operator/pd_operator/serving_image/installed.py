@@ -10,6 +10,10 @@ families have model code. The same reading serves three callers:
 - the serving image's build (images/vllm-ascend/Dockerfile): `python -m pd_operator.serving_image.installed
   ROOT --require-seed` fails the build when the vllm-ascend it built lacks the seed's functions;
 - the contract tier (tests/contract), which runs it on every released source archive.
+
+And it is what a pod reports of its image: the `pd-image-report` init container
+(render/tools.py) writes `report()` as its termination message, which the kubelet copies into the
+pod's status, where the operator reads it (`read_report`) into status.<role>.instances[].vllmAscend.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -111,6 +116,50 @@ def introspect(root: Path, commit_file: Path = COMMIT_FILE) -> Installed:
         commit = commit_file.read_text().strip() or commit
     families = frozenset(f for f, code in FAMILY_CODE.items() if (root / code).is_dir())
     return Installed(root, version, commit, connectors, has_seed_change(root, connectors), families)
+
+
+REPORT_KEY = "vllmAscend"
+REPORT_FIELD_CHARS = 64
+"""The longest version or commit a report may carry: a pod's message is the tenant image's word,
+kept short in the status."""
+
+
+def report(found: Installed | None) -> str:
+    """What a pod says of the vllm-ascend its image has, as one JSON object (under the kubelet's
+    4096-byte termination message limit)."""
+    if found is None:
+        return json.dumps({REPORT_KEY: None})
+    return json.dumps({REPORT_KEY: {"version": found.version, "commit": found.commit,
+                                    "seedChange": found.seed_change}})
+
+
+def read_report(message: object) -> str | None:
+    """`report()`'s text as the status shows it (`0.30.0rc2 (commit 1a2b3c4d), seed change`), or
+    None when `message` is not such a report. Read defensively: any container of the image may
+    have written it."""
+    if not isinstance(message, str) or len(message) > 4096:
+        return None
+    try:
+        doc = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or REPORT_KEY not in doc:
+        return None
+    found = doc[REPORT_KEY]
+    if found is None:
+        return "not installed"
+    if not isinstance(found, dict):
+        return None
+
+    def field(name: str) -> str | None:
+        value = found.get(name)
+        if not isinstance(value, str) or not re.fullmatch(rf"[\w.+-]{{1,{REPORT_FIELD_CHARS}}}", value):
+            return None
+        return value
+
+    version, commit = field("version") or "unknown version", field("commit")
+    seed = "seed change" if found.get("seedChange") is True else "no seed change"
+    return f"{version}{f' (commit {commit})' if commit else ''}, {seed}"
 
 
 def installed_root() -> Path | None:
