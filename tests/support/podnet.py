@@ -141,6 +141,7 @@ class Kubelet:
         self.started: list[FakeEngine] = []
         """Every engine started, the killed ones too (what they received, their errors)."""
         self._task: asyncio.Task | None = None
+        self._stopping = False
         self._failure: BaseException | None = None
 
     async def __aenter__(self) -> Kubelet:
@@ -149,6 +150,9 @@ class Kubelet:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
+        # The flag, not only the cancel: Python 3.11's wait_for can swallow a cancellation that
+        # lands as its wait completes (a pod event then), and the loop would go on for ever.
+        self._stopping = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.gather(*(e.stop() for e in self.engines.values()),
@@ -222,7 +226,7 @@ class Kubelet:
             lambda _type, _pod: loop.call_soon_threadsafe(changed.set), stop))
         watcher.start()
         try:
-            while True:
+            while not self._stopping:
                 changed.clear()
                 try:
                     observed = await asyncio.to_thread(self._observe)
