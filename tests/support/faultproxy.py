@@ -212,7 +212,7 @@ class FaultProxy:
         """How many watches (in `namespace`, or anywhere) stream through now: a test waits for one
         before it cuts, since a client re-lists and re-watches after each cut."""
         with self._lock:
-            return sum(1 for r in list(self._watches.values()) if namespace in (None, r.namespace))
+            return sum(1 for r in self._watches.values() if namespace in (None, r.namespace))
 
     def kubeconfig(self, path: pathlib.Path, token: str, user: str = "user") -> pathlib.Path:
         """A kubeconfig for `token` that reaches the API server through this proxy."""

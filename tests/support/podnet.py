@@ -241,18 +241,20 @@ class Kubelet:
         finally:
             stop.set()
 
-    def _pod_path(self, pod: dict) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}"
+    def _patch_finalizers(self, pod: dict, change: dict) -> dict:
+        """Strategic-merge `change` into this very pod's metadata (its uid a precondition: 409 or
+        422 when another pod of that name is there now)."""
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}"
+        return dict(self.cp.api("PATCH", path, {"metadata": {"uid": pod["metadata"]["uid"], **change}},
+                                content_type="application/strategic-merge-patch+json"))
 
     def _finalizing(self, pod: dict) -> bool:
         """Put FINALIZER on `pod` before a process runs for it; False: the pod is gone or being
         deleted (run nothing for it)."""
         if FINALIZER in (pod["metadata"].get("finalizers") or []):
             return True
-        patch = {"metadata": {"uid": pod["metadata"]["uid"], "finalizers": [FINALIZER]}}
         try:
-            got = self.cp.api("PATCH", self._pod_path(pod), patch,
-                              content_type="application/strategic-merge-patch+json")
+            got = self._patch_finalizers(pod, {"finalizers": [FINALIZER]})
         except ApiError as err:
             if err.status in (404, 409, 422):  # gone, or another pod of that name now (uid differs)
                 return False
@@ -263,11 +265,8 @@ class Kubelet:
         """Take FINALIZER off `pod` (its process, if any, was killed): a deleted pod then goes."""
         if FINALIZER not in (pod["metadata"].get("finalizers") or []):
             return
-        patch = {"metadata": {"uid": pod["metadata"]["uid"],
-                              "$deleteFromPrimitiveList/finalizers": [FINALIZER]}}
         with contextlib.suppress(ApiError):  # gone already, or another pod of that name now
-            self.cp.api("PATCH", self._pod_path(pod), patch,
-                        content_type="application/strategic-merge-patch+json")
+            self._patch_finalizers(pod, {"$deleteFromPrimitiveList/finalizers": [FINALIZER]})
 
     def _list(self, resource: str, selector: str = "") -> list[dict]:
         query = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""

@@ -121,9 +121,10 @@ def _rollout(resolved: Resolved, body: dict, pods: list[dict], now: datetime) ->
     # surge instances are gone (they hold NPUs until drained).
     starting = any(i not in state[role] or not state[role][i].ready
                    for role in ROLES for i in range(resolved.role(role).replicas))
-    surplus = any(i >= resolved.role(role).replicas for role in ROLES for i in state[role])
-    active = any(rollout.outdated(rollout.params_of(resolved), state).values()) or (
-        previous.get("rolloutProgressTime") is not None and (starting or surplus))
+    params = rollout.params_of(resolved)
+    surge = bool(rollout.surplus(params, state))
+    active = any(rollout.outdated(params, state).values()) or (
+        previous.get("rolloutProgressTime") is not None and (starting or surge))
     since = rollout.progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, figures,
                                   active, now)
     halted: set[str] = {role for role in ROLES

@@ -143,6 +143,11 @@ def serving(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> d
             for role in ROLES}
 
 
+def surplus(params: Mapping[str, RoleParams], state: State) -> list[Key]:
+    """Instances past a role's replicas (surge instances, or ones a scale-down removes), in order."""
+    return [(role, i) for role in ROLES for i in sorted(state.get(role, {})) if i >= params[role].replicas]
+
+
 def _outdated(params: RoleParams, instances: Mapping[int, InstanceState]) -> list[int]:
     return [i for i in range(params.partition, params.replicas)
             if i in instances and not instances[i].updated]

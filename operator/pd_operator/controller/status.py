@@ -15,7 +15,7 @@ from pd_operator.api.types import ROLES, PDDeployment
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label, unschedulable
 from pd_operator.controller.restarts import Decision
-from pd_operator.controller.rollout import Rollout
+from pd_operator.controller.rollout import Rollout, surplus
 from pd_operator.findings import Finding
 from pd_operator.render import Routable, scheduling, tools
 from pd_operator.render.workloads import revision
@@ -107,14 +107,15 @@ def rollout_figures(resolved: Resolved, pods: list[dict]) -> dict[str, tuple[int
 def image_report(pods: list[dict]) -> str | None:
     """What the pd-image-report init container of the instance's leader pod (the lowest ordinal it
     has) reported of its image (serving_image/installed.py `read_report`); None: nothing yet."""
-    for pod in sorted(pods, key=lambda p: int(i) if (i := label(p, POD_INDEX) or "").isdigit() else 0):
-        for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
-            if status.get("name") == tools.REPORT_CONTAINER:
-                for state in (status.get("state"), status.get("lastState")):
-                    found = read_report(((state or {}).get("terminated") or {}).get("message"))
-                    if found is not None:
-                        return found
+    if not pods:
         return None
+    leader = min(pods, key=lambda p: int(i) if (i := label(p, POD_INDEX) or "").isdigit() else 0)
+    for status in (leader.get("status") or {}).get("initContainerStatuses") or []:
+        if status.get("name") == tools.REPORT_CONTAINER:
+            for state in (status.get("state"), status.get("lastState")):
+                found = read_report(((state or {}).get("terminated") or {}).get("message"))
+                if found is not None:
+                    return found
     return None
 
 
@@ -326,12 +327,11 @@ def _rollout_condition(resolved: Resolved, moving: Rollout | None) -> _Cond | No
                      f"spec.{' and spec.'.join(paused)}.rollout.paused is true (instances updated: "
                      f"{counts}). Set it to false to continue.")
     leaving = ", ".join(resolved.names.instance(role, i) for role, i in sorted(plan.leave))
-    surplus = ", ".join(resolved.names.instance(role, i) for role in ROLES for i in sorted(moving.state[role])
-                        if i >= params[role].replicas)
+    surge = ", ".join(resolved.names.instance(role, i) for role, i in surplus(params, moving.state))
     return _Cond("Progressing", True, "RolloutInProgress",
                  f"Rolling out a new pod template; instances updated: {counts}"
                  f"{'; replacing ' + leaving if leaving else ''}"
-                 f"{'; surge instances running: ' + surplus if surplus else ''}.")
+                 f"{'; surge instances running: ' + surge if surge else ''}.")
 
 
 def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
