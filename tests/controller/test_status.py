@@ -9,6 +9,7 @@ import pytest
 
 from pd_operator.api.conditions import TYPES
 from pd_operator.controller import gate, reconcile, rollout
+from pd_operator.controller.events import transitions
 from pd_operator.controller.restarts import Decision
 from pd_operator.controller.status import (
     Observed,
@@ -16,7 +17,6 @@ from pd_operator.controller.status import (
     merge_patch,
     shape,
     status,
-    transitions,
 )
 from support.controller_fakes import desired, link_down, pods_of, routable_of, validated, with_status
 from support.specs import example

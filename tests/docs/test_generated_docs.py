@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pd_operator.api.conditions import REASONS
+from pd_operator.api.conditions import EVENTS, REASONS
 from pd_operator.findings import CATALOG
 from pd_operator.tools import docs
 
@@ -35,6 +35,8 @@ def test_status_tables_list_every_finding_and_condition_reason():
         assert f"| `{code}` |" in status, code
     for ctype, _, reason, _ in REASONS:
         assert re.search(rf"\| `{ctype}` \| \w+ \| `{re.escape(reason)}` \|", status), (ctype, reason)
+    for type_, reason, _ in EVENTS:
+        assert f"| {type_} | `{reason}` |" in status, reason
 
 
 def test_readme_has_no_generated_tables():

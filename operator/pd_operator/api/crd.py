@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from pd_operator.api.conditions import KV_COMPATIBLE, READY
 from pd_operator.api.types import GROUP, KIND, PLURAL, ROLE_KIND, ROLE_PLURAL, VERSION, PDDeployment, PDRole
 from pd_operator.api_model import CEL_RULES
 
@@ -27,11 +28,11 @@ PDD_COLUMNS: list[dict] = [
     {"name": "Decode", "type": "string", "jsonPath": ".status.decode.shape",
      "description": "Decode instances x data parallel x tensor parallel"},
     {"name": "Compatible", "type": "string",
-     "jsonPath": ".status.conditions[?(@.type==\"KVCompatible\")].status",
+     "jsonPath": f".status.conditions[?(@.type==\"{KV_COMPATIBLE}\")].status",
      "description": "Whether prefill and decode KV layouts are compatible"},
-    {"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
+    {"name": "Ready", "type": "string", "jsonPath": f".status.conditions[?(@.type==\"{READY}\")].status"},
     {"name": "Reason", "type": "string", "priority": 1,
-     "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
+     "jsonPath": f".status.conditions[?(@.type==\"{READY}\")].reason"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 PDROLE_COLUMNS: list[dict] = [

@@ -20,9 +20,10 @@ import os
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from pd_operator.api.conditions import KV_COMPATIBLE, READY
 from pd_operator.api.labels import INSTANCE, REVISION, ROLE
 from pd_operator.api.types import ROLES
-from pd_operator.controller import drain, gate, links, pdroles, restarts, rollout
+from pd_operator.controller import drain, events, gate, links, pdroles, restarts, rollout
 from pd_operator.controller import status as status_mod
 from pd_operator.controller.client import ApiError, Client, NotServed
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
@@ -208,11 +209,8 @@ def _replace(client: Client, body: dict, resolved: Resolved, drains: list[drain.
         for pod in members:
             client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
         old = sorted({label(p, REVISION) or "none" for p in members})
-        why = (f"its drain bound ({int(drain.bound(resolved, d.role).total_seconds())} s) passed"
-               if d.timed_out else "it drained")
-        client.post_event(body, "Normal", "InstanceReplaced",
-                          f"Replacing the pods of {d.role} instance {d.name} (revision {', '.join(old)} -> "
-                          f"{revision(resolved, d.role)}): it left the proxy and {why}.")
+        client.post_event(body, *events.replaced(d, old, revision(resolved, d.role),
+                                                 int(drain.bound(resolved, d.role).total_seconds())))
         outcome.replaced.append(d.name)
         outcome.replaced_keys.append((d.role, d.index))
 
@@ -221,17 +219,8 @@ def _report_drained(client: Client, body: dict, resolved: Resolved, drains: list
                     pruned: list[dict]) -> None:
     gone = {o["metadata"]["name"] for o in pruned if o["kind"] == "StatefulSet"}
     for d in drains:
-        if d.name not in gone:
-            continue
-        if d.timed_out:
-            client.post_event(body, "Warning", "DrainTimedOut",
-                              f"Deleted {d.role} instance {d.name}: its drain bound "
-                              f"({int(drain.bound(resolved, d.role).total_seconds())} s) passed while it may "
-                              "still have held requests.")
-        else:
-            client.post_event(body, "Normal", "Drained",
-                              f"Deleted {d.role} instance {d.name}: it left the proxy and no request "
-                              "needs it any more.")
+        if d.name in gone:
+            client.post_event(body, *events.deleted(d, int(drain.bound(resolved, d.role).total_seconds())))
 
 
 def _group_restarts(client: Client, body: dict, children: list[dict], pods: list[dict], now: datetime,
@@ -290,13 +279,13 @@ def _write_status(client: Client, body: dict, validation: Validation, observed: 
     new = status_mod.status(validation, observed, previous, meta.get("generation"),
                             now.strftime("%Y-%m-%dT%H:%M:%SZ"))
     conditions = {c["type"]: c["status"] for c in new["conditions"]}
-    outcome.ready = conditions.get("Ready") == "True"
-    outcome.kv_compatible = conditions.get("KVCompatible") == "True"
+    outcome.ready = conditions.get(READY) == "True"
+    outcome.kv_compatible = conditions.get(KV_COMPATIBLE) == "True"
     if new == previous:
         return
     client.patch_status(meta["namespace"], meta["name"], status_mod.merge_patch(previous, new))
-    for type_, reason, message in status_mod.transitions(previous.get("conditions") or [], new["conditions"]):
-        client.post_event(body, type_, reason, message)
+    for event in events.transitions(previous.get("conditions") or [], new["conditions"]):
+        client.post_event(body, *event)
 
 
 def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mod.Observed,

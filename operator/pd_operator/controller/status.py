@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pd_operator.api.conditions import TYPES
+from pd_operator.api import conditions as c
 from pd_operator.api.labels import POD_INDEX, REVISION
 from pd_operator.api.types import ROLES, PDDeployment
 from pd_operator.controller.links import link_ready
@@ -64,8 +64,8 @@ def _errors_text(findings: list[Finding]) -> str:
 
 
 def _child(observed: Observed, kind: str, name: str) -> dict | None:
-    return next((c for c in observed.children
-                 if c["kind"] == kind and c["metadata"]["name"] == name), None)
+    return next((child for child in observed.children
+                 if child["kind"] == kind and child["metadata"]["name"] == name), None)
 
 
 def shape(dep: PDDeployment, role: str) -> str:
@@ -139,16 +139,17 @@ def _kv_condition(validation: Validation) -> _Cond:
     report = validation.report
     if report is None:
         errors = validation.errors
-        reason = errors[0].code if errors else "Unknown"
-        return _Cond("KVCompatible", False, reason,
+        reason = errors[0].code if errors else c.LAYOUT_UNRESOLVED
+        return _Cond(c.KV_COMPATIBLE, False, reason,
                      _errors_text(errors) or "The model's KV description could not be resolved.")
     errors = [f for f in report.findings if f.severity == "error"]
     if errors:
-        return _Cond("KVCompatible", False, errors[0].code, _errors_text(errors))
+        return _Cond(c.KV_COMPATIBLE, False, errors[0].code, _errors_text(errors))
     p, d = report.prefill_layout, report.decode_layout
     if p is None or d is None:  # check_pair leaves a layout out only beside an error finding
-        return _Cond("KVCompatible", False, "Unknown", "The KV layout of a role could not be resolved.")
-    return _Cond("KVCompatible", True, "Compatible",
+        return _Cond(c.KV_COMPATIBLE, False, c.LAYOUT_UNRESOLVED,
+                     "The KV layout of a role could not be resolved.")
+    return _Cond(c.KV_COMPATIBLE, True, c.COMPATIBLE,
                  f"Prefill engine blocks of {p.engine_block_size} tokens and decode blocks of "
                  f"{d.engine_block_size} tokens pair through {report.segment_tokens}-token segments.")
 
@@ -161,27 +162,27 @@ def _unlinked(resolved: Resolved, pods: list[dict]) -> list[str]:
 
 
 def _role_condition(resolved: Resolved, role: str, ready: int, pods: list[dict]) -> _Cond:
-    kind = f"{role.capitalize()}Ready"
+    kind = c.ROLE_READY[role]
     want = resolved.role(role).replicas
     if want == 0:
-        return _Cond(kind, True, "ScaledToZero", f"The {role} role runs no instances.")
+        return _Cond(kind, True, c.SCALED_TO_ZERO, f"The {role} role runs no instances.")
     if ready >= want:
-        return _Cond(kind, True, "InstancesReady", f"All {want} {role} instances are ready.")
+        return _Cond(kind, True, c.INSTANCES_READY, f"All {want} {role} instances are ready.")
     pending = sorted((p["metadata"]["name"], why) for (of_role, _), group in by_instance(pods).items()
                      if of_role == role for p in group if (why := unschedulable(p)))
     if pending:
         name, why = pending[0]
         more = f" (and {len(pending) - 1} more pods)" if len(pending) > 1 else ""
-        return _Cond(kind, False, "Unschedulable",
+        return _Cond(kind, False, c.UNSCHEDULABLE,
                      f"{ready} of {want} {role} instances are ready; pod {name}{more} cannot be "
                      f"scheduled: {why}")
     unlinked = _unlinked(resolved, pods) if role == "decode" else []
     if unlinked:
-        return _Cond(kind, False, "KVLinkNotReady",
+        return _Cond(kind, False, c.KV_LINK_NOT_READY,
                      f"{ready} of {want} decode instances are ready; {', '.join(unlinked)} cannot yet (or no "
                      "longer) pull KV from every prefill instance, so the proxy does not route to them. "
                      "See status.kvLinks and the kv-link container's log.")
-    return _Cond(kind, False, "InstancesNotReady",
+    return _Cond(kind, False, c.INSTANCES_NOT_READY,
                  f"{ready} of {want} {role} instances are ready; the others are starting or loading "
                  "the model (see the pods' events).")
 
@@ -195,43 +196,43 @@ def _deployment_ready(obj: dict | None) -> tuple[int, int]:
 
 def _proxy_condition(resolved: Resolved, observed: Observed) -> _Cond:
     if not resolved.deployment.spec.proxy.enabled:
-        return _Cond("ProxyReady", True, "Disabled", "spec.proxy.enabled is false.")
+        return _Cond(c.PROXY_READY, True, c.PROXY_DISABLED, "spec.proxy.enabled is false.")
     listed = observed.routable
     if listed is not None and (missing := [role for role in ROLES if not listed[role]]):
-        return _Cond("ProxyReady", False, "NoUpstreams",
+        return _Cond(c.PROXY_READY, False, c.NO_UPSTREAMS,
                      f"The proxy has no {' and no '.join(missing)} instance it may route to yet (an instance "
                      "joins once all its pods are Ready, a decode instance once its KV link works too); "
                      "it answers 503 until it has.")
     ready, want = _deployment_ready(_child(observed, "Deployment", resolved.names.proxy))
     if ready >= want:
-        return _Cond("ProxyReady", True, "ProxyAvailable", f"{ready} proxy pods are ready.")
-    return _Cond("ProxyReady", False, "ProxyNotReady", f"{ready} of {want} proxy pods are ready.")
+        return _Cond(c.PROXY_READY, True, c.PROXY_AVAILABLE, f"{ready} proxy pods are ready.")
+    return _Cond(c.PROXY_READY, False, c.PROXY_NOT_READY, f"{ready} of {want} proxy pods are ready.")
 
 
 def _degraded(observed: Observed) -> _Cond:
     limited = [d for d in observed.restarts if d.action == "limited"]
     if limited:
         names = ", ".join(d.instance for d in limited)
-        return _Cond("Degraded", True, "GroupRestartLimited",
+        return _Cond(c.DEGRADED, True, c.GROUP_RESTART_LIMITED,
                      f"Instances {names} keep failing; group restarts stopped after the limit. Check "
                      "the pods' logs, fix the cause, then delete the pods to retry.")
     restarted = [d for d in observed.restarts if d.action == "restart"]
     if restarted:
-        return _Cond("Degraded", True, "GroupRestart",
+        return _Cond(c.DEGRADED, True, c.GROUP_RESTART,
                      f"Restarted all pods of {', '.join(d.instance for d in restarted)} after "
                      f"{', '.join(p for d in restarted for p in d.failed)} failed: the other ranks "
                      "of an engine cannot recover alone.")
     if observed.blocked:
         names = ", ".join(f"{m['kind']} {m['metadata']['name']}" for m in observed.blocked)
-        return _Cond("Degraded", True, "NameConflict",
+        return _Cond(c.DEGRADED, True, c.NAME_CONFLICT,
                      f"{names} already exist(s) without this PDDeployment as owner; delete or rename "
                      "them so the operator can create its own.")
     if observed.foreign:
         names = ", ".join(f"{m['kind']} {m['metadata']['name']}" for m in observed.foreign)
-        return _Cond("Degraded", True, "ForeignChild",
+        return _Cond(c.DEGRADED, True, c.FOREIGN_CHILD,
                      f"{names} carry this PDDeployment's labels but are not owned by it; they are "
                      "left alone. Remove the labels or the objects.")
-    return _Cond("Degraded", False, "AsExpected", "Nothing is degraded.")
+    return _Cond(c.DEGRADED, False, c.AS_EXPECTED, "Nothing is degraded.")
 
 
 def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
@@ -239,7 +240,7 @@ def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
     gang = dep.spec.scheduling.gang
     if observed.unserved is not None and observed.unserved.get("kind") == "PodGroup":
         api = observed.unserved["apiVersion"]
-        return _Cond("GangScheduling", False, "GangUnavailable",
+        return _Cond(c.GANG_SCHEDULING, False, c.GANG_UNAVAILABLE,
                      f"spec.scheduling.gang {gang} needs {api} PodGroups, which this cluster does not "
                      f"serve ({observed.unserved_error}); it needs {scheduling.NEEDS.get(api, api)}. The "
                      "instances' StatefulSets are not applied until then; or set spec.scheduling.gang "
@@ -248,26 +249,26 @@ def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
              if dep.role(role).replicas and resolved.shapes[role].multi_pod]
     if gang == "none":
         if not multi:
-            return _Cond("GangScheduling", True, "SinglePodInstances",
+            return _Cond(c.GANG_SCHEDULING, True, c.SINGLE_POD_INSTANCES,
                          "Every instance is one pod: none can be placed in part.")
         roles = " and ".join(f"{role} instances ({pods} pods each)" for role, pods in multi)
-        return _Cond("GangScheduling", False, "PartialPlacementPossible",
+        return _Cond(c.GANG_SCHEDULING, False, c.PARTIAL_PLACEMENT_POSSIBLE,
                      f"The pods of {roles} are scheduled one by one (spec.scheduling.gang is none): an "
                      "instance can be placed in part, holding NPUs while its other pods wait. Set "
                      "spec.scheduling.gang to volcano or kubernetes to place each instance whole.")
     if dep.spec.placement.gang_topology:
-        dropped = sorted(c["metadata"]["name"] for c in observed.children
-                         if c["kind"] == "PodGroup" and c["apiVersion"] == scheduling.KUBE_API
-                         and not (c.get("spec") or {}).get("schedulingConstraints"))
+        dropped = sorted(group["metadata"]["name"] for group in observed.children
+                         if group["kind"] == "PodGroup" and group["apiVersion"] == scheduling.KUBE_API
+                         and not (group.get("spec") or {}).get("schedulingConstraints"))
         if dropped:
-            return _Cond("GangScheduling", False, "GangUnavailable",
+            return _Cond(c.GANG_SCHEDULING, False, c.GANG_UNAVAILABLE,
                          f"kube-apiserver dropped the topology constraint of PodGroup {', '.join(dropped)}: "
                          f"enable the {scheduling.TOPOLOGY_GATE} feature gate on kube-apiserver and "
                          "kube-scheduler, or set spec.placement.gangTopology to false.")
     which = "Volcano" if gang == "volcano" else "kube-scheduler"
     sizes = ", ".join(f"{role} {resolved.shapes[role].pods}" for role in ROLES
                       if dep.role(role).replicas)
-    return _Cond("GangScheduling", True, "PodGroups",
+    return _Cond(c.GANG_SCHEDULING, True, c.POD_GROUPS,
                  f"Each instance is one {which} PodGroup of all its pods ({sizes or 'no instances'}): the "
                  "scheduler binds all of an instance's pods or none.")
 
@@ -275,30 +276,30 @@ def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
 def _scaling_condition(resolved: Resolved, observed: Observed) -> _Cond:
     holds = observed.scaling.holds if observed.scaling is not None else []
     if not holds:
-        return _Cond("ScalingLimited", False, "WithinBounds",
+        return _Cond(c.SCALING_LIMITED, False, c.WITHIN_BOUNDS,
                      "Each role runs the instances its PDRole asks for.")
-    return _Cond("ScalingLimited", True, holds[0].bound,
+    return _Cond(c.SCALING_LIMITED, True, holds[0].bound,
                  " ".join(f"PDRole {resolved.names.role(h.role)}: {h.message()}" for h in holds))
 
 
 def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> list[_Cond]:
     if validation.resolved is None:
         text = _errors_text(validation.errors)
-        return [_Cond("Ready", False, validation.errors[0].code if validation.errors else "InvalidSpec",
+        return [_Cond(c.READY, False, validation.errors[0].code if validation.errors else c.INVALID_SPEC,
                       f"The spec is invalid; the children of the last valid spec are unchanged. {text}"),
-                _Cond("Progressing", False, "InvalidSpec", "Fix the spec to continue.")]
-    failing = [c for c in parts if c.ok is not True]
+                _Cond(c.PROGRESSING, False, c.INVALID_SPEC, "Fix the spec to continue.")]
+    failing = [cond for cond in parts if cond.ok is not True]
     if not failing:
-        ready = _Cond("Ready", True, "Serving", "Prefill, decode and the proxy are ready.")
+        ready = _Cond(c.READY, True, c.SERVING, "Prefill, decode and the proxy are ready.")
     else:
-        ready = _Cond("Ready", False, failing[0].reason, failing[0].message)
+        ready = _Cond(c.READY, False, failing[0].reason, failing[0].message)
     moving = _rollout_condition(validation.resolved, observed.rollout)
     if moving is not None:
         progressing = moving
     elif failing:
-        progressing = _Cond("Progressing", True, "WaitingForPods", failing[0].message)
+        progressing = _Cond(c.PROGRESSING, True, c.WAITING_FOR_PODS, failing[0].message)
     else:
-        progressing = _Cond("Progressing", False, "Complete", "Every child is up to date and ready.")
+        progressing = _Cond(c.PROGRESSING, False, c.COMPLETE, "Every child is up to date and ready.")
     return [ready, progressing]
 
 
@@ -313,22 +314,22 @@ def _rollout_condition(resolved: Resolved, moving: Rollout | None) -> _Cond | No
     if halted:
         stuck = [resolved.names.instance(role, i) for role in ROLES for i, s in moving.state[role].items()
                  if s.updated and not s.ready]
-        return _Cond("Progressing", False, "ProgressDeadlineExceeded",
+        return _Cond(c.PROGRESSING, False, c.PROGRESS_DEADLINE_EXCEEDED,
                      f"No {' or '.join(halted)} instance was replaced or became Ready on the new template "
                      f"within {min(moving.deadline[r] for r in halted)} s (instances updated: {counts}); "
                      f"the rollout stopped{' at ' + ', '.join(stuck) if stuck else ''} and the other "
                      "instances keep serving. Fix the template (see those pods' events and logs); "
                      "applying the previous spec again rolls back only what moved.")
     if plan.blocked:
-        return _Cond("Progressing", False, "RolloutBlocked", plan.blocked)
+        return _Cond(c.PROGRESSING, False, c.ROLLOUT_BLOCKED, plan.blocked)
     paused = [role for role in ROLES if params[role].paused and plan.outdated[role]]
     if paused and not plan.leave:
-        return _Cond("Progressing", None, "RolloutPaused",
+        return _Cond(c.PROGRESSING, None, c.ROLLOUT_PAUSED,
                      f"spec.{' and spec.'.join(paused)}.rollout.paused is true (instances updated: "
                      f"{counts}). Set it to false to continue.")
     leaving = ", ".join(resolved.names.instance(role, i) for role, i in sorted(plan.leave))
     surge = ", ".join(resolved.names.instance(role, i) for role, i in surplus(params, moving.state))
-    return _Cond("Progressing", True, "RolloutInProgress",
+    return _Cond(c.PROGRESSING, True, c.ROLLOUT_IN_PROGRESS,
                  f"Rolling out a new pod template; instances updated: {counts}"
                  f"{'; replacing ' + leaving if leaving else ''}"
                  f"{'; surge instances running: ' + surge if surge else ''}.")
@@ -345,7 +346,7 @@ def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
     gang = _gang_condition(resolved, observed)
     # Only a PodGroup kind the cluster lacks stops the apply (and so the instances); the other
     # GangScheduling states are advice.
-    blocking = [gang] if observed.unserved is not None and gang.reason == "GangUnavailable" else []
+    blocking = [gang] if observed.unserved is not None and gang.reason == c.GANG_UNAVAILABLE else []
     return [kv, *parts, *_summary(validation, [*blocking, *parts], observed), _degraded(observed), gang,
             _scaling_condition(resolved, observed)]
 
@@ -357,9 +358,9 @@ def _status_word(ok: bool | None) -> str:
 def conditions(validation: Validation, observed: Observed, previous: list[dict], generation: int | None,
                now: str) -> list[dict]:
     """The conditions, in TYPES order; lastTransitionTime kept from `previous` unless status changed."""
-    before = {c.get("type"): c for c in previous}
+    before = {old.get("type"): old for old in previous}
     out = []
-    for cond in sorted(_evaluate(validation, observed), key=lambda c: TYPES.index(c.type)):
+    for cond in sorted(_evaluate(validation, observed), key=lambda cond: c.TYPES.index(cond.type)):
         status = _status_word(cond.ok)
         prior = before.get(cond.type)
         since = prior.get("lastTransitionTime") if prior and prior.get("status") == status else None
@@ -419,28 +420,3 @@ def merge_patch(previous: dict, new: dict) -> dict:
     drained instance would stay in status.draining)."""
     return {**new, **{k: None for k in previous if k not in new}}
 
-
-SIGNIFICANT = {"KVCompatible", "Ready", "Degraded"}
-STOPPED = {"ProgressDeadlineExceeded", "RolloutBlocked"}
-"""Progressing reasons worth a Warning event: a rollout stopped and needs the user."""
-STARTING = {"InstancesNotReady", "ProxyNotReady", "NoUpstreams", "KVLinkNotReady"}
-"""Ready=False reasons that only mean "not up yet": no event when an object starts with them."""
-
-
-def transitions(previous: list[dict], current: list[dict]) -> list[tuple[str, str, str]]:
-    """Events for significant condition changes: (type Normal|Warning, reason, message)."""
-    before = {c["type"]: c for c in previous}
-    out = []
-    for cond in current:
-        prior = before.get(cond["type"])
-        if (cond["type"] not in SIGNIFICANT and cond["reason"] not in STOPPED) or (
-                prior and (prior["status"], prior["reason"]) == (cond["status"], cond["reason"])):
-            continue
-        if prior is None and (cond["type"], cond["status"]) == ("Degraded", "False"):
-            continue  # "not degraded" at creation is not news
-        starting = (cond["type"], cond["status"]) == ("Ready", "False") and cond["reason"] in STARTING
-        if prior is None and starting:
-            continue
-        bad = (cond["type"] == "Degraded") == (cond["status"] == "True") or cond["reason"] in STOPPED
-        out.append(("Warning" if bad else "Normal", cond["reason"], cond["message"]))
-    return out

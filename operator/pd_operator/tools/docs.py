@@ -100,6 +100,14 @@ def conditions_table() -> str:
     return "\n".join(rows)
 
 
+def events_table() -> str:
+    from pd_operator.api.conditions import EVENTS, ON_TRANSITION
+
+    rows = ["| type | reason | when |", "|---|---|---|"]
+    rows += [f"| {type_} | `{reason}` | {_cell(text)} |" for type_, reason, text in [*EVENTS, ON_TRANSITION]]
+    return "\n".join(rows)
+
+
 def images_table() -> str:
     """What each serving image serves, from pd_operator.serving_image.capabilities (the contract tier
     checks that table against each release's source)."""
@@ -169,6 +177,7 @@ def adapter_rules() -> str:
 TABLES: dict[str, tuple[Callable[[], str], Path]] = {
     "findings": (findings_table, Path("docs/status.md")),
     "conditions": (conditions_table, Path("docs/status.md")),
+    "events": (events_table, Path("docs/status.md")),
     "images": (images_table, Path("docs/images.md")),
     "autoscaling": (autoscaling_table, Path("docs/scaling.md")),
     "adapter-rules": (adapter_rules, Path("docs/scaling.md")),
