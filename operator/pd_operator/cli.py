@@ -203,7 +203,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     manifests: list[dict] = []
     options = _validator_options(args)
     for doc in docs:
-        result = runnable.validate(doc, **options)
+        checked = runnable.check(doc, **options)
+        result = checked.validation
         if not result.ok:
             for f in result.errors:
                 print(f"{args.file}: {f.line()}", file=sys.stderr)
@@ -212,7 +213,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             print(f"{args.file}: cannot render: the KV layout is not resolved; "
                   f"{' '.join(f.message for f in result.warnings)}".rstrip("; "), file=sys.stderr)
             return EXIT_FINDINGS
-        manifests += render(result.resolved)
+        manifests += render(result.resolved, rendered=checked.templates)
     if args.output == "json":
         print(json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}, indent=2))
     else:

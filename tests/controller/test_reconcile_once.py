@@ -12,9 +12,12 @@ import pytest
 import yaml
 
 from pd_operator.controller import reconcile as reconcile_mod
+from pd_operator.controller import rollout
 from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.render import proxy as render_proxy
+from pd_operator.render import workloads
 from pd_operator.spec import validate as validate_mod
+from support.controller_fakes import pods_of, with_status
 from support.specs import EXAMPLES
 
 UID = "0b1c2d3e-0000-4000-8000-000000000002"
@@ -88,3 +91,50 @@ def test_a_reconcile_hashes_the_layout_once_and_renders_the_membership_once(exam
                      if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy")]
     listed = yaml.safe_load(membership["data"]["upstreams.json"])
     assert listed["prefill"] == [] and listed["decode"] == []
+
+
+@pytest.mark.parametrize(("example", "instances"), [("glm-5.3-flash-1p1d-tp4.yaml", 1),
+                                                    ("glm-5.3-flash-1p1d-tp4.yaml", 4),
+                                                    ("glm-5.3-flash-tp8-dp2tp4.yaml", 2)])
+def test_a_reconcile_renders_each_pod_template_once_and_computes_each_revision_once(
+        example, instances, monkeypatch):
+    """The image check, the StatefulSets, the gate, the rollout and the status all take the
+    templates and revisions rendered once (render/workloads.py Templates): one render per distinct
+    pod template (one per instance), one revision per role; the rollout figures once. On a first
+    reconcile and on the next one, once the pods run."""
+    renders: list[tuple[str, int]] = []
+    revisions: list[str] = []
+    figures: list[int] = []
+    real_template, real_revision, real_figures = workloads.pod_template, workloads.revision, rollout.figures
+
+    def pod_template(ctx: Any, role: str, index: int) -> dict:
+        renders.append((role, index))
+        return real_template(ctx, role, index)
+
+    def revision(template: dict) -> str:
+        out = real_revision(template)
+        revisions.append(out)
+        return out
+
+    def count_figures(*args: Any) -> Any:
+        figures.append(1)
+        return real_figures(*args)
+
+    monkeypatch.setattr(workloads, "pod_template", pod_template)
+    monkeypatch.setattr(workloads, "revision", revision)
+    monkeypatch.setattr(rollout, "figures", count_figures)
+    body = _body(example)
+    for role in ("prefill", "decode"):
+        body["spec"][role]["replicas"] = instances
+    distinct = {(role, i) for role in ("prefill", "decode") for i in range(instances)}
+
+    client = MemoryClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), body, [], [])  # type: ignore[arg-type]
+    assert sorted(renders) == sorted(distinct) and len(revisions) == len(set(revisions)) == 2
+    assert len(figures) == 1
+
+    applied = [m for verb, m in client.writes if verb in ("apply", "create")]
+    renders.clear(), revisions.clear(), figures.clear()
+    reconcile_mod.reconcile(MemoryClient(), ProxyStateReader(), body, applied,  # type: ignore[arg-type]
+                            pods_of(with_status(applied)))
+    assert sorted(renders) == sorted(distinct) and len(revisions) == 2 and len(figures) == 1

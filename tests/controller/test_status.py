@@ -8,20 +8,33 @@ from datetime import UTC, datetime
 import pytest
 
 from pd_operator.api.conditions import TYPES
-from pd_operator.controller import gate, reconcile, rollout
+from pd_operator.controller import gate, rollout
+from pd_operator.controller import status as status_mod
 from pd_operator.controller.events import transitions
 from pd_operator.controller.restarts import Decision
-from pd_operator.controller.status import (
-    Observed,
-    conditions,
-    merge_patch,
-    shape,
-    status,
+from pd_operator.controller.status import Observed, merge_patch, shape
+from support.controller_fakes import (
+    desired,
+    link_down,
+    pods_of,
+    revisions,
+    routable_of,
+    validated,
+    with_figures,
+    with_status,
 )
-from support.controller_fakes import desired, link_down, pods_of, routable_of, validated, with_status
 from support.specs import example
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def conditions(validation, observed: Observed, *rest) -> list[dict]:
+    """status.conditions with the figures the reconcile passes (support.controller_fakes)."""
+    return status_mod.conditions(validation, with_figures(validation, observed), *rest)
+
+
+def status(validation, observed: Observed, *rest) -> dict:
+    return status_mod.status(validation, with_figures(validation, observed), *rest)
 
 
 def _by_type(conds: list[dict]) -> dict[str, tuple[str, str]]:
@@ -213,7 +226,7 @@ def _rolling(v, *, paused: bool = False, halted: bool = False, blocked: str | No
     for p in pods:
         if p["metadata"]["name"].startswith("glm-flash-prefill-1"):
             p["metadata"]["labels"] = {**p["metadata"]["labels"], "pd.serving.dev/revision": "old"}
-    state = gate.observe(v.resolved, pods, ())
+    state = gate.observe(v.resolved, revisions(v), pods, ())
     params = {role: replace(p, paused=paused) for role, p in
               rollout.params_of(v.resolved, {"prefill"} if halted else set()).items()}
     step = rollout.plan(params, state, v.resolved.layout_hash)
@@ -363,7 +376,9 @@ def test_a_rollout_is_under_way_until_its_surge_instances_are_gone(surge_pods, u
     pods = pods_of(with_status(desired(validated(prefill__replicas=3 if surge_pods else 2))))
     body = {"metadata": {"uid": "u"}, "status": {"rolloutProgressTime": "2026-01-01T00:00:00Z"}}
     assert v.resolved is not None
-    moving = reconcile._rollout(v.resolved, body, pods, datetime(2026, 1, 1, 0, 1, tzinfo=UTC))
+    state = gate.observe(v.resolved, revisions(v), pods, ())
+    figures = rollout.figures(v.resolved, revisions(v), pods)
+    moving = rollout.step(v.resolved, state, figures, body["status"], datetime(2026, 1, 1, 0, 1, tzinfo=UTC))
     assert (moving.since is not None) == under_way
     got = {c["type"]: c for c in conditions(v, Observed(children=with_status(desired(v)), pods=pods,
                                                         rollout=moving), [], 1, T0)}

@@ -17,6 +17,7 @@ from pd_operator.api.schema_check import schema_problems
 from pd_operator.api.types import ROLE_KIND, PDRole, ScalingSpec
 from pd_operator.controller import pdroles
 from pd_operator.controller.diff import diff, stamp
+from pd_operator.controller.rollout import RoleFigures
 from pd_operator.render import render
 from pd_operator.render.proxy import members
 from pd_operator.spec.scaling import Hold, bound, findings
@@ -220,7 +221,8 @@ def test_a_foreign_pdrole_is_neither_read_nor_written():
 def test_pdrole_status_reports_the_count_run_and_the_hold():
     dep = _validated().resolved
     held = Hold("decode", MAX_REPLICAS, 5, 2)
-    first = pdroles.status(dep, "decode", 2, (0, 1), 1, held, {}, 4, "2026-01-01T00:00:00Z")
+    done = RoleFigures("r", 2, 2)
+    first = pdroles.status(dep, "decode", 2, RoleFigures("r", 0, 1), 1, held, {}, 4, "2026-01-01T00:00:00Z")
     keys = ("replicas", "readyReplicas", "updatedReplicas", "draining", "selector")
     assert {k: first[k] for k in keys} == {
         "replicas": 2, "readyReplicas": 1, "updatedReplicas": 0, "draining": 1,
@@ -231,8 +233,8 @@ def test_pdrole_status_reports_the_count_run_and_the_hold():
         "ScalingLimited", "True", "MaxReplicas", 4)
     assert "PDRole glm-flash-decode" in cond["message"]
     assert "spec.scaling.decode.maxReplicas" in cond["message"]
-    later = pdroles.status(dep, "decode", 2, (2, 2), 0, held, first, 4, "2026-01-01T00:05:00Z")
+    later = pdroles.status(dep, "decode", 2, done, 0, held, first, 4, "2026-01-01T00:05:00Z")
     assert later["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
-    freed = pdroles.status(dep, "decode", 5, (2, 2), 0, None, later, 5, "2026-01-01T00:06:00Z")
+    freed = pdroles.status(dep, "decode", 5, done, 0, None, later, 5, "2026-01-01T00:06:00Z")
     assert (freed["conditions"][0]["status"], freed["conditions"][0]["reason"],
             freed["conditions"][0]["lastTransitionTime"]) == ("False", "WithinBounds", "2026-01-01T00:06:00Z")

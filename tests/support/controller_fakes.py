@@ -4,11 +4,14 @@ gate's render with what its proxy routes to."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pd_operator.controller import gate, pdroles, rollout
 from pd_operator.controller.diff import stamp
-from pd_operator.render import render
+from pd_operator.controller.status import Observed
+from pd_operator.render import render, workloads
 from pd_operator.spec.validate import Validation, validate
 from support.renders import proxy_membership
 from support.specs import example
@@ -25,6 +28,20 @@ def validated(doc: dict[str, Any] | None = None, **spec_changes: Any) -> Validat
             node = node[part]
         node[leaf] = value
     return validate(doc)
+
+
+def revisions(validation: Validation) -> Mapping[str, str]:
+    """Each role's current revision, as the reconcile has it (render/workloads.py Templates)."""
+    assert validation.resolved is not None
+    return workloads.templates(validation.resolved).revisions
+
+
+def with_figures(validation: Validation, observed: Observed) -> Observed:
+    """`observed` with the figures the reconcile computes from its pods (controller/rollout.py)."""
+    if validation.resolved is None or observed.figures is not None:
+        return observed
+    figures = rollout.figures(validation.resolved, revisions(validation), observed.pods)
+    return replace(observed, figures=figures)
 
 
 def owner(validation: Validation) -> dict[str, Any]:
@@ -95,7 +112,7 @@ def routable_of(validation: Validation, pods: list[dict], leaving: tuple[str, ..
     and the instances status.draining names (`leaving`)."""
     resolved = validation.resolved
     assert resolved is not None
-    state = gate.observe(resolved, pods, leaving)
+    state = gate.observe(resolved, revisions(validation), pods, leaving)
     step = rollout.plan(rollout.params_of(resolved), state, resolved.layout_hash)
     return step.routable(state), step
 

@@ -35,7 +35,7 @@ from pd_operator.render.command import CONFIG_DIR
 from pd_operator.render.proxy import membership_document
 from pd_operator.serving_image import bundle
 from support.cluster import pick_port, wait_for
-from support.controller_fakes import desired, link_down, pods_of, routable_of, validated
+from support.controller_fakes import desired, link_down, pods_of, routable_of, validated, with_figures
 from support.renders import config_map_data, role_of, serving_sets
 from support.specs import example
 
@@ -138,7 +138,7 @@ def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
         body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{gate_port}/link", timeout=10).read())
         assert not body["ok"] and "cannot fetch the descriptor" in body["peers"][0]["errors"][0]
         unlinked = links.link_status(validation.resolved, down, linked, lambda pod: as_in_cluster(body))
-        observed = Observed(children=children, pods=down, links=unlinked)
+        observed = with_figures(validation, Observed(children=children, pods=down, links=unlinked))
         got = {c["type"]: (c["status"], c["reason"]) for c in conditions(validation, observed, [], 1, "t")}
         assert got["DecodeReady"] == ("False", "KVLinkNotReady")
         (entry,) = status(validation, observed, {}, 1, "t")["kvLinks"]

@@ -23,30 +23,29 @@ ProxyReady=False/NoUpstreams).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pd_operator.api.labels import KV_LAYOUT, REVISION
 from pd_operator.api.types import ROLES
 from pd_operator.controller import rollout
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label
-from pd_operator.render.workloads import revision
 from pd_operator.spec.validate import Resolved
 
 
-def observe(resolved: Resolved, pods: list[dict], leaving: Iterable[str]
+def observe(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict], leaving: Iterable[str]
             ) -> dict[str, dict[int, rollout.InstanceState]]:
-    """The rollout planner's view of every instance with live pods. `leaving`: instance names that
-    left the membership to be replaced (status.draining)."""
+    """The rollout planner's view of every instance with live pods. `revisions`: each role's
+    current one (render/workloads.py Templates); `leaving`: instance names that left the membership
+    to be replaced (status.draining)."""
     leaving = set(leaving)
     expected = resolved.pods_per_instance()
-    wanted: dict[str, str] = {role: revision(resolved, role) for role in ROLES}
     out: dict[str, dict[int, rollout.InstanceState]] = {role: {} for role in ROLES}
     for (role, index), members in by_instance(pods).items():
         ready = instance_ready(members, expected[role]) and (
             role != "decode" or all(link_ready(p) for p in members))
         out[role][index] = rollout.InstanceState(
-            updated=all(label(p, REVISION) == wanted[role] for p in members),
+            updated=all(label(p, REVISION) == revisions[role] for p in members),
             ready=ready, layout=label(members[0], KV_LAYOUT) or "",
             leaving=resolved.names.instance(role, index) in leaving and index < resolved.role(role).replicas)
     return out

@@ -26,6 +26,7 @@ from pd_operator.api.conditions import SCALING_LIMITED, WITHIN_BOUNDS
 from pd_operator.api.labels import FORWARDED_REPLICAS
 from pd_operator.api.types import API_VERSION, ROLE_KIND, ROLES
 from pd_operator.controller.diff import is_owned_by
+from pd_operator.controller.rollout import RoleFigures
 from pd_operator.render.pdroles import leader_selector
 from pd_operator.spec.scaling import Hold
 from pd_operator.spec.validate import Resolved
@@ -109,16 +110,16 @@ def scaling_condition(hold: Hold | None, subject: str) -> tuple[bool, str, str]:
     return True, hold.bound, f"{subject}: {hold.message()}"
 
 
-def status(resolved: Resolved, role: str, effective: int, figures: tuple[int, int], draining: int,
+def status(resolved: Resolved, role: str, effective: int, figures: RoleFigures, draining: int,
            hold: Hold | None, previous: dict, generation: int | None, now: str) -> dict:
     """The PDRole's whole status; the condition's lastTransitionTime moves only when its status does.
-    `figures`: (instances on the current template, instances Ready)."""
+    `figures`: the role's (controller/rollout.py)."""
     ok, reason, message = scaling_condition(hold, f"PDRole {resolved.names.role(role)}")
     word = "True" if ok else "False"
     prior = next((c for c in previous.get("conditions") or [] if c.get("type") == SCALING_LIMITED), None)
     since = prior.get("lastTransitionTime") if prior and prior.get("status") == word else None
     condition = {"type": SCALING_LIMITED, "status": word, "reason": reason, "message": message,
                  "observedGeneration": generation, "lastTransitionTime": since or now}
-    return {"replicas": effective, "readyReplicas": figures[1], "updatedReplicas": figures[0],
+    return {"replicas": effective, "readyReplicas": figures.ready, "updatedReplicas": figures.updated,
             "draining": draining,
             "selector": leader_selector(resolved.deployment.name, role), "conditions": [condition]}

@@ -1,9 +1,11 @@
 """The one level-based reconcile of a PDDeployment: every trigger (create, update, resume, the
 drift timer, a child's change) runs the same steps, so the outcome never depends on which one.
 
-validate -> (invalid: status + event, children untouched) -> the instance counts the roles'
-PDRoles ask for, held at spec.scaling's bounds (controller/pdroles.py, spec/scaling.py) -> the
-rollout's next step (controller/rollout.py: which outdated instances leave, how many surge) -> render
+validate (its image check renders each role's pod template and revision once, render/workloads.py
+Templates, which every later step takes) -> (invalid: status + event, children untouched) -> the
+instance counts the roles' PDRoles ask for, held at spec.scaling's bounds (controller/pdroles.py,
+spec/scaling.py) -> the rollout's figures and next step (controller/rollout.py: which outdated
+instances leave, how many surge) -> render
 those -> gate the proxy (instances not Ready or not linked, or leaving) -> plan against the observed
 children -> hold the instances a scale-down removed until they drained, and replace the pods of
 those the rollout took out once drained (controller/drain.py) ->
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -29,11 +32,11 @@ from pd_operator.controller.client import ApiError, Client, NotServed
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
-from pd_operator.render import Routable, policy, render
+from pd_operator.render import Routable, policy, render, workloads
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_version
-from pd_operator.render.runnable import validate
-from pd_operator.render.workloads import revision
+from pd_operator.render.runnable import check
+from pd_operator.render.workloads import Templates
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec import scaling
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
@@ -81,57 +84,13 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def _desired(resolved: Resolved, body: dict, the_plan: rollout.Plan, routable: Routable) -> list[dict]:
+def _desired(resolved: Resolved, rendered: Templates, body: dict, the_plan: rollout.Plan, routable: Routable
+             ) -> list[dict]:
     """The manifests to apply: the spec's instances plus the rollout's surge, the membership `routable`."""
     surge: dict[str, int] = {role: the_plan.instances[role] - resolved.role(role).replicas for role in ROLES}
-    manifests = render(resolved, routable=routable, operator_namespace=OPERATOR_NAMESPACE, surge=surge)
+    manifests = render(resolved, routable=routable, operator_namespace=OPERATOR_NAMESPACE, surge=surge,
+                       rendered=rendered)
     return [stamp(pdroles.applied_form(m), body) for m in manifests]
-
-
-def _parse_time(text: object, now: datetime) -> datetime | None:
-    try:
-        return datetime.strptime(str(text), drain.TIME_FORMAT).replace(tzinfo=now.tzinfo)
-    except ValueError:
-        return None
-
-
-def deadline(resolved: Resolved, role: str) -> int:
-    """The progress deadline: the spec's, or the longest a healthy replacement takes (its drain
-    bound, then loading the model)."""
-    spec = resolved.role(role)
-    return spec.rollout.progress_deadline_seconds or (
-        spec.startup_timeout_seconds + int(drain.bound(resolved, role).total_seconds()))
-
-
-def _rollout(resolved: Resolved, body: dict, pods: list[dict], now: datetime) -> rollout.Rollout:
-    previous = body.get("status") or {}
-    state = gate.observe(resolved, pods, {d.get("name") for d in previous.get("draining") or []})
-    limits: dict[str, int] = {role: deadline(resolved, role) for role in ROLES}
-
-    # A new template (applying the previous spec again, say) is progress too: as a Deployment's new
-    # ReplicaSet restarts its deadline, else a halted rollout could never be rolled back.
-    figures: dict[str, tuple[str, int, int]] = {
-        role: (revision(resolved, role), *counts)
-        for role, counts in status_mod.rollout_figures(resolved, pods).items()}
-    then: dict[str, tuple[str, int, int]] = {
-        role: (str((previous.get(role) or {}).get("revision", "")),
-               int((previous.get(role) or {}).get("updatedInstances", -1)),
-               int((previous.get(role) or {}).get("readyInstances", -1))) for role in ROLES}
-    # Under way while outdated instances remain, and after that until the replaced ones are Ready
-    # (a new template that never starts stops at its deadline even on the last instance) and the
-    # surge instances are gone (they hold NPUs until drained).
-    starting = any(i not in state[role] or not state[role][i].ready
-                   for role in ROLES for i in range(resolved.role(role).replicas))
-    params = rollout.params_of(resolved)
-    surge = bool(rollout.surplus(params, state))
-    active = any(rollout.outdated(params, state).values()) or (
-        previous.get("rolloutProgressTime") is not None and (starting or surge))
-    since = rollout.progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, figures,
-                                  active, now)
-    halted: set[str] = {role for role in ROLES
-                        if since is not None and (now - since).total_seconds() > limits[role]}
-    chosen = rollout.params_of(resolved, halted)
-    return rollout.Rollout(rollout.plan(chosen, state, resolved.layout_hash), state, chosen, since, limits)
 
 
 def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict], asks: dict[str, pdroles.Ask],
@@ -196,8 +155,8 @@ def _drains(proxies: ProxyStateReader, resolved: Resolved, body: dict, routable:
                         membership_version(resolved, routable), now)
 
 
-def _replace(client: Client, body: dict, resolved: Resolved, drains: list[drain.Drain],
-             the_plan: rollout.Plan, pods: list[dict], outcome: Outcome) -> None:
+def _replace(client: Client, body: dict, resolved: Resolved, revisions: Mapping[str, str],
+             drains: list[drain.Drain], the_plan: rollout.Plan, pods: list[dict], outcome: Outcome) -> None:
     """Delete the pods of every instance the rollout took out that drained: its StatefulSet
     (OnDelete) recreates them from the current template."""
     ns = resolved.deployment.namespace
@@ -209,7 +168,7 @@ def _replace(client: Client, body: dict, resolved: Resolved, drains: list[drain.
         for pod in members:
             client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
         old = sorted({label(p, REVISION) or "none" for p in members})
-        client.post_event(body, *events.replaced(d, old, revision(resolved, d.role),
+        client.post_event(body, *events.replaced(d, old, revisions[d.role],
                                                  int(drain.bound(resolved, d.role).total_seconds())))
         outcome.replaced.append(d.name)
         outcome.replaced_keys.append((d.role, d.index))
@@ -248,13 +207,13 @@ def _group_restarts(client: Client, body: dict, children: list[dict], pods: list
 
 
 def _report_not_served(client: Client, body: dict, validation: Validation, children: list[dict],
-                       pods: list[dict], routable: Routable, err: NotServed, now: datetime,
-                       outcome: Outcome) -> None:
+                       pods: list[dict], figures: rollout.Figures, routable: Routable, err: NotServed,
+                       now: datetime, outcome: Outcome) -> None:
     """The cluster does not serve a child's kind (a PodGroup of spec.scheduling.gang without its API
     or CRD): the apply stopped there, before the StatefulSets. Say so in the status, then let the
     error go up (logged on one line; the drift loop retries, so installing the API is enough)."""
     observed = status_mod.Observed(children=children, pods=pods, unserved=err.manifest,
-                                   unserved_error=str(err), routable=routable)
+                                   unserved_error=str(err), routable=routable, figures=figures)
     _write_status(client, body, validation, observed, now, outcome)
 
 
@@ -291,7 +250,8 @@ def _write_status(client: Client, body: dict, validation: Validation, observed: 
 def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mod.Observed,
                          bounded: scaling.Bounded, uid: str, now: datetime, outcome: Outcome) -> None:
     """Each owned PDRole's status (what its scale subresource reports), written when it changed."""
-    figures = status_mod.rollout_figures(resolved, observed.pods)
+    assert observed.figures is not None, "the reconcile computes the figures of a valid spec"
+    figures = observed.figures
     holds = {h.role: h for h in bounded.holds}
     names = resolved.names
     for role in ROLES:
@@ -317,48 +277,52 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     now = now or _now()
     meta = body["metadata"]
     ns = meta["namespace"]
-    validation = validate(manifest_of(body),
-                          read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k),
-                          host_path_policy=host_path_policy, tools_image=tools_image)
+    checked = check(manifest_of(body), read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k),
+                    host_path_policy=host_path_policy, tools_image=tools_image)
+    validation, rendered = checked.validation, checked.templates
     outcome = Outcome()
     if validation.resolved is not None:
         asks = pdroles.asks(validation.resolved, children, meta["uid"])
         bounded = scaling.bound({role: asks[role].requested for role in ROLES},
                                 validation.resolved.deployment.spec.scaling)
-        validation = with_instances(validation, bounded.effective)
+        scaled = with_instances(validation, bounded.effective)
+        if scaled is not validation:  # other counts: the templates may differ (spec.placement spreads)
+            validation = scaled
+            rendered = workloads.templates(scaled.resolved) if scaled.resolved is not None else None
     resolved = validation.resolved
-    if resolved is None:
+    if resolved is None or rendered is None:
         observed = status_mod.Observed(children=children, pods=pods)
         _write_status(client, body, validation, observed, now, outcome)
         raise InvalidSpec(" ".join(f.line() for f in validation.errors))
-    moving = _rollout(resolved, body, pods, now)
+    previous = body.get("status") or {}
+    leaving = {d.get("name") for d in previous.get("draining") or []}
+    state = gate.observe(resolved, rendered.revisions, pods, leaving)
+    figures = rollout.figures(resolved, rendered.revisions, pods)
+    moving = rollout.step(resolved, state, figures, previous, now)
     routable = moving.plan.routable(moving.state)
-    the_diff = diff(_desired(resolved, body, moving.plan, routable), children, meta["uid"])
+    the_diff = diff(_desired(resolved, rendered, body, moving.plan, routable), children, meta["uid"])
     drains = _drains(proxies, resolved, body, routable, children, pods, moving.plan, now)
     the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)])
     try:
         children = _apply(client, ns, the_diff, children, asks, outcome)
     except NotServed as err:
-        _report_not_served(client, body, validation, children, pods, routable, err, now, outcome)
+        _report_not_served(client, body, validation, children, pods, figures, routable, err, now, outcome)
         raise
     _report_drained(client, body, resolved, drains, outcome.pruned)
-    _replace(client, body, resolved, drains, moving.plan, pods, outcome)
+    _replace(client, body, resolved, rendered.revisions, drains, moving.plan, pods, outcome)
     draining = [d for d in drains if not d.done]
-    if draining:
-        outcome.requeue_after = drain.RECHECK_S
-    elif moving.since is not None:  # look again when the deadline passes
-        left = min(moving.deadline[role] - (now - moving.since).total_seconds() for role in ROLES)
-        if left > 0:
-            outcome.requeue_after = left + 1
+    outcome.requeue_after = drain.RECHECK_S if draining else moving.recheck_after(now)
     decisions = _group_restarts(client, body, children, pods, now, outcome)
     gone = {pod for d in decisions if d.action in ("restart", "replace") for pod in d.pods}
-    pods = [p for p in pods
-            if p["metadata"]["name"] not in gone and drain.instance_of(p) not in outcome.replaced_keys]
-    observed = status_mod.Observed(children=children, pods=pods, foreign=the_diff.foreign,
+    remaining = [p for p in pods
+                 if p["metadata"]["name"] not in gone and drain.instance_of(p) not in outcome.replaced_keys]
+    if len(remaining) != len(pods):  # the status reports the pods this pass left
+        figures = rollout.figures(resolved, rendered.revisions, remaining)
+    observed = status_mod.Observed(children=children, pods=remaining, foreign=the_diff.foreign,
                                    blocked=the_diff.blocked, rollout=moving, restarts=decisions,
-                                   links=_kv_links(client, resolved, pods, body.get("status") or {}),
+                                   links=_kv_links(client, resolved, remaining, previous),
                                    scaling=bounded, draining=[d.status() for d in draining],
-                                   routable=routable)
+                                   routable=routable, figures=figures)
     _write_role_statuses(client, resolved, observed, bounded, meta["uid"], now, outcome)
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted or outcome.replaced:

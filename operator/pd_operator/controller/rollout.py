@@ -25,6 +25,11 @@ The rule, per role (`spec.<role>.rollout`, named as Deployments and StatefulSets
   ordinal first (as a StatefulSet rolls).
 - `paused`, or a passed progress deadline (`halted`), takes no further instance out; those already
   leaving finish.
+
+The clock (`step`): the progress deadline counts from the last change of the roles' figures (their
+revision, instances updated, instances Ready; `figures`, computed once per reconcile from the
+revisions of render/workloads.py Templates), kept in status.rolloutProgressTime, as a Deployment's
+progressDeadlineSeconds counts.
 """
 
 from __future__ import annotations
@@ -32,8 +37,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
+from pd_operator.api.labels import REVISION
 from pd_operator.api.types import ROLES as _ROLES
+from pd_operator.controller import drain
+from pd_operator.controller.pods import by_instance, instance_ready, label
 from pd_operator.spec.validate import Resolved
 
 ROLES: tuple[str, ...] = _ROLES
@@ -131,6 +140,14 @@ class Rollout:
     """When it last progressed (None: no rollout under way)."""
     deadline: dict[str, int]
     """Per role: spec.<role>.rollout.progressDeadlineSeconds as it applies."""
+
+    def recheck_after(self, now: datetime) -> float | None:
+        """Seconds until a role's progress deadline passes, to look again then (None: no rollout
+        is under way, or every deadline passed)."""
+        if self.since is None:
+            return None
+        left = min(self.deadline[role] - (now - self.since).total_seconds() for role in ROLES)
+        return left + 1 if left > 0 else None
 
 
 def serving(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> dict[str, int]:
@@ -243,8 +260,36 @@ def outdated(params: Mapping[str, RoleParams], state: State) -> dict[str, int]:
     return {role: len(_outdated(params[role], state.get(role, {}))) for role in ROLES}
 
 
-Figures = Mapping[str, tuple[str, int, int]]
-"""Per role: the revision, instances updated, instances ready."""
+class RoleFigures(NamedTuple):
+    """What the rollout's progress is a change of, per role (and what status.<role> reports)."""
+
+    revision: str
+    """The role's current revision (render/workloads.py Templates)."""
+    updated: int
+    """Instances of the spec's whose pods all run it."""
+    ready: int
+    """Instances of the spec's whose pods are all Ready."""
+
+
+Figures = Mapping[str, RoleFigures]
+
+
+def revision_of(pods: list[dict]) -> str:
+    """The revision an instance's pods run: theirs, `mixed`, or empty without pods."""
+    revisions = {label(p, REVISION) or "" for p in pods}
+    return revisions.pop() if len(revisions) == 1 else "mixed" if revisions else ""
+
+
+def figures(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict]) -> dict[str, RoleFigures]:
+    """Each role's figures over its spec's instances; `revisions`: each role's current one."""
+    groups = by_instance(pods)
+    out: dict[str, RoleFigures] = {}
+    for role in ROLES:
+        members = [groups.get((role, i), []) for i in range(resolved.role(role).replicas)]
+        want = revisions[role]
+        out[role] = RoleFigures(want, sum(1 for m in members if m and revision_of(m) == want),
+                                sum(1 for m in members if instance_ready(m, resolved.shapes[role].pods)))
+    return out
 
 
 def progressed_at(previous: datetime | None, figures_then: Figures | None, figures: Figures, active: bool,
@@ -258,3 +303,46 @@ def progressed_at(previous: datetime | None, figures_then: Figures | None, figur
     if previous is None or figures_then is None or dict(figures_then) != dict(figures):
         return now
     return previous
+
+
+def deadline(resolved: Resolved, role: str) -> int:
+    """The progress deadline: the spec's, or the longest a healthy replacement takes (its drain
+    bound, then loading the model)."""
+    spec = resolved.role(role)
+    return spec.rollout.progress_deadline_seconds or (
+        spec.startup_timeout_seconds + int(drain.bound(resolved, role).total_seconds()))
+
+
+def _parse_time(text: object, now: datetime) -> datetime | None:
+    try:
+        return datetime.strptime(str(text), drain.TIME_FORMAT).replace(tzinfo=now.tzinfo)
+    except ValueError:
+        return None
+
+
+def step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], now_figures: Figures,
+         previous: dict, now: datetime) -> Rollout:
+    """The rollout's next step and its clock, from the instances as observed (controller/gate.py
+    observe), their figures and the previous status (`rolloutProgressTime`, the roles' figures)."""
+    limits: dict[str, int] = {role: deadline(resolved, role) for role in ROLES}
+    # A new template (applying the previous spec again, say) is progress too: as a Deployment's new
+    # ReplicaSet restarts its deadline, else a halted rollout could never be rolled back.
+    then: dict[str, RoleFigures] = {
+        role: RoleFigures(str((previous.get(role) or {}).get("revision", "")),
+                          int((previous.get(role) or {}).get("updatedInstances", -1)),
+                          int((previous.get(role) or {}).get("readyInstances", -1))) for role in ROLES}
+    # Under way while outdated instances remain, and after that until the replaced ones are Ready
+    # (a new template that never starts stops at its deadline even on the last instance) and the
+    # surge instances are gone (they hold NPUs until drained).
+    starting = any(i not in state[role] or not state[role][i].ready
+                   for role in ROLES for i in range(resolved.role(role).replicas))
+    params = params_of(resolved)
+    surge = bool(surplus(params, state))
+    active = any(outdated(params, state).values()) or (
+        previous.get("rolloutProgressTime") is not None and (starting or surge))
+    since = progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, now_figures, active,
+                          now)
+    halted: set[str] = {role for role in ROLES
+                        if since is not None and (now - since).total_seconds() > limits[role]}
+    chosen = params_of(resolved, halted)
+    return Rollout(plan(chosen, state, resolved.layout_hash), state, chosen, since, limits)

@@ -10,15 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pd_operator.api import conditions as c
-from pd_operator.api.labels import POD_INDEX, REVISION
+from pd_operator.api.labels import POD_INDEX
 from pd_operator.api.types import ROLES, PDDeployment
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label, unschedulable
 from pd_operator.controller.restarts import Decision
-from pd_operator.controller.rollout import Rollout, surplus
+from pd_operator.controller.rollout import Figures, RoleFigures, Rollout, revision_of, surplus
 from pd_operator.findings import Finding
 from pd_operator.render import Routable, scheduling, tools
-from pd_operator.render.workloads import revision
 from pd_operator.serving_image.installed import read_report
 from pd_operator.spec.scaling import Bounded
 from pd_operator.spec.validate import Resolved, Validation
@@ -49,6 +48,9 @@ class Observed:
     """status.draining as controller/drain.py made it (None: not computed, keep the previous)."""
     routable: Routable | None = None
     """The instances the proxy's membership lists, as written (controller/gate.py)."""
+    figures: Figures | None = None
+    """Each role's revision, instances updated and Ready over `pods` (controller/rollout.py
+    figures); given whenever the spec is valid."""
 
 
 @dataclass(frozen=True)
@@ -80,28 +82,10 @@ def shape(dep: PDDeployment, role: str) -> str:
     return "x".join(parts)
 
 
-def ready_counts(resolved: Resolved, observed: Observed) -> dict[str, int]:
-    """Per role: instances whose pods are all Ready (on one KV layout: during a rollout old and new
-    instances both serve)."""
-    return {role: figures[1] for role, figures in rollout_figures(resolved, observed.pods).items()}
-
-
-def _revision_of(pods: list[dict]) -> str:
-    revisions = {label(p, REVISION) or "" for p in pods}
-    return revisions.pop() if len(revisions) == 1 else "mixed" if revisions else ""
-
-
-def rollout_figures(resolved: Resolved, pods: list[dict]) -> dict[str, tuple[int, int]]:
-    """Per role: (instances whose pods all run the current revision, instances whose pods are all
-    Ready), over the role's spec instances. The rollout's progress is a change of these."""
-    groups = by_instance(pods)
-    out: dict[str, tuple[int, int]] = {}
-    for role in ROLES:
-        want = revision(resolved, role)
-        members = [groups.get((role, i), []) for i in range(resolved.role(role).replicas)]
-        out[role] = (sum(1 for m in members if m and _revision_of(m) == want),
-                     sum(1 for m in members if instance_ready(m, resolved.shapes[role].pods)))
-    return out
+def _figures(observed: Observed) -> Figures:
+    if observed.figures is None:
+        raise ValueError("Observed.figures is required with a valid spec (controller/rollout.py figures)")
+    return observed.figures
 
 
 def image_report(pods: list[dict]) -> str | None:
@@ -127,7 +111,7 @@ def instance_statuses(resolved: Resolved, role: str, pods: list[dict]) -> list[d
     for (of_role, index), members in sorted(by_instance(pods).items()):
         if of_role != role:
             continue
-        entry = {"name": resolved.names.instance(role, index), "revision": _revision_of(members),
+        entry = {"name": resolved.names.instance(role, index), "revision": revision_of(members),
                  "ready": instance_ready(members, expected)}
         if (found := image_report(members)) is not None:
             entry["vllmAscend"] = found
@@ -340,8 +324,8 @@ def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
     kv = _kv_condition(validation)
     if resolved is None:
         return [kv, *_summary(validation, [], observed), _degraded(observed)]
-    ready = ready_counts(resolved, observed)
-    parts = [_role_condition(resolved, role, ready[role], observed.pods) for role in ROLES]
+    figures = _figures(observed)
+    parts = [_role_condition(resolved, role, figures[role].ready, observed.pods) for role in ROLES]
     parts.append(_proxy_condition(resolved, observed))
     gang = _gang_condition(resolved, observed)
     # Only a PodGroup kind the cluster lacks stops the apply (and so the instances); the other
@@ -370,10 +354,10 @@ def conditions(validation: Validation, observed: Observed, previous: list[dict],
     return out
 
 
-def _role_status(resolved: Resolved, role: str, figures: tuple[int, int], pods: list[dict]) -> dict:
+def _role_status(resolved: Resolved, role: str, figures: RoleFigures, pods: list[dict]) -> dict:
     dep = resolved.deployment
-    out = {"desiredInstances": dep.role(role).replicas, "readyInstances": figures[1],
-           "updatedInstances": figures[0], "revision": revision(resolved, role), "shape": shape(dep, role)}
+    out = {"desiredInstances": dep.role(role).replicas, "readyInstances": figures.ready,
+           "updatedInstances": figures.updated, "revision": figures.revision, "shape": shape(dep, role)}
     if instances := instance_statuses(resolved, role, pods):
         out["instances"] = instances
     return out
@@ -389,7 +373,7 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
     if resolved is None:
         return out
     dep = resolved.deployment
-    figures = rollout_figures(resolved, observed.pods)
+    figures = _figures(observed)
     for role in ROLES:
         out[role] = _role_status(resolved, role, figures[role], observed.pods)
     if observed.rollout is not None:

@@ -26,17 +26,19 @@ from pd_operator.render.policy import (
 )
 from pd_operator.render.proxy import Routable
 from pd_operator.render.proxy_access import proxy_access
-from pd_operator.render.workloads import headless_service, stateful_set
+from pd_operator.render.workloads import Templates, headless_service, stateful_set, templates
 from pd_operator.spec.validate import Resolved
 
 __all__ = ["Routable", "render"]
 
 
 def render(ctx: Resolved, routable: Routable | None = None, operator_namespace: str = OPERATOR_NAMESPACE,
-           surge: Mapping[str, int] | None = None) -> list[dict]:
+           surge: Mapping[str, int] | None = None, rendered: Templates | None = None) -> list[dict]:
     """`routable`: the instances the proxy's membership lists (controller/gate.py); None: every one.
     `operator_namespace`: the only namespace the proxy's admin port admits (render/policy.py).
-    `surge`: per role, extra instances a rollout runs on the current template (controller/rollout.py)."""
+    `surge`: per role, extra instances a rollout runs on the current template (controller/rollout.py).
+    `rendered`: templates(ctx) when the caller has them (the controller does); None: rendered here."""
+    rendered = rendered or templates(ctx)
     proxy_on = ctx.deployment.spec.proxy.enabled
     instances = ctx.instances(surge)
     out: list[dict] = [pd_role(ctx, role) for role in ROLES]
@@ -47,7 +49,7 @@ def render(ctx: Resolved, routable: Routable | None = None, operator_namespace: 
     if proxy_on:
         out += [proxy.service(ctx), *proxy_access(ctx)]
     out += [group for role, i in instances if (group := scheduling.pod_group(ctx, role, i))]
-    out += [stateful_set(ctx, role, i) for role, i in instances]
+    out += [stateful_set(ctx, role, i, rendered) for role, i in instances]
     if proxy_on:
         out.append(proxy.deployment(ctx))
     out.append(network_policy(ctx))

@@ -29,10 +29,8 @@ def _field(name: str, path: str) -> dict:
 def owned_env(ctx: Resolved) -> list[dict]:
     kv = ctx.deployment.spec.kv_transfer
     timeouts = kv.timeouts
-    caps = capabilities.of_image(ctx.deployment.spec.image)
-    assert caps is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     out = [
-        _value("VLLM_USE_V2_MODEL_RUNNER", capabilities.model_runner_env(caps, ctx.model)),
+        _value("VLLM_USE_V2_MODEL_RUNNER", capabilities.model_runner_env(ctx.capabilities, ctx.model)),
         # vLLM would guess the default-route IP; HCCL needs the same address.
         _field("VLLM_HOST_IP", "status.podIP"),
         _field("HCCL_IF_IP", "status.podIP"),

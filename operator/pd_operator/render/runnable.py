@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from pd_operator.api.types import ROLES
 from pd_operator.findings import Finding
 from pd_operator.render import proxy, workloads
+from pd_operator.render.workloads import Templates
 from pd_operator.serving_image import contents
 from pd_operator.spec import validate as spec_validate
 from pd_operator.spec.host_paths import WEIGHTS_ROOT, HostPathPolicy
@@ -41,15 +43,31 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
     return {"host_path_policy": policy, "tools_image": args.tools_image}
 
 
-def validate(doc: Any, **options: Any) -> Validation:
+@dataclass(frozen=True)
+class Checked:
+    validation: Validation
+    templates: Templates | None = None
+    """When the spec is servable: each role's pod template and revision as the run check rendered
+    them, for the caller to render and gate with (render/workloads.py)."""
+
+
+def check(doc: Any, **options: Any) -> Checked:
     """spec/validate.py's `validate` (same options), then the run check on what it resolved."""
     result = spec_validate.validate(doc, **options)
-    if result.resolved is None or not (cannot_run := run_findings(result.resolved)):
-        return result
-    return dataclasses.replace(result, findings=[*result.findings, *cannot_run], resolved=None)
+    if result.resolved is None:
+        return Checked(result)
+    rendered = workloads.templates(result.resolved)
+    if cannot_run := run_findings(result.resolved, rendered):
+        return Checked(dataclasses.replace(result, findings=[*result.findings, *cannot_run], resolved=None))
+    return Checked(result, rendered)
 
 
-def run_findings(resolved: Resolved) -> list[Finding]:
+def validate(doc: Any, **options: Any) -> Validation:
+    """`check`'s validation, for callers that render nothing (the webhook, `pdctl validate`)."""
+    return check(doc, **options).validation
+
+
+def run_findings(resolved: Resolved, rendered: Templates) -> list[Finding]:
     """ImageCannotRun for every rendered container whose image cannot run its command: the pods of one
     instance per role (every instance of a role runs the same commands; one is rendered even for a
     role at 0 instances, which a scale-up would start) and the proxy's."""
@@ -64,7 +82,7 @@ def run_findings(resolved: Resolved) -> list[Finding]:
             return "spec.proxy.image"
         return "spec.image.name" if name == image.name else f"pd-operator {contents.TOOLS_IMAGE_FLAG}"
 
-    pods = [workloads.stateful_set(resolved, role, 0) for role in ROLES]
+    pods = [workloads.stateful_set(resolved, role, 0, rendered) for role in ROLES]
     if resolved.deployment.spec.proxy.enabled:
         pods.append(proxy.deployment(resolved))
     return contents.findings(pods, contents_of, field_of)

@@ -16,7 +16,6 @@ from pd_operator.api.types import ROLES
 from pd_operator.preflight.checks import PreflightConfig
 from pd_operator.render.command import CONFIG_DIR, preflight_config_path
 from pd_operator.render.labels import metadata
-from pd_operator.serving_image import capabilities
 from pd_operator.spec.ports import PROBE_RANGE, pod_ports
 from pd_operator.spec.validate import Resolved
 
@@ -31,8 +30,6 @@ def preflight_key(role: str) -> str:
 
 def preflight_config(ctx: Resolved, role: str) -> PreflightConfig:
     side, plan, spec = ctx.role(role), ctx.shapes[role], ctx.deployment.spec
-    image = capabilities.of_image(spec.image)
-    assert image is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     ports = [sorted(p for r in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal)
                     if r.name != PROBE_RANGE for p in range(r.start, r.end))
              for ordinal in range(plan.pods)]
@@ -41,7 +38,7 @@ def preflight_config(ctx: Resolved, role: str) -> PreflightConfig:
         pipeline_parallel_size=side.pipeline_parallel_size, data_parallel_size=side.data_parallel_size,
         data_parallel_size_local=plan.dp_local, pods=plan.pods,
         engine_block_size=ctx.engine_block_size(role), kv_connector=spec.kv_transfer.connector,
-        npus_per_pod=plan.npus_per_pod, ports=ports, image=image)
+        npus_per_pod=plan.npus_per_pod, ports=ports, image=ctx.capabilities)
 
 
 PAIRING_SHAPE = {"tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "npus_per_node",

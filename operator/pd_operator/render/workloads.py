@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pd_operator.api.labels import REVISION
+from pd_operator.api.types import ROLES
 from pd_operator.render.labels import metadata, selector
 from pd_operator.render.pod import pod_template
 from pd_operator.spec.validate import Resolved
@@ -37,17 +40,45 @@ def headless_service(ctx: Resolved, role: str, index: int) -> dict:
 REVISION_CHARS = 10
 
 
-def revision(ctx: Resolved, role: str) -> str:
-    """The role's pod-template revision: the hash of its template (instance 0's; the others differ
-    only by their ordinal), so any change a pod would see gives a new one and a scale gives none."""
-    text = json.dumps(pod_template(ctx, role, 0), sort_keys=True, separators=(",", ":"))
+@dataclass(frozen=True)
+class Templates:
+    """Each role's pod template as its instance 0 runs it, and the role's revision: rendered once
+    per Resolved and passed to what needs them (the image check, the StatefulSets, the rollout, the
+    gate, the status), as kubernetes-sigs/lws computes its template's revision once and carries it
+    as a label (pkg/utils/revision/revision_utils.go NewRevision @ main). Every instance's template
+    is instance 0's but for its ordinal, so a role has one revision."""
+
+    leaders: Mapping[str, dict]
+    """Per role: instance 0's pod template, its revision label included. Shared: copy before editing."""
+    revisions: Mapping[str, str]
+    """Per role: the hash of that template (without the label)."""
+
+
+def revision(template: dict) -> str:
+    """A pod template's revision: the hash of it, so any change a pod would see gives a new one."""
+    text = json.dumps(template, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:REVISION_CHARS]
 
 
-def stateful_set(ctx: Resolved, role: str, index: int) -> dict:
+def templates(ctx: Resolved) -> Templates:
+    leaders: dict[str, dict] = {}
+    revisions: dict[str, str] = {}
+    for role in ROLES:
+        template = pod_template(ctx, role, 0)
+        revisions[role] = revision(template)
+        template["metadata"]["labels"][REVISION] = revisions[role]
+        leaders[role] = template
+    return Templates(leaders, revisions)
+
+
+def stateful_set(ctx: Resolved, role: str, index: int, rendered: Templates) -> dict:
+    """Instance `index` of `role`; `rendered`: templates(ctx)."""
     name = ctx.names.instance(role, index)
-    template = pod_template(ctx, role, index)
-    template["metadata"]["labels"][REVISION] = revision(ctx, role)
+    if index == 0:
+        template = json.loads(json.dumps(rendered.leaders[role]))
+    else:
+        template = pod_template(ctx, role, index)
+        template["metadata"]["labels"][REVISION] = rendered.revisions[role]
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": metadata(ctx, name, role, index),
             "spec": {"serviceName": name,

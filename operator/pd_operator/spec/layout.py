@@ -19,10 +19,10 @@ from pd_operator.serving_image import capabilities
 HASH_CHARS = 12
 
 
-def layout_hash(dep: PDDeployment, model: ModelKV, layouts: dict[str, SideLayout]) -> str:
+def layout_hash(dep: PDDeployment, model: ModelKV, layouts: dict[str, SideLayout],
+                caps: capabilities.ImageCapabilities) -> str:
+    """`caps`: what spec.image can serve."""
     spec = dep.spec
-    caps = capabilities.of_image(spec.image)
-    assert caps is not None, "validate() refuses an image without known capabilities (ImageUnknown)"
     identity = {
         "model": model.name, "path": spec.model.name, "dtype": model.dtype,
         "kvCacheDtype": layouts["prefill"].side.cache_dtype,  # resolved: `auto` is the model dtype

@@ -27,6 +27,7 @@ from pd_operator.kv.compat import PairReport, check_pair
 from pd_operator.kv.model import ModelKV
 from pd_operator.names import DNS1035_LABEL, Names
 from pd_operator.serving_image import capabilities, contents
+from pd_operator.serving_image.capabilities import ImageCapabilities
 from pd_operator.spec import host_paths, scaling
 from pd_operator.spec.host_paths import HostPathPolicy
 from pd_operator.spec.layout import layout_hash
@@ -52,6 +53,9 @@ class Resolved:
     layout_hash: str
     """spec/layout.py: the value of every serving pod's kv-layout label."""
     names: Names
+    capabilities: ImageCapabilities
+    """What spec.image can serve (serving_image/capabilities.py): the engine env, the preflight's
+    claim and the kv-layout hash read it."""
     tools_image: str = contents.DEFAULT_TOOLS_IMAGE
     """The operator's own image (`--tools-image`): the serving pods' init container copies the tools
     bundle from it (serving_image/bundle.py), and the proxy runs from it unless spec.proxy.image says
@@ -308,11 +312,13 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
 def _resolved(dep: PDDeployment, model: ModelKV, report: PairReport, shapes: dict[str, InstanceShape],
               findings: list[Finding], tools_image: str) -> Resolved | None:
     prefill, decode = report.prefill_layout, report.decode_layout
-    if not is_compatible(findings) or prefill is None or decode is None or set(shapes) != set(ROLES):
+    image = capabilities.of_image(dep.spec.image)  # None only beside ImageUnknown, an error finding
+    if (not is_compatible(findings) or prefill is None or decode is None or image is None
+            or set(shapes) != set(ROLES)):
         return None
     layouts = {"prefill": prefill, "decode": decode}
-    return Resolved(dep, model, report, dict(shapes), layouts, layout_hash(dep, model, layouts),
-                    Names(dep.name, dep.namespace), tools_image)
+    return Resolved(dep, model, report, dict(shapes), layouts, layout_hash(dep, model, layouts, image),
+                    Names(dep.name, dep.namespace), image, tools_image)
 
 
 def with_instances(validation: Validation, instances: Mapping[str, int]) -> Validation:
