@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pd_operator.api.types import PDDeploymentStatus
 from pd_operator.controller import reconcile as reconcile_mod
 from pd_operator.controller import rollout
 from pd_operator.controller.proxy_state import ProxyStateReader
@@ -91,6 +92,10 @@ def test_a_reconcile_hashes_the_layout_once_and_renders_the_membership_once(exam
                      if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy")]
     listed = yaml.safe_load(membership["data"]["upstreams.json"])
     assert listed["prefill"] == [] and listed["decode"] == []
+    # The status written (a merge patch: null removes a key) reads back through its model.
+    (patch,) = [status for verb, status in client.writes if verb == "status"]
+    written = {k: v for k, v in patch.items() if v is not None}
+    assert PDDeploymentStatus.model_validate(written).to_wire() == written
 
 
 @pytest.mark.parametrize(("example", "instances"), [("glm-5.3-flash-1p1d-tp4.yaml", 1),

@@ -197,7 +197,8 @@ def test_last_transition_time_moves_only_when_the_status_does():
 
 def test_incompatible_spec_names_the_field_and_keeps_the_last_layout():
     v = validated(example("incompatible-glm-tp8-tp3.yaml"))
-    previous = {"kvLayout": {"hash": "before"}, "conditions": []}
+    layout = {"prefillBlockSize": 640, "decodeBlockSize": 640, "segmentTokens": 640, "hash": "before"}
+    previous = {"kvLayout": layout, "conditions": []}
     st = status(v, Observed(), previous, 2, T0)
     got = {c["type"]: c for c in st["conditions"]}
     kv = got["KVCompatible"]
@@ -205,7 +206,7 @@ def test_incompatible_spec_names_the_field_and_keeps_the_last_layout():
     assert "spec.decode.tensorParallelSize" in got["KVCompatible"]["message"]
     assert got["Ready"]["status"] == "False" and "unchanged" in got["Ready"]["message"]
     assert got["Progressing"]["reason"] == "InvalidSpec"
-    assert st["kvLayout"] == {"hash": "before"} and st["observedGeneration"] == 2
+    assert st["kvLayout"] == layout and st["observedGeneration"] == 2
 
 
 @pytest.mark.parametrize(("observed", "reason"), [

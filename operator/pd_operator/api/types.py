@@ -607,7 +607,8 @@ class RoleStatus(ApiModel):
     """The revision of the role's current pod template."""
     shape: str = ""
     """For `kubectl get`: instances x DP x TP (x PP), e.g. `2xDP2xTP4`."""
-    instances: list[InstanceStatus] = Field(default_factory=list)
+    instances: list[InstanceStatus] | None = None
+    """Every instance with pods (unset: none has)."""
 
 
 class KVLayoutStatus(ApiModel):
@@ -652,17 +653,16 @@ class DrainingStatus(ApiModel):
 
 
 class PDDeploymentStatus(ApiModel):
-    model_config = ApiModel.model_config | {"extra": "allow"}
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     prefill: RoleStatus | None = None
     decode: RoleStatus | None = None
     kv_layout: KVLayoutStatus | None = None
-    kv_links: list[KVLinkStatus] = Field(default_factory=list)
+    kv_links: list[KVLinkStatus] | None = None
     """Per decode/prefill instance pair: whether the proxy may route over it."""
     proxy_endpoint: str | None = None
     """`host:port` of the proxy Service inside the cluster."""
-    draining: list[DrainingStatus] = Field(default_factory=list)
+    draining: list[DrainingStatus] | None = None
     """Instances removed by a scale-down, or being replaced by a rollout, that still drain (they left
     the proxy and are deleted or replaced once nothing needs them)."""
     rollout_progress_time: str | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
+from pd_operator.api.types import KVLinkStatus
 from pd_operator.controller.pods import by_instance
 from pd_operator.render.kv_probe import CONTAINER
 from pd_operator.spec.validate import Resolved
@@ -59,16 +60,18 @@ def _leader(pods: list[dict]) -> dict | None:
     return min(pods, key=lambda p: p["metadata"]["name"], default=None)
 
 
+def _number(value: object) -> float | None:
+    """A figure of the gate's round, if it is a number (the round is read from a pod's log)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _entry(decode: str, prefill: str, linked: bool, figures: Mapping | None) -> dict:
-    out: dict = {"decode": decode, "prefill": prefill, "linked": linked}
-    if figures is not None:
-        for key in ("latencyMs", "gbps"):
-            if figures.get(key) is not None:
-                out[key] = figures[key]
-        errors = figures.get("errors") or []
-        if errors and not linked:
-            out["message"] = str(errors[0])[:300]
-    return out
+    """The status.kvLinks entry (api/types.py KVLinkStatus)."""
+    figures = figures or {}
+    errors = figures.get("errors") or []
+    return KVLinkStatus(decode=decode, prefill=prefill, linked=linked,
+                        latency_ms=_number(figures.get("latencyMs")), gbps=_number(figures.get("gbps")),
+                        message=str(errors[0])[:300] if errors and not linked else None).to_wire()
 
 
 def link_status(resolved: Resolved, pods: list[dict], previous: list[dict], read: RoundReader) -> list[dict]:

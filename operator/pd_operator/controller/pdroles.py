@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Literal
 
 from pd_operator.api.conditions import SCALING_LIMITED, WITHIN_BOUNDS
 from pd_operator.api.labels import FORWARDED_REPLICAS
-from pd_operator.api.types import API_VERSION, ROLE_KIND, ROLES
+from pd_operator.api.types import API_VERSION, ROLE_KIND, ROLES, Condition, PDRoleStatus
 from pd_operator.controller.diff import is_owned_by
 from pd_operator.controller.rollout import RoleFigures
 from pd_operator.render.pdroles import leader_selector
@@ -112,14 +113,15 @@ def scaling_condition(hold: Hold | None, subject: str) -> tuple[bool, str, str]:
 
 def status(resolved: Resolved, role: str, effective: int, figures: RoleFigures, draining: int,
            hold: Hold | None, previous: dict, generation: int | None, now: str) -> dict:
-    """The PDRole's whole status; the condition's lastTransitionTime moves only when its status does.
+    """The PDRole's whole status (through its model, api/types.py PDRoleStatus); the condition's
+    lastTransitionTime moves only when its status does.
     `figures`: the role's (controller/rollout.py)."""
     ok, reason, message = scaling_condition(hold, f"PDRole {resolved.names.role(role)}")
-    word = "True" if ok else "False"
+    word: Literal["True", "False"] = "True" if ok else "False"
     prior = next((c for c in previous.get("conditions") or [] if c.get("type") == SCALING_LIMITED), None)
     since = prior.get("lastTransitionTime") if prior and prior.get("status") == word else None
-    condition = {"type": SCALING_LIMITED, "status": word, "reason": reason, "message": message,
-                 "observedGeneration": generation, "lastTransitionTime": since or now}
-    return {"replicas": effective, "readyReplicas": figures.ready, "updatedReplicas": figures.updated,
-            "draining": draining,
-            "selector": leader_selector(resolved.deployment.name, role), "conditions": [condition]}
+    condition = Condition(type=SCALING_LIMITED, status=word, reason=reason, message=message,
+                          observed_generation=generation, last_transition_time=since or now)
+    return PDRoleStatus(replicas=effective, ready_replicas=figures.ready, updated_replicas=figures.updated,
+                        draining=draining, selector=leader_selector(resolved.deployment.name, role),
+                        conditions=[condition]).to_wire()

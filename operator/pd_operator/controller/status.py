@@ -8,10 +8,23 @@ the generation they describe, and a lastTransitionTime that only moves when the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import ValidationError
 
 from pd_operator.api import conditions as c
 from pd_operator.api.labels import POD_INDEX
-from pd_operator.api.types import ROLES, PDDeployment
+from pd_operator.api.types import (
+    ROLES,
+    Condition,
+    DrainingStatus,
+    InstanceStatus,
+    KVLayoutStatus,
+    KVLinkStatus,
+    PDDeployment,
+    PDDeploymentStatus,
+    RoleStatus,
+)
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label, unschedulable
 from pd_operator.controller.restarts import Decision
@@ -103,20 +116,13 @@ def image_report(pods: list[dict]) -> str | None:
     return None
 
 
-def instance_statuses(resolved: Resolved, role: str, pods: list[dict]) -> list[dict]:
+def instance_statuses(resolved: Resolved, role: str, pods: list[dict]) -> list[InstanceStatus]:
     """Every instance of the role with pods: its revision, whether it is Ready, and the vllm-ascend
     its image reported."""
     expected = resolved.shapes[role].pods
-    out = []
-    for (of_role, index), members in sorted(by_instance(pods).items()):
-        if of_role != role:
-            continue
-        entry = {"name": resolved.names.instance(role, index), "revision": revision_of(members),
-                 "ready": instance_ready(members, expected)}
-        if (found := image_report(members)) is not None:
-            entry["vllmAscend"] = found
-        out.append(entry)
-    return out
+    return [InstanceStatus(name=resolved.names.instance(role, index), revision=revision_of(members),
+                           ready=instance_ready(members, expected), vllm_ascend=image_report(members))
+            for (of_role, index), members in sorted(by_instance(pods).items()) if of_role == role]
 
 
 def _kv_condition(validation: Validation) -> _Cond:
@@ -335,7 +341,7 @@ def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
             _scaling_condition(resolved, observed)]
 
 
-def _status_word(ok: bool | None) -> str:
+def _status_word(ok: bool | None) -> Literal["True", "False", "Unknown"]:
     return "Unknown" if ok is None else "True" if ok else "False"
 
 
@@ -348,54 +354,66 @@ def conditions(validation: Validation, observed: Observed, previous: list[dict],
         status = _status_word(cond.ok)
         prior = before.get(cond.type)
         since = prior.get("lastTransitionTime") if prior and prior.get("status") == status else None
-        out.append({"type": cond.type, "status": status, "reason": cond.reason,
-                    "message": cond.message[:MAX_MESSAGE], "observedGeneration": generation,
-                    "lastTransitionTime": since or now})
+        out.append(Condition(type=cond.type, status=status, reason=cond.reason,
+                             message=cond.message[:MAX_MESSAGE], observed_generation=generation,
+                             last_transition_time=since or now).to_wire())
     return out
 
 
-def _role_status(resolved: Resolved, role: str, figures: RoleFigures, pods: list[dict]) -> dict:
+def _role_status(resolved: Resolved, role: str, figures: RoleFigures, pods: list[dict]) -> RoleStatus:
     dep = resolved.deployment
-    out = {"desiredInstances": dep.role(role).replicas, "readyInstances": figures.ready,
-           "updatedInstances": figures.updated, "revision": figures.revision, "shape": shape(dep, role)}
-    if instances := instance_statuses(resolved, role, pods):
-        out["instances"] = instances
-    return out
+    return RoleStatus(desired_instances=dep.role(role).replicas, ready_instances=figures.ready,
+                      updated_instances=figures.updated, revision=figures.revision, shape=shape(dep, role),
+                      instances=instance_statuses(resolved, role, pods) or None)
+
+
+def _previous(previous: dict) -> PDDeploymentStatus:
+    """The previous status as the model reads it, to keep what this pass does not compute. A field
+    this version cannot read (another version of the operator wrote it) is not kept."""
+    readable = {}
+    for name, info in PDDeploymentStatus.model_fields.items():
+        key = info.alias or name
+        if key in previous:
+            try:
+                PDDeploymentStatus.model_validate({key: previous[key]})
+            except ValidationError:
+                continue
+            readable[key] = previous[key]
+    return PDDeploymentStatus.model_validate(readable)
 
 
 def status(validation: Validation, observed: Observed, previous: dict, generation: int | None,
            now: str) -> dict:
-    """The whole `.status`. With an invalid spec the last valid layout and role figures are kept."""
-    out = dict(previous)
-    out["observedGeneration"] = generation
-    out["conditions"] = conditions(validation, observed, previous.get("conditions") or [], generation, now)
+    """The whole `.status`, through its model (api/types.py PDDeploymentStatus). With an invalid spec
+    the last valid layout and role figures are kept."""
+    before = _previous(previous)
+    conds = [Condition.model_validate(cond) for cond in
+             conditions(validation, observed, previous.get("conditions") or [], generation, now)]
     resolved = validation.resolved
     if resolved is None:
-        return out
+        return PDDeploymentStatus.model_validate(
+            {**before.model_dump(), "observed_generation": generation, "conditions": conds}).to_wire()
     dep = resolved.deployment
     figures = _figures(observed)
-    for role in ROLES:
-        out[role] = _role_status(resolved, role, figures[role], observed.pods)
-    if observed.rollout is not None:
-        since = observed.rollout.since
-        if since is not None:
-            out["rolloutProgressTime"] = since.strftime("%Y-%m-%dT%H:%M:%SZ")
-        else:
-            out.pop("rolloutProgressTime", None)
-    out["kvLayout"] = {"prefillBlockSize": resolved.engine_block_size("prefill"),
-                       "decodeBlockSize": resolved.engine_block_size("decode"),
-                       "segmentTokens": resolved.report.segment_tokens, "hash": resolved.layout_hash}
-    if observed.links is not None:
-        out["kvLinks"] = observed.links
-    if observed.draining:
-        out["draining"] = observed.draining
-    elif observed.draining is not None:
-        out.pop("draining", None)
-    if dep.spec.proxy.enabled:
-        out["proxyEndpoint"] = f"{dep.name}-proxy.{dep.namespace}.svc:{dep.spec.proxy.port}"
-    else:
-        out.pop("proxyEndpoint", None)
-    return out
+    segment = resolved.report.segment_tokens
+    assert segment is not None, "a Resolved has both KV layouts"
+    since = observed.rollout.since if observed.rollout is not None else None
+    progress = (before.rollout_progress_time if observed.rollout is None
+                else since.strftime("%Y-%m-%dT%H:%M:%SZ") if since is not None else None)
+    links = (before.kv_links if observed.links is None
+             else [KVLinkStatus.model_validate(link) for link in observed.links])
+    draining = (before.draining if observed.draining is None
+                else [DrainingStatus.model_validate(d) for d in observed.draining] or None)
+    return PDDeploymentStatus(
+        observed_generation=generation, conditions=conds,
+        prefill=_role_status(resolved, "prefill", figures["prefill"], observed.pods),
+        decode=_role_status(resolved, "decode", figures["decode"], observed.pods),
+        kv_layout=KVLayoutStatus(prefill_block_size=resolved.engine_block_size("prefill"),
+                                 decode_block_size=resolved.engine_block_size("decode"),
+                                 segment_tokens=segment, hash=resolved.layout_hash),
+        kv_links=links, draining=draining, rollout_progress_time=progress,
+        proxy_endpoint=(f"{dep.name}-proxy.{dep.namespace}.svc:{dep.spec.proxy.port}"
+                        if dep.spec.proxy.enabled else None)).to_wire()
 
 
 def merge_patch(previous: dict, new: dict) -> dict:
