@@ -5,14 +5,13 @@ validate (its image check renders each role's pod template and revision once, re
 Templates, which every later step takes) -> (invalid: status + event, children untouched) -> the
 instance counts the roles' PDRoles ask for, held at spec.scaling's bounds (controller/pdroles.py,
 spec/scaling.py) -> the rollout's figures and next step (controller/rollout.py: which outdated
-instances leave, how many surge) -> render
-those -> gate the proxy (instances not Ready or not linked, or leaving) -> plan against the observed
-children -> hold the instances a scale-down removed until they drained, and replace the pods of
-those the rollout took out once drained (controller/drain.py) ->
-apply what changed (owner reference included, so apply adopts; a missing PDRole is created with its
-count, a changed spec.<role>.replicas forwarded) -> prune what the spec no longer wants -> group
-restarts -> status of the PDRoles and the PDDeployment (written only when it changed) -> events on
-significant transitions.
+instances leave, how many surge, its progress clock) -> render those -> gate the proxy (instances
+not Ready or not linked, or leaving) -> plan against the observed children -> hold the instances a
+scale-down removed until they drained, and replace the pods of those the rollout took out once
+drained (controller/drain.py) -> apply what changed (owner reference included, so apply adopts; a
+missing PDRole is created with its count, a changed spec.<role>.replicas forwarded) -> prune what
+the spec no longer wants -> group restarts -> status of the PDRoles and the PDDeployment (written
+only when it changed) -> events on significant transitions (controller/events.py).
 """
 
 from __future__ import annotations
