@@ -190,7 +190,8 @@ def test_checks_catch_a_broken_render(breakage, tmp_path):
 
 def test_probe_sidecars_read_the_pairing_the_engines_run(tmp_path):
     """Both probe sides rebuild, from the mounted pairing, the engine block sizes vLLM is given."""
-    from pd_operator.transfer.probe import geometry, parser
+    from pd_operator.transfer.probe import parser
+    from pd_operator.transfer.probe_input import geometry
 
     for path in VALID_EXAMPLES:
         validation = validate(example(path))
@@ -213,7 +214,8 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
     from pd_operator.proxy.membership import KEY, MOUNT_DIR, document
     from pd_operator.render.proxy import membership_data
     from pd_operator.spec.ports import PROBE_PORT
-    from pd_operator.transfer.probe import membership_peers, parser, prefill_peers
+    from pd_operator.transfer.probe import parser
+    from pd_operator.transfer.probe_gate import membership_peers, prefill_peers
 
     def gate_peers(sts: dict, pairing: dict) -> list[str]:
         sidecar = sts["spec"]["template"]["spec"]["containers"][1]

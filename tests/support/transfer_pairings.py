@@ -6,7 +6,7 @@ from pd_operator.kv import presets
 from pd_operator.kv.blocksize import SideLayout, side_layout
 from pd_operator.kv.model import ModelKV
 from pd_operator.kv.side import Side
-from pd_operator.transfer.loopback import arena_bytes
+from pd_operator.transfer.engine_requests import arena_bytes
 
 # Prompts of one token, mid-block on both sides, a whole number of TP4 GLM blocks, and a long tail.
 PROMPTS = (1, 700, 2304, 2999)

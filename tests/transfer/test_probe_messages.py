@@ -32,14 +32,8 @@ from pd_operator.kv import presets
 from pd_operator.kv.side import Side
 from pd_operator.spec.pairing import PairInput
 from pd_operator.transfer.engine import EngineError
-from pd_operator.transfer.probe import (
-    DESCRIPTOR_PATH,
-    Checker,
-    ProbeFailure,
-    descriptor,
-    parse_descriptor,
-    prefill_arena,
-)
+from pd_operator.transfer.probe_check import Checker, ProbeFailure, parse_descriptor
+from pd_operator.transfer.probe_serve import DESCRIPTOR_PATH, descriptor, prefill_arena
 from pd_operator.transfer.probe_geometry import probe_geometry
 from support.cluster import pick_port
 from support.kv_probe import LOOPBACK, PROBE, env, serve

@@ -1,5 +1,5 @@
-"""Moving KV through the real Mooncake transfer engine: the plan executor, simulated ranks and the
-KV-link probe.
+"""Moving KV through the real Mooncake transfer engine: the plan executor and the
+KV-link probe with its test requests.
 
 `mooncake` is imported lazily (inside `engine.open_engine`) so the operator itself never needs the
 transfer engine installed; processes that host an engine are started with the `spawn` method

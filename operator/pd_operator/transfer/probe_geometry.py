@@ -14,7 +14,7 @@ from pd_operator.kv.blocksize import SideLayout, side_layout
 from pd_operator.kv.compat import check_pair
 from pd_operator.kv.model import ModelKV
 from pd_operator.spec.pairing import PairInput
-from pd_operator.transfer.loopback import EngineRequest, Pool, pools, requests
+from pd_operator.transfer.engine_requests import EngineRequest, Pool, pools, requests
 
 # Ends mid-block for the common engine block sizes (128, 640, 1152), so partial blocks are probed.
 DEFAULT_PROMPT_TOKENS = 2000

@@ -19,7 +19,7 @@ from pd_operator.kv.transfer_plan import (
     synthetic_blocks,
 )
 from pd_operator.transfer import arena
-from pd_operator.transfer.ranks import Request
+from pd_operator.transfer.kv_content import Request
 
 TAG_STEP = 0x5C
 
