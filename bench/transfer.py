@@ -39,8 +39,8 @@ from pd_operator.kv import presets
 from pd_operator.kv.blocksize import SideLayout, side_layout
 from pd_operator.kv.side import Side
 from pd_operator.kv.transfer_plan import TransferPlan, plan_transfer
-from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions
 from pd_operator.transfer.engine_requests import arena_bytes, requests
+from pd_operator.transfer.executor import DEFAULT_QUEUE_LIMIT, PullOptions
 from support import bench
 from support.ranks import Pairing, RankWorker, span, start_workers
 

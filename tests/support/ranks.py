@@ -26,8 +26,8 @@ from pd_operator.kv.blocksize import SideLayout
 from pd_operator.kv.simulate import UNWRITTEN, RegionKey, regions
 from pd_operator.kv.transfer_plan import TransferPlan
 from pd_operator.transfer import arena
-from pd_operator.transfer.executor import Peer, PullOptions, Regions, pull
 from pd_operator.transfer.engine_requests import EngineRequest, pools, prefill_ranks
+from pd_operator.transfer.executor import Peer, PullOptions, Regions, pull
 from pd_operator.transfer.kv_content import PREFILL_BACKGROUND, Request, differences, write_request
 
 LOOPBACK_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "ERROR"}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pd_operator.kv.compat import check_pair
-from pd_operator.transfer.executor import PullOptions
 from pd_operator.transfer.engine_requests import requests
+from pd_operator.transfer.executor import PullOptions
 from support.ranks import Pairing
 from support.transfer_pairings import PAIRINGS, PROMPTS
 

@@ -33,8 +33,8 @@ from pd_operator.kv.side import Side
 from pd_operator.spec.pairing import PairInput
 from pd_operator.transfer.engine import EngineError
 from pd_operator.transfer.probe_check import Checker, ProbeFailure, parse_descriptor
-from pd_operator.transfer.probe_serve import DESCRIPTOR_PATH, descriptor, prefill_arena
 from pd_operator.transfer.probe_geometry import probe_geometry
+from pd_operator.transfer.probe_serve import DESCRIPTOR_PATH, descriptor, prefill_arena
 from support.cluster import pick_port
 from support.kv_probe import LOOPBACK, PROBE, env, serve
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pd_operator.kv.transfer_plan import RunSet, TransferPlan
-from pd_operator.transfer.executor import Peer
 from pd_operator.transfer.engine_requests import arena_bytes, requests
+from pd_operator.transfer.executor import Peer
 from support.ranks import Pairing, RankWorker, start_workers
 from support.transfer_pairings import few_layers, pair
 
