@@ -212,10 +212,11 @@ def test_bad_json_config_exits_2(capsys, tmp_path):
 
 def test_config_missing_a_key_exits_2_naming_it(capsys, tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_attention_heads": 32,
-                                "hidden_size": 4096}))
+    cfg = json.loads((HF_CONFIGS / "deepseek-v3.2-exp" / "config.json").read_text())
+    del cfg["index_head_dim"]  # DeepseekV3Config has no default for it; vLLM's indexer reads it bare
+    path.write_text(json.dumps(cfg))
     code, _, err = run(capsys, "plan", "--model-config", str(path))
-    assert code == 2 and "'num_hidden_layers'" in one_line_error(err)
+    assert code == 2 and "'index_head_dim'" in one_line_error(err)
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -136,26 +136,32 @@ def test_head_dim_defaults_to_hidden_size_over_heads():
 
 
 BROKEN = [
-    ("llama-3.1-8b", "num_hidden_layers", None, "'num_hidden_layers'"),
+    ("llama-3.1-8b", "model_type", None, "config.json has no 'model_type'"),
+    ("llama-3.1-8b", "model_type", "qwen2", "'model_type' is 'qwen2'; LlamaForCausalLM is read with model_type"),
     ("llama-3.1-8b", "num_key_value_heads", "8", "'num_key_value_heads' must be an integer"),
     ("llama-3.1-8b", "num_attention_heads", 0, "'num_attention_heads' must be at least 1"),
     ("llama-3.1-8b", "head_dim", "128", "'head_dim' must be an integer"),
-    ("llama-3.1-8b", "hidden_size", 4095, "'hidden_size' 4095 is not a multiple"),
     ("llama-3.1-8b", "torch_dtype", "float4", "'torch_dtype' is 'float4'"),
-    ("deepseek-v3", "kv_lora_rank", None, "'kv_lora_rank'"),
     ("deepseek-v3", "qk_rope_head_dim", -1, "'qk_rope_head_dim' must be at least 0"),
     ("deepseek-v3.2-exp", "index_head_dim", True, "'index_head_dim' must be an integer"),
-    ("qwen3-next-80b-a3b-instruct", "linear_num_value_heads", None, "'linear_num_value_heads'"),
+    ("deepseek-v3.2-exp", "index_head_dim", None, "no 'index_head_dim', which DeepseekV3Config"),
     ("qwen3-next-80b-a3b-instruct", "layer_types", ["full_attention"], "'layer_types' must list one type"),
     ("qwen3-next-80b-a3b-instruct", "layer_types", ["sliding"] * 48, "'layer_types' holds sliding"),
-    ("qwen3-next-80b-a3b-instruct", "linear_value_head_dim", 64, "linear_value_head_dim differ"),
     ("qwen3-next-80b-a3b-instruct", "architectures", ["GPT2LMHeadModel"], "GPT2LMHeadModel has no KV"),
     ("qwen3-next-80b-a3b-instruct", "architectures", "Qwen3NextForCausalLM", "'architectures' list"),
-    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", None, "'linear_attn_config' must be an object"),
-    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", {"kda_layers": [1]},
-     "'linear_attn_config.num_heads'"),
+    ("kimi-linear-48b-a3b-instruct", "kv_lora_rank", None, "no 'kv_lora_rank', which KimiLinearConfig"),
+    ("kimi-linear-48b-a3b-instruct", "qk_rope_head_dim", None, "no 'qk_rope_head_dim'"),
+    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", None, "no 'linear_attn_config'"),
+    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", [], "'linear_attn_config' must be an object"),
+    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", {"kda_layers": [1], "full_attn_layers": [2]},
+     "'linear_attn_config.num_heads', which vLLM reads without a default"),
+    ("kimi-linear-48b-a3b-instruct", "linear_attn_config",
+     {"kda_layers": [1], "full_attn_layers": [2], "num_heads": 32, "head_dim": 128},
+     "'linear_attn_config.short_conv_kernel_size'"),
     ("kimi-linear-48b-a3b-instruct", "linear_attn_config", {"num_heads": 32, "head_dim": 128},
      "'linear_attn_config.kda_layers' must list layer numbers"),
+    ("kimi-linear-48b-a3b-instruct", "linear_attn_config", {"kda_layers": [1], "num_heads": 32},
+     "'linear_attn_config.full_attn_layers' must list layer numbers"),
     ("glm-5.3-flash", "index_kpool", 0, "'index_kpool' must be at least 1"),
     ("glm-5.3-flash", "layer_types", ["linear_attention", "sliding_attention"] * 22 + ["linear_attention"],
      "'layer_types' holds sliding_attention"),
@@ -166,7 +172,7 @@ BROKEN = [
                          ids=[f"{b[0]}-{b[1]}-{b[2]!r}" for b in BROKEN])
 def test_broken_config_names_the_key(folder, key, value, message):
     top = config(folder)
-    cfg = top.get("text_config", top) if key != "architectures" else top
+    cfg = top.get("text_config", top) if key not in ("architectures", "model_type") else top
     if value is None:
         del cfg[key]
     else:

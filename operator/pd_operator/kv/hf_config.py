@@ -1,13 +1,16 @@
 """KV descriptions from a Hugging Face `config.json`, for the architectures whose caches we know.
 
-Field names and defaults follow the transformers configuration classes of each architecture
-(DeepseekV3Config, the DeepSeek-V3.2 config's `index_*` keys, Qwen3NextConfig, LlamaConfig,
-Glm5NextTextConfig, KimiLinearConfig).
+Every key is resolved as vLLM 0.34 resolves it: through the config class it builds for the config's
+`model_type` (its own class where `vllm/transformers_utils/config.py` registers one, else transformers'
+at the version its tier installs), so a key left out takes that class's default, and a key with no
+default anywhere is refused by name rather than guessed. `CONFIG_CLASSES` holds each class's defaults
+for the keys read here; the `vllm` tier checks them against the classes themselves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,27 +18,151 @@ from pydantic import ValidationError
 from pd_operator.kv.dtypes import DTYPE_BYTES, DTYPES
 from pd_operator.kv.model import ModelKV
 
-LLAMA_STYLE = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-})
-DEEPSEEK_MLA = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
-DEEPSEEK_SPARSE = frozenset({"DeepseekV32ForCausalLM"})
-QWEN3_NEXT = frozenset({"Qwen3NextForCausalLM"})
-GLM5_NEXT = frozenset({"Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"})
-KIMI_LINEAR = frozenset({"KimiLinearForCausalLM"})
+TRANSFORMERS = "transformers 5.22.2"
+VLLM = "vllm 0.34.0"
+
+
+class Derived:
+    """A default that is not a constant: the class computes it from other keys (see `_Keys.int`)."""
+
+    def __repr__(self) -> str:
+        return "DERIVED"
+
+
+DERIVED = Derived()
+REQUIRED = None
+"""No default: vLLM's model code reads the key bare, so a config without it fails there."""
+
+
+@dataclass(frozen=True)
+class ConfigClass:
+    """The config class vLLM 0.34 builds for a `model_type`, as far as this reader reads it."""
+
+    name: str
+    source: str
+    """Where the defaults are defined: `<package version>: <path>`."""
+    defaults: Mapping[str, int | Derived | None]
+    """Each key read -> its value when config.json leaves it out (DERIVED, REQUIRED: see above)."""
+    model_code_keys: Mapping[str, str] = field(default_factory=dict)
+    """Keys that are not fields of the class but that vLLM's model code reads off it -> where."""
+
+
+def _tf(path: str) -> str:
+    return f"{TRANSFORMERS}: src/transformers/models/{path}"
+
+
+_LLAMA_LIKE = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}
+_DEEPSEEK_V3 = {"num_hidden_layers": 61, "num_attention_heads": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+CONFIG_CLASSES: dict[str, ConfigClass] = {
+    "llama": ConfigClass("LlamaConfig", _tf("llama/configuration_llama.py"),
+                         {**_LLAMA_LIKE, "num_key_value_heads": DERIVED, "head_dim": DERIVED}),
+    "mistral": ConfigClass("MistralConfig", _tf("mistral/configuration_mistral.py"),
+                           {**_LLAMA_LIKE, "num_key_value_heads": 8, "head_dim": DERIVED}),
+    "mixtral": ConfigClass("MixtralConfig", _tf("mixtral/configuration_mixtral.py"),
+                           {**_LLAMA_LIKE, "num_key_value_heads": 8, "head_dim": DERIVED}),
+    # Qwen2 has no head_dim: vLLM's Qwen2Attention uses hidden_size // num_attention_heads whatever it says.
+    "qwen2": ConfigClass("Qwen2Config", _tf("qwen2/configuration_qwen2.py"),
+                         {**_LLAMA_LIKE, "num_key_value_heads": 32}),
+    "qwen2_moe": ConfigClass("Qwen2MoeConfig", _tf("qwen2_moe/configuration_qwen2_moe.py"),
+                             {"num_hidden_layers": 24, "hidden_size": 2048, "num_attention_heads": 16,
+                              "num_key_value_heads": 16}),
+    "qwen3": ConfigClass("Qwen3Config", _tf("qwen3/configuration_qwen3.py"),
+                         {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                          "head_dim": 128}),
+    "qwen3_moe": ConfigClass(
+        "Qwen3MoeConfig", _tf("qwen3_moe/configuration_qwen3_moe.py"),
+        {"num_hidden_layers": 24, "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4,
+         "head_dim": DERIVED},
+        {"head_dim": f"{VLLM}: vllm/model_executor/models/qwen3_moe.py, getattr(config, 'head_dim', None)"}),
+    "deepseek_v2": ConfigClass("DeepseekV2Config", _tf("deepseek_v2/configuration_deepseek_v2.py"),
+                               {"num_hidden_layers": 32, "num_attention_heads": 32, "kv_lora_rank": 512,
+                                "qk_rope_head_dim": 64}),
+    "deepseek_v3": ConfigClass("DeepseekV3Config", _tf("deepseek_v3/configuration_deepseek_v3.py"), _DEEPSEEK_V3),
+    # vllm/transformers_utils/config.py registers transformers' DeepseekV3Config for deepseek_v32; the
+    # indexer's keys are not its fields.
+    "deepseek_v32": ConfigClass(
+        "DeepseekV3Config", _tf("deepseek_v3/configuration_deepseek_v3.py"),
+        {**_DEEPSEEK_V3, "index_head_dim": REQUIRED},
+        {"index_head_dim": f"{VLLM}: vllm/models/deepseek_v32/attention.py, config.index_head_dim"}),
+    "qwen3_next": ConfigClass(
+        "Qwen3NextConfig", _tf("qwen3_next/configuration_qwen3_next.py"),
+        {"num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+         "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+         "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+         "layer_types": DERIVED}),
+    # vLLM's own class (vllm/transformers_utils/configs/kimi_linear.py): no MLA or KDA defaults, and vLLM's
+    # KimiLinearForCausalLM reads linear_attn_config's keys bare.
+    "kimi_linear": ConfigClass(
+        "KimiLinearConfig", f"{VLLM}: vllm/transformers_utils/configs/kimi_linear.py",
+        {"num_hidden_layers": 32, "num_attention_heads": 32, "kv_lora_rank": REQUIRED,
+         "qk_rope_head_dim": REQUIRED, "linear_attn_config": REQUIRED}),
+}
+# GLM-5.3-Flash: transformers' Glm5NextTextConfig (nested as Glm5NextConfig.text_config, or flat), which
+# folds linear_attn_config's num_heads/head_dim/short_conv_kernel_size over linear_num_heads/
+# linear_head_dim/linear_conv_kernel_dim; the MTP layers are vLLM's (`hasattr(config,
+# 'num_nextn_predict_layers')`, else none) and vllm-ascend 0.30.0rc2's, which read the same keys.
+CONFIG_CLASSES["glm5_next"] = CONFIG_CLASSES["glm5_next_text"] = ConfigClass(
+    "Glm5NextTextConfig", _tf("glm5_next/configuration_glm5_next.py"),
+    {"num_hidden_layers": 45, "num_attention_heads": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 0,
+     "index_head_dim": 128, "index_kpool": 16, "linear_num_heads": 64, "linear_head_dim": 128,
+     "linear_conv_kernel_dim": 4, "layer_types": DERIVED, "linear_attn_config": DERIVED,
+     "num_nextn_predict_layers": 0},
+    {"num_nextn_predict_layers": f"{VLLM}: vllm/models/glm5next/common/model.py, "
+                                 "hasattr(config, 'num_nextn_predict_layers')"})
 
 
 class ConfigError(ValueError):
     """The config cannot be turned into a KV description; the message names the key."""
 
 
-def _int(cfg: dict, key: str, default: int | None = None, minimum: int = 1, where: str = "") -> int:
-    """`cfg[key]` as an integer >= minimum; `where` prefixes the key in messages (a nested object)."""
-    value = cfg.get(key, default)
-    name = repr(where + key)
+class _Keys:
+    """The text model's keys, each resolved as `cls` resolves it; records every key read (`read`)."""
+
+    def __init__(self, cfg: dict, cls: ConfigClass, model_type: str):
+        self.cfg, self.cls, self.model_type = cfg, cls, model_type
+        self.read: set[str] = set()
+
+    def raw(self, key: str) -> Any:
+        """The value config.json gives, else the class default; REQUIRED and DERIVED come back as None."""
+        if key not in self.cls.defaults:
+            raise KeyError(f"{key} is not in the {self.cls.name} defaults table")  # a reader bug, not input
+        self.read.add(key)
+        default = self.cls.defaults[key]
+        value = self.cfg.get(key, None if isinstance(default, Derived) else default)
+        return value
+
+    def int(self, key: str, minimum: int = 1) -> int:
+        value = self.raw(key)
+        if value is None and self.cls.defaults[key] is DERIVED:
+            return self._derived(key)
+        return _checked_int(value, repr(key), minimum, self._no_default(key))
+
+    def _no_default(self, key: str) -> str:
+        return (f"config.json has no {key!r}, which {self.cls.name} (model_type {self.model_type!r}) does "
+                f"not default and this architecture needs")
+
+    def _derived(self, key: str) -> int:
+        heads = self.int("num_attention_heads")
+        if key == "num_key_value_heads":  # every class's __post_init__: None means one kv head per head
+            return heads
+        if key == "head_dim":
+            # vLLM's ModelArchConfigConvertorBase.get_head_size and the attention layers: hidden_size //
+            # num_attention_heads (floor division, as they compute it).
+            return self.int("hidden_size") // heads
+        raise KeyError(key)
+
+    def nested(self, key: str) -> dict | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ConfigError(f"config.json {key!r} must be an object")
+        return value
+
+
+def _checked_int(value: Any, name: str, minimum: int, missing: str) -> int:
     if value is None:
-        raise ConfigError(f"config.json has no {name}, which this architecture needs")
+        raise ConfigError(missing)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"config.json {name} must be an integer, not {value!r}")
     if value < minimum:
@@ -43,15 +170,11 @@ def _int(cfg: dict, key: str, default: int | None = None, minimum: int = 1, wher
     return value
 
 
-def _head_dim(cfg: dict) -> int:
-    """`head_dim` when given, else hidden_size / num_attention_heads (the transformers default)."""
-    if cfg.get("head_dim") is not None:
-        return _int(cfg, "head_dim")
-    heads, hidden = _int(cfg, "num_attention_heads"), _int(cfg, "hidden_size")
-    if hidden % heads:
-        raise ConfigError(f"config.json 'hidden_size' {hidden} is not a multiple of 'num_attention_heads' "
-                          f"{heads}; give 'head_dim'")
-    return hidden // heads
+def _nested_int(sub: dict, parent: str, key: str, minimum: int = 1) -> int:
+    """A key of a nested object that vLLM reads bare (`config.<parent>["<key>"]`): no default."""
+    name = f"{parent}.{key}"
+    return _checked_int(sub.get(key), repr(name), minimum,
+                        f"config.json has no {name!r}, which vLLM reads without a default")
 
 
 def _dtype(cfg: dict) -> str:
@@ -62,33 +185,37 @@ def _dtype(cfg: dict) -> str:
     return value
 
 
-def _llama(cfg: dict) -> list[dict]:
-    heads = _int(cfg, "num_attention_heads")
-    return [{"kind": "attention", "name": "attention", "numLayers": _int(cfg, "num_hidden_layers"),
-             "numKvHeads": _int(cfg, "num_key_value_heads", heads), "headSize": _head_dim(cfg)}]
+def _attention(k: _Keys, layers: int) -> dict:
+    heads = k.int("num_key_value_heads")
+    # Without a head_dim field (Qwen2, Qwen2-MoE) vLLM's attention layers use hidden_size // heads.
+    head_size = k.int("head_dim") if "head_dim" in k.cls.defaults else k._derived("head_dim")
+    return {"kind": "attention", "name": "attention", "numLayers": layers, "numKvHeads": heads,
+            "headSize": head_size}
 
 
-def _mla(cfg: dict, layers: int | None = None) -> list[dict]:
-    return [{"kind": "mla", "name": "mla", "numLayers": layers or _int(cfg, "num_hidden_layers"),
-             "kvLoraRank": _int(cfg, "kv_lora_rank"),
-             "qkRopeHeadDim": _int(cfg, "qk_rope_head_dim", 0, minimum=0)}]
+def _llama(k: _Keys) -> list[dict]:
+    return [_attention(k, k.int("num_hidden_layers"))]
 
 
-def _deepseek_sparse(cfg: dict) -> list[dict]:
+def _mla(k: _Keys, layers: int | None = None) -> list[dict]:
+    return [{"kind": "mla", "name": "mla", "numLayers": layers or k.int("num_hidden_layers"),
+             "kvLoraRank": k.int("kv_lora_rank"), "qkRopeHeadDim": k.int("qk_rope_head_dim", minimum=0)}]
+
+
+def _deepseek_sparse(k: _Keys) -> list[dict]:
     # The V3.2 indexer key cache is fp8 with one fp32 scale per 128 elements (vllm:
     # DeepseekV32IndexerCache), whatever the model dtype.
-    return [*_mla(cfg), {"kind": "indexer", "name": "indexer", "numLayers": _int(cfg, "num_hidden_layers"),
-                         "headDim": _int(cfg, "index_head_dim", 128), "dtype": "fp8",
-                         "quantBlockSize": 128}]
+    return [*_mla(k), {"kind": "indexer", "name": "indexer", "numLayers": k.int("num_hidden_layers"),
+                       "headDim": k.int("index_head_dim"), "dtype": "fp8", "quantBlockSize": 128}]
 
 
-def _split_layers(cfg: dict, attention_types: frozenset[str]) -> tuple[int, int]:
-    """(attention layers, linear-attention layers): from `layer_types`, else the last layer of every
-    `full_attention_interval` (default 4) is full attention, as the transformers configs default."""
-    layers = _int(cfg, "num_hidden_layers")
-    types = cfg.get("layer_types")
+def _split_layers(k: _Keys, attention_types: frozenset[str], derive: Callable[[int], int]) -> tuple[int, int]:
+    """(attention layers, linear-attention layers) from `layer_types`, else `derive(layers)` attention
+    layers, as the class's __post_init__ derives layer_types."""
+    layers = k.int("num_hidden_layers")
+    types = k.raw("layer_types")
     if types is None:
-        full = layers // _int(cfg, "full_attention_interval", 4)
+        full = derive(layers)
         return full, layers - full
     if not isinstance(types, list) or len(types) != layers:
         raise ConfigError("config.json 'layer_types' must list one type per hidden layer")
@@ -101,28 +228,27 @@ def _split_layers(cfg: dict, attention_types: frozenset[str]) -> tuple[int, int]
     return full, layers - full
 
 
-def _qwen3_next(cfg: dict) -> list[dict]:
-    full, linear = _split_layers(cfg, frozenset({"full_attention"}))
-    key_heads, value_heads = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
-    key_dim, value_dim = _int(cfg, "linear_key_head_dim"), _int(cfg, "linear_value_head_dim")
-    groups: list[dict] = []
-    if full:
-        groups.append({"kind": "attention", "name": "attention", "numLayers": full,
-                       "numKvHeads": _int(cfg, "num_key_value_heads"),
-                       "headSize": _head_dim(cfg)})
+def _qwen3_next(k: _Keys) -> list[dict]:
+    # Qwen3NextConfig.__post_init__: the last layer of every `full_attention_interval` is full attention.
+    full, linear = _split_layers(k, frozenset({"full_attention"}),
+                                 lambda layers: layers // k.int("full_attention_interval"))
+    groups: list[dict] = [_attention(k, full)] if full else []
     if linear:
-        if key_dim != value_dim:
-            raise ConfigError("linear_key_head_dim and linear_value_head_dim differ; give an explicit kv "
-                              "description for this model")
-        state_dtype = _dtype(cfg)
+        key_heads, value_heads = k.int("linear_num_key_heads"), k.int("linear_num_value_heads")
+        key_dim, value_dim = k.int("linear_key_head_dim"), k.int("linear_value_head_dim")
+        kernel, state_dtype = k.int("linear_conv_kernel_dim"), _dtype(k.cfg)
+        # Gated DeltaNet (vllm: MambaStateShapeCalculator.gated_delta_net_state_shape): a conv state over
+        # the q, k and v channels (key_heads x key_dim twice, value_heads x value_dim), and a recurrent state
+        # of value_heads x value_dim x key_dim. Where the key and value dims differ the conv state is
+        # described as two tensors, q|k then v: back to back in the slot they are the same bytes.
+        conv = {"name": "conv", "dtype": state_dtype, "convKernel": kernel}
+        convs = ([{**conv, "headGroups": [key_heads, key_heads, value_heads], "headShape": [key_dim]}]
+                 if key_dim == value_dim else
+                 [{**conv, "name": "conv-qk", "headGroups": [key_heads, key_heads], "headShape": [key_dim]},
+                  {**conv, "name": "conv-v", "headGroups": [value_heads], "headShape": [value_dim]}])
         groups.append({"kind": "state", "name": "deltanet", "numLayers": linear, "tensors": [
-            # Gated DeltaNet (vllm: gated_delta_net_state_shape): conv over q, k and v channels,
-            # recurrent state of value heads x key dim x value dim.
-            {"name": "conv", "dtype": state_dtype, "headGroups": [key_heads, key_heads, value_heads],
-             "headShape": [key_dim], "convKernel": _int(cfg, "linear_conv_kernel_dim", 4)},
-            {"name": "recurrent", "dtype": state_dtype, "headGroups": [value_heads],
-             "headShape": [key_dim, value_dim]},
-        ]})
+            *convs, {"name": "recurrent", "dtype": state_dtype, "headGroups": [value_heads],
+                     "headShape": [value_dim, key_dim]}]})
     return groups
 
 
@@ -137,38 +263,26 @@ def _kda_state(cfg: dict, layers: int, heads: int, head_dim: int, conv_kernel: i
     ]}
 
 
-def _linear_attn_config(cfg: dict) -> dict:
-    sub = cfg.get("linear_attn_config")
-    if not isinstance(sub, dict):
-        raise ConfigError("config.json 'linear_attn_config' must be an object with num_heads, head_dim "
-                          "and short_conv_kernel_size")
-    return sub
-
-
-def _kda_dims(sub: dict) -> tuple[int, int, int]:
-    where = "linear_attn_config."
-    return (_int(sub, "num_heads", where=where), _int(sub, "head_dim", where=where),
-            _int(sub, "short_conv_kernel_size", 4, where=where))
-
-
-def _glm5_next(cfg: dict) -> list[dict]:
+def _glm5_next(k: _Keys) -> list[dict]:
     """GLM-5-Next (GLM-5.3-Flash): NoPE MLA with a pooled indexer and its fp32 tail on the attention
-    layers, KDA on the rest, and `num_nextn_predict_layers` MTP layers of the attention kind. Key names
-    of transformers' Glm5NextTextConfig and vllm-ascend's (`vllm_ascend/models/glm5next/config.py` @
-    0.30.0rc2, which also folds the checkpoint's `linear_attn_config` dict over the flat keys)."""
+    layers, KDA on the rest, and `num_nextn_predict_layers` MTP layers of the attention kind."""
+    # Glm5NextTextConfig.__post_init__: layer i is attention when i % 4 == 3.
     mla_layers, kda_layers = _split_layers(
-        cfg, frozenset({"indexed_attention", "full_attention", "deepseek_sparse_attention"}))
-    if "linear_attn_config" in cfg:
-        heads, head_dim, kernel = _kda_dims(_linear_attn_config(cfg))
-    else:
-        heads, head_dim = _int(cfg, "linear_num_heads", 64), _int(cfg, "linear_head_dim", 128)
-        kernel = _int(cfg, "linear_conv_kernel_dim", 4)
+        k, frozenset({"indexed_attention", "full_attention", "deepseek_sparse_attention"}),
+        lambda layers: sum(1 for i in range(layers) if i % 4 == 3))
+    # linear_attn_config's keys win over the flat ones, which default as the class does.
+    sub = k.nested("linear_attn_config") or {}
+    flat = {"num_heads": "linear_num_heads", "head_dim": "linear_head_dim",
+            "short_conv_kernel_size": "linear_conv_kernel_dim"}
+    heads, head_dim, kernel = (
+        _nested_int(sub, "linear_attn_config", nested) if nested in sub else k.int(key)
+        for nested, key in flat.items())
     groups: list[dict] = []
     if mla_layers:
-        mtp = _int(cfg, "num_nextn_predict_layers", 0, minimum=0)
-        kpool = _int(cfg, "index_kpool", 16)
-        index_dim = _int(cfg, "index_head_dim", 128)
-        mla = _mla(cfg, mla_layers)[0]
+        mtp = k.int("num_nextn_predict_layers", minimum=0)
+        kpool = k.int("index_kpool")
+        index_dim = k.int("index_head_dim")
+        mla = _mla(k, mla_layers)[0]
         # vllm-ascend keeps the pooled indexer in bf16 whatever the KV cache dtype, and a pool of one
         # token has no tail (`Glm5NextIndexerCache`, `Glm5NextTailCache` in glm5next/kv_cache.py).
         groups += [{**mla, "mtpLayers": mtp},
@@ -178,67 +292,96 @@ def _glm5_next(cfg: dict) -> list[dict]:
             groups.append({"kind": "indexerTail", "name": "indexer-tail", "numLayers": mla_layers,
                            "mtpLayers": mtp, "headDim": index_dim, "poolTokens": kpool})
     if kda_layers:
-        groups.append(_kda_state(cfg, kda_layers, heads, head_dim, kernel))
+        groups.append(_kda_state(k.cfg, kda_layers, heads, head_dim, kernel))
     return groups
 
 
-def _kimi_linear(cfg: dict) -> list[dict]:
-    """Kimi Linear: MLA layers and KDA layers, listed 1-based in linear_attn_config.kda_layers."""
-    layers = _int(cfg, "num_hidden_layers")
-    sub = _linear_attn_config(cfg)
-    listed = sub.get("kda_layers")
-    if not isinstance(listed, list) or not all(type(i) is int for i in listed):
-        raise ConfigError("config.json 'linear_attn_config.kda_layers' must list layer numbers (1-based)")
-    kda_layers = sum(1 for i in range(layers) if i + 1 in set(listed))
-    groups = _mla(cfg, layers - kda_layers) if kda_layers < layers else []
+def _kimi_linear(k: _Keys) -> list[dict]:
+    """Kimi Linear: MLA layers and KDA layers, listed 1-based in linear_attn_config.kda_layers. vLLM reads
+    linear_attn_config's keys bare, and KimiLinearConfig refuses it without kda_layers and full_attn_layers."""
+    layers = k.int("num_hidden_layers")
+    sub = k.nested("linear_attn_config")
+    if sub is None:
+        raise ConfigError(k._no_default("linear_attn_config"))
+    for key in ("kda_layers", "full_attn_layers"):
+        listed = sub.get(key)
+        if not isinstance(listed, list) or not all(type(i) is int for i in listed):
+            raise ConfigError(f"config.json 'linear_attn_config.{key}' must list layer numbers (1-based)")
+    kda = set(sub["kda_layers"])
+    kda_layers = sum(1 for i in range(layers) if i + 1 in kda)
+    groups = _mla(k, layers - kda_layers) if kda_layers < layers else []
     if kda_layers:
-        groups.append(_kda_state(cfg, kda_layers, *_kda_dims(sub)))
+        dims = (_nested_int(sub, "linear_attn_config", key)
+                for key in ("num_heads", "head_dim", "short_conv_kernel_size"))
+        groups.append(_kda_state(k.cfg, kda_layers, *dims))
     return groups
 
 
-def _builder(architecture: str) -> Callable[[dict], list[dict]] | None:
-    for names, build in ((LLAMA_STYLE, _llama), (DEEPSEEK_MLA, _mla), (DEEPSEEK_SPARSE, _deepseek_sparse),
-                         (QWEN3_NEXT, _qwen3_next), (GLM5_NEXT, _glm5_next), (KIMI_LINEAR, _kimi_linear)):
-        if architecture in names:
-            return build
-    return None
+ARCHITECTURES: dict[str, tuple[Callable[[_Keys], list[dict]], tuple[str, ...]]] = {
+    **{arch: (_llama, (model_type,)) for arch, model_type in (
+        ("LlamaForCausalLM", "llama"), ("MistralForCausalLM", "mistral"), ("MixtralForCausalLM", "mixtral"),
+        ("Qwen2ForCausalLM", "qwen2"), ("Qwen2MoeForCausalLM", "qwen2_moe"), ("Qwen3ForCausalLM", "qwen3"),
+        ("Qwen3MoeForCausalLM", "qwen3_moe"))},
+    "DeepseekV2ForCausalLM": (_mla, ("deepseek_v2",)),
+    "DeepseekV3ForCausalLM": (_mla, ("deepseek_v3",)),
+    "DeepseekV32ForCausalLM": (_deepseek_sparse, ("deepseek_v32",)),
+    "Qwen3NextForCausalLM": (_qwen3_next, ("qwen3_next",)),
+    "Glm5NextForCausalLM": (_glm5_next, ("glm5_next", "glm5_next_text")),
+    "Glm5NextForConditionalGeneration": (_glm5_next, ("glm5_next",)),
+    "KimiLinearForCausalLM": (_kimi_linear, ("kimi_linear",)),
+}
+"""Architecture -> (its KV rule, the model_types whose config class we resolve for it)."""
+SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 
 
-SUPPORTED_ARCHITECTURES = tuple(sorted(LLAMA_STYLE | DEEPSEEK_MLA | DEEPSEEK_SPARSE | QWEN3_NEXT | GLM5_NEXT
-                                       | KIMI_LINEAR))
-
-
-def text_config(config: dict) -> dict:
-    """The text model's keys: multimodal wrappers (GLM-5.3-Flash's Glm5NextForConditionalGeneration, the
-    Qwen-VL and Llama-4 families) nest them under `text_config`, as transformers' `get_text_config` reads
-    them. Top-level keys the nested object lacks (the checkpoint's dtype, for one) still apply."""
+def _text_config(config: dict) -> dict:
+    """The text model's keys: Glm5NextConfig nests them under `text_config` (transformers'
+    `get_text_config`), whose absent keys take the text class's defaults, not the top level's keys."""
     nested = config.get("text_config")
     if nested is None:
         return config
     if not isinstance(nested, dict):
         raise ConfigError("config.json 'text_config' must be an object")
-    return {**config, **nested}
+    return nested
+
+
+def _resolve(config: Any) -> tuple[_Keys, Callable[[_Keys], list[dict]]]:
+    if not isinstance(config, dict):
+        raise ConfigError("config.json must be a JSON object")
+    archs = config.get("architectures") or []
+    if not isinstance(archs, list) or not archs:
+        raise ConfigError("config.json has no 'architectures' list")
+    arch = next((a for a in archs if a in ARCHITECTURES), None)
+    if arch is None:
+        raise ConfigError(f"architecture {archs[0]} has no KV description rule (supported: "
+                          f"{', '.join(SUPPORTED_ARCHITECTURES)}); give an explicit kv description")
+    build, model_types = ARCHITECTURES[arch]
+    model_type = config.get("model_type")
+    if model_type not in model_types:
+        # vLLM picks the config class, and so every default, by model_type.
+        given = "has no 'model_type'" if model_type is None else f"'model_type' is {model_type!r}"
+        raise ConfigError(f"config.json {given}; {arch} is read with model_type "
+                          f"{' or '.join(map(repr, model_types))}, whose config class sets the defaults")
+    text = _text_config(config)
+    # The checkpoint's dtype may sit at the top level only.
+    return _Keys({**text, **{key: config[key] for key in ("dtype", "torch_dtype")
+                             if key in config and not text.get(key)}}, CONFIG_CLASSES[model_type], model_type), build
+
+
+def keys_read(config: Any) -> set[str]:
+    """The config-class keys the reader resolves for this config (nested keys not included)."""
+    keys, build = _resolve(config)
+    build(keys)
+    return keys.read
 
 
 def model_from_hf_config(config: Any, name: str) -> ModelKV:
     """Raises ConfigError (a ValueError) with a one-line reason for configs it cannot describe."""
-    if not isinstance(config, dict):
-        raise ConfigError("config.json must be a JSON object")
-    archs = config.get("architectures")
-    config = text_config(config)
-    if archs:
-        config["architectures"] = archs
-    archs = config.get("architectures") or []
-    if not isinstance(archs, list) or not archs:
-        raise ConfigError("config.json has no 'architectures' list")
-    build = next((b for b in map(_builder, archs) if b), None)
-    if build is None:
-        raise ConfigError(f"architecture {archs[0]} has no KV description rule (supported: "
-                          f"{', '.join(SUPPORTED_ARCHITECTURES)}); give an explicit kv description")
-    heads = _int(config, "num_attention_heads") if "num_attention_heads" in config else None
+    keys, build = _resolve(config)
+    heads = keys.int("num_attention_heads")
     try:
-        return ModelKV.model_validate({"name": name, "dtype": _dtype(config), "attentionHeads": heads,
-                                       "groups": build(config)})
+        return ModelKV.model_validate({"name": name, "dtype": _dtype(keys.cfg), "attentionHeads": heads,
+                                       "groups": build(keys)})
     except ValidationError as err:
         first = err.errors()[0]
         raise ConfigError(f"config.json gives an invalid shape: {first['msg']} at "
