@@ -137,7 +137,7 @@ def test_head_dim_defaults_to_hidden_size_over_heads():
 
 BROKEN = [
     ("llama-3.1-8b", "model_type", None, "config.json has no 'model_type'"),
-    ("llama-3.1-8b", "model_type", "qwen2", "'model_type' is 'qwen2'; LlamaForCausalLM is read with model_type"),
+    ("llama-3.1-8b", "model_type", "qwen2", "'model_type' is 'qwen2'; LlamaForCausalLM is read with"),
     ("llama-3.1-8b", "num_key_value_heads", "8", "'num_key_value_heads' must be an integer"),
     ("llama-3.1-8b", "num_attention_heads", 0, "'num_attention_heads' must be at least 1"),
     ("llama-3.1-8b", "head_dim", "128", "'head_dim' must be an integer"),

@@ -12,6 +12,10 @@ from pd_operator.kv.model import ModelKV
 
 TF = "transformers 5.22.2"
 VLLM = "vllm 0.34.0"
+# Keys several rows leave out.
+ATTENTION = "num_hidden_layers num_attention_heads hidden_size num_key_value_heads"
+LINEAR = "linear_num_key_heads linear_num_value_heads linear_key_head_dim linear_value_head_dim"
+DEEPSEEK = "num_hidden_layers num_attention_heads kv_lora_rank qk_rope_head_dim"
 
 
 def attention(m: ModelKV) -> tuple[int | None, int, int, int]:
@@ -41,60 +45,58 @@ def glm_indexer(m: ModelKV) -> tuple[int, int, int]:
 
 
 KIMI_KDA = {"kv_lora_rank": 256, "qk_rope_head_dim": 32, "linear_attn_config": {
-    "kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": 8, "head_dim": 64, "short_conv_kernel_size": 3}}
+    "kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": 8, "head_dim": 64,
+    "short_conv_kernel_size": 3}}
 # (architecture, model_type, the keys left out whose defaults the row shows, config keys given, what the
 # description shows, expected, the class, its version)
 ROWS = [
-    ("LlamaForCausalLM", "llama", "num_hidden_layers num_attention_heads hidden_size num_key_value_heads head_dim",
-     {}, attention, (32, 32, 32, 128), "LlamaConfig", TF),
-    ("LlamaForCausalLM", "llama", "num_key_value_heads head_dim", {"num_attention_heads": 40, "hidden_size": 5120},
-     attention, (40, 32, 40, 128), "LlamaConfig", TF),
-    ("MistralForCausalLM", "mistral", "num_hidden_layers num_attention_heads hidden_size num_key_value_heads "
-     "head_dim", {},
+    ("LlamaForCausalLM", "llama", f"{ATTENTION} head_dim", {}, attention, (32, 32, 32, 128), "LlamaConfig",
+     TF),
+    ("LlamaForCausalLM", "llama", "num_key_value_heads head_dim",
+     {"num_attention_heads": 40, "hidden_size": 5120}, attention, (40, 32, 40, 128), "LlamaConfig", TF),
+    ("MistralForCausalLM", "mistral", f"{ATTENTION} head_dim", {},
      attention, (32, 32, 8, 128), "MistralConfig", TF),
     ("MistralForCausalLM", "mistral", "head_dim", {"hidden_size": 5120}, attention, (32, 32, 8, 160),
      "MistralConfig", TF),
-    ("MixtralForCausalLM", "mixtral", "num_hidden_layers num_attention_heads hidden_size num_key_value_heads "
-     "head_dim", {},
+    ("MixtralForCausalLM", "mixtral", f"{ATTENTION} head_dim", {},
      attention, (32, 32, 8, 128), "MixtralConfig", TF),
     ("MixtralForCausalLM", "mixtral", "head_dim", {"num_attention_heads": 16}, attention, (16, 32, 8, 256),
      "MixtralConfig", TF),
-    ("Qwen2ForCausalLM", "qwen2", "num_hidden_layers num_attention_heads hidden_size num_key_value_heads", {},
-     attention, (32, 32, 32, 128), "Qwen2Config", TF),
+    ("Qwen2ForCausalLM", "qwen2", ATTENTION, {}, attention, (32, 32, 32, 128), "Qwen2Config", TF),
     # Qwen2 has no head_dim field; vLLM's Qwen2Attention ignores a given one.
-    ("Qwen2ForCausalLM", "qwen2", "hidden_size", {"head_dim": 64}, attention, (32, 32, 32, 128), "Qwen2Config", TF),
-    ("Qwen2MoeForCausalLM", "qwen2_moe", "num_hidden_layers num_attention_heads hidden_size num_key_value_heads",
-     {}, attention, (16, 24, 16, 128), "Qwen2MoeConfig", TF),
-    ("Qwen3ForCausalLM", "qwen3", "num_hidden_layers num_attention_heads head_dim", {"hidden_size": 2048}, attention, (32, 32, 32, 128),
-     "Qwen3Config", TF),
-    ("Qwen3ForCausalLM", "qwen3", "num_key_value_heads", {"num_attention_heads": 64}, attention, (64, 32, 32, 128),
-     "Qwen3Config", TF),
-    ("Qwen3MoeForCausalLM", "qwen3_moe", "num_hidden_layers num_attention_heads hidden_size num_key_value_heads "
-     "head_dim", {}, attention, (32, 24, 4, 64), "Qwen3MoeConfig", TF),
-    ("Qwen3MoeForCausalLM", "qwen3_moe", "num_attention_heads", {"head_dim": 128}, attention, (32, 24, 4, 128),
+    ("Qwen2ForCausalLM", "qwen2", "hidden_size", {"head_dim": 64}, attention, (32, 32, 32, 128),
+     "Qwen2Config", TF),
+    ("Qwen2MoeForCausalLM", "qwen2_moe", ATTENTION, {}, attention, (16, 24, 16, 128), "Qwen2MoeConfig", TF),
+    ("Qwen3ForCausalLM", "qwen3", "num_hidden_layers num_attention_heads head_dim", {"hidden_size": 2048},
+     attention, (32, 32, 32, 128), "Qwen3Config", TF),
+    ("Qwen3ForCausalLM", "qwen3", "num_key_value_heads", {"num_attention_heads": 64}, attention,
+     (64, 32, 32, 128), "Qwen3Config", TF),
+    ("Qwen3MoeForCausalLM", "qwen3_moe", f"{ATTENTION} head_dim", {}, attention, (32, 24, 4, 64),
      "Qwen3MoeConfig", TF),
-    ("DeepseekV2ForCausalLM", "deepseek_v2", "num_hidden_layers num_attention_heads kv_lora_rank qk_rope_head_dim",
-     {}, mla, (32, 32, 512, 64), "DeepseekV2Config", TF),
-    ("DeepseekV2ForCausalLM", "deepseek_v2", "kv_lora_rank", {"qk_rope_head_dim": 32}, mla, (32, 32, 512, 32),
-     "DeepseekV2Config", TF),
-    ("DeepseekV3ForCausalLM", "deepseek_v3", "num_hidden_layers num_attention_heads kv_lora_rank qk_rope_head_dim",
-     {}, mla, (128, 61, 512, 64), "DeepseekV3Config", TF),
-    ("DeepseekV32ForCausalLM", "deepseek_v32", "num_hidden_layers num_attention_heads kv_lora_rank "
-     "qk_rope_head_dim", {"index_head_dim": 64}, mla, (128, 61, 512, 64), "DeepseekV3Config", TF),
-    ("Qwen3NextForCausalLM", "qwen3_next", "num_hidden_layers num_attention_heads num_key_value_heads head_dim "
+    ("Qwen3MoeForCausalLM", "qwen3_moe", "num_attention_heads", {"head_dim": 128}, attention,
+     (32, 24, 4, 128), "Qwen3MoeConfig", TF),
+    ("DeepseekV2ForCausalLM", "deepseek_v2", DEEPSEEK, {}, mla, (32, 32, 512, 64), "DeepseekV2Config", TF),
+    ("DeepseekV2ForCausalLM", "deepseek_v2", "kv_lora_rank", {"qk_rope_head_dim": 32}, mla,
+     (32, 32, 512, 32), "DeepseekV2Config", TF),
+    ("DeepseekV3ForCausalLM", "deepseek_v3", DEEPSEEK, {}, mla, (128, 61, 512, 64), "DeepseekV3Config", TF),
+    ("DeepseekV32ForCausalLM", "deepseek_v32", DEEPSEEK, {"index_head_dim": 64}, mla, (128, 61, 512, 64),
+     "DeepseekV3Config", TF),
+    ("Qwen3NextForCausalLM", "qwen3_next", "num_hidden_layers num_attention_heads num_key_value_heads "
+     "head_dim "
      "full_attention_interval layer_types", {"hidden_size": 4096}, attention, (16, 12, 2, 256),
      "Qwen3NextConfig", TF),
     ("Qwen3NextForCausalLM", "qwen3_next", "full_attention_interval", {"num_hidden_layers": 24},
      attention, (16, 6, 2, 256), "Qwen3NextConfig", TF),
-    ("Qwen3NextForCausalLM", "qwen3_next", "linear_num_key_heads linear_num_value_heads linear_key_head_dim "
-     "linear_value_head_dim linear_conv_kernel_dim", {}, deltanet,
+    ("Qwen3NextForCausalLM", "qwen3_next", f"{LINEAR} linear_conv_kernel_dim", {}, deltanet,
      (36, [("conv", [16, 16, 32], [128], 4), ("recurrent", [32], [128, 128], None)]), "Qwen3NextConfig", TF),
     ("Qwen3NextForCausalLM", "qwen3_next", "linear_key_head_dim", {"linear_value_head_dim": 64}, deltanet,
-     (36, [("conv-qk", [16, 16], [128], 4), ("conv-v", [32], [64], 4), ("recurrent", [32], [64, 128], None)]),
+     (36, [("conv-qk", [16, 16], [128], 4), ("conv-v", [32], [64], 4),
+           ("recurrent", [32], [64, 128], None)]),
      "Qwen3NextConfig", TF),
     ("KimiLinearForCausalLM", "kimi_linear", "num_hidden_layers num_attention_heads", KIMI_KDA, mla,
      (32, 29, 256, 32), "KimiLinearConfig", VLLM),
-    ("Glm5NextForCausalLM", "glm5_next_text", "num_hidden_layers layer_types num_attention_heads kv_lora_rank "
+    ("Glm5NextForCausalLM", "glm5_next_text", "num_hidden_layers layer_types num_attention_heads "
+     "kv_lora_rank "
      "qk_rope_head_dim", {}, mla, (64, 11, 512, 0), "Glm5NextTextConfig", TF),
     ("Glm5NextForCausalLM", "glm5_next_text", "index_head_dim index_kpool num_nextn_predict_layers", {},
      glm_indexer, (128, 16, 0), "Glm5NextTextConfig", TF),
@@ -133,6 +135,7 @@ def test_every_default_in_the_table_has_a_row():
 
 def test_glm_mtp_layers_default_to_none_as_vllm_reads_them():
     """vLLM 0.34's Glm5Next builds MTP layers only `if hasattr(config, 'num_nextn_predict_layers')`."""
-    model = model_from_hf_config({"architectures": ["Glm5NextForCausalLM"], "model_type": "glm5_next_text"}, "m")
+    model = model_from_hf_config({"architectures": ["Glm5NextForCausalLM"], "model_type": "glm5_next_text"},
+                                 "m")
     assert {g.mtp_layers for g in model.groups if g.kind != "state"} == {0}
     assert CONFIG_CLASSES["glm5_next"].model_code_keys["num_nextn_predict_layers"].startswith(VLLM)

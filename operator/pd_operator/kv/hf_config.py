@@ -23,7 +23,7 @@ VLLM = "vllm 0.34.0"
 
 
 class Derived:
-    """A default that is not a constant: the class computes it from other keys (see `_Keys.int`)."""
+    """A default that is not a constant: the class computes it from other keys (see `_Keys.integer`)."""
 
     def __repr__(self) -> str:
         return "DERIVED"
@@ -52,7 +52,8 @@ def _tf(path: str) -> str:
 
 
 _LLAMA_LIKE = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}
-_DEEPSEEK_V3 = {"num_hidden_layers": 61, "num_attention_heads": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+_DEEPSEEK_V3 = {"num_hidden_layers": 61, "num_attention_heads": 128, "kv_lora_rank": 512,
+                "qk_rope_head_dim": 64}
 CONFIG_CLASSES: dict[str, ConfigClass] = {
     "llama": ConfigClass("LlamaConfig", _tf("llama/configuration_llama.py"),
                          {**_LLAMA_LIKE, "num_key_value_heads": DERIVED, "head_dim": DERIVED}),
@@ -77,7 +78,8 @@ CONFIG_CLASSES: dict[str, ConfigClass] = {
     "deepseek_v2": ConfigClass("DeepseekV2Config", _tf("deepseek_v2/configuration_deepseek_v2.py"),
                                {"num_hidden_layers": 32, "num_attention_heads": 32, "kv_lora_rank": 512,
                                 "qk_rope_head_dim": 64}),
-    "deepseek_v3": ConfigClass("DeepseekV3Config", _tf("deepseek_v3/configuration_deepseek_v3.py"), _DEEPSEEK_V3),
+    "deepseek_v3": ConfigClass("DeepseekV3Config", _tf("deepseek_v3/configuration_deepseek_v3.py"),
+                               _DEEPSEEK_V3),
     # vllm/transformers_utils/config.py registers transformers' DeepseekV3Config for deepseek_v32; the
     # indexer's keys are not its fields.
     "deepseek_v32": ConfigClass(
@@ -87,9 +89,9 @@ CONFIG_CLASSES: dict[str, ConfigClass] = {
     "qwen3_next": ConfigClass(
         "Qwen3NextConfig", _tf("qwen3_next/configuration_qwen3_next.py"),
         {"num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
-         "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-         "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
-         "layer_types": DERIVED}),
+         "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+         "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+         "full_attention_interval": 4, "layer_types": DERIVED}),
     # vLLM's own class (vllm/transformers_utils/configs/kimi_linear.py): no MLA or KDA defaults, and vLLM's
     # KimiLinearForCausalLM reads linear_attn_config's keys bare.
     "kimi_linear": ConfigClass(
@@ -131,7 +133,7 @@ class _Keys:
         value = self.cfg.get(key, None if isinstance(default, Derived) else default)
         return value
 
-    def int(self, key: str, minimum: int = 1) -> int:
+    def integer(self, key: str, minimum: int = 1) -> int:
         value = self.raw(key)
         if value is None and self.cls.defaults[key] is DERIVED:
             return self._derived(key)
@@ -142,13 +144,13 @@ class _Keys:
                 f"not default and this architecture needs")
 
     def _derived(self, key: str) -> int:
-        heads = self.int("num_attention_heads")
+        heads = self.integer("num_attention_heads")
         if key == "num_key_value_heads":  # every class's __post_init__: None means one kv head per head
             return heads
         if key == "head_dim":
             # vLLM's ModelArchConfigConvertorBase.get_head_size and the attention layers: hidden_size //
             # num_attention_heads (floor division, as they compute it).
-            return self.int("hidden_size") // heads
+            return self.integer("hidden_size") // heads
         raise KeyError(key)
 
     def nested(self, key: str) -> dict | None:
@@ -186,33 +188,34 @@ def _dtype(cfg: dict) -> str:
 
 
 def _attention(k: _Keys, layers: int) -> dict:
-    heads = k.int("num_key_value_heads")
+    heads = k.integer("num_key_value_heads")
     # Without a head_dim field (Qwen2, Qwen2-MoE) vLLM's attention layers use hidden_size // heads.
-    head_size = k.int("head_dim") if "head_dim" in k.cls.defaults else k._derived("head_dim")
+    head_size = k.integer("head_dim") if "head_dim" in k.cls.defaults else k._derived("head_dim")
     return {"kind": "attention", "name": "attention", "numLayers": layers, "numKvHeads": heads,
             "headSize": head_size}
 
 
 def _llama(k: _Keys) -> list[dict]:
-    return [_attention(k, k.int("num_hidden_layers"))]
+    return [_attention(k, k.integer("num_hidden_layers"))]
 
 
 def _mla(k: _Keys, layers: int | None = None) -> list[dict]:
-    return [{"kind": "mla", "name": "mla", "numLayers": layers or k.int("num_hidden_layers"),
-             "kvLoraRank": k.int("kv_lora_rank"), "qkRopeHeadDim": k.int("qk_rope_head_dim", minimum=0)}]
+    return [{"kind": "mla", "name": "mla", "numLayers": layers or k.integer("num_hidden_layers"),
+             "kvLoraRank": k.integer("kv_lora_rank"),
+             "qkRopeHeadDim": k.integer("qk_rope_head_dim", minimum=0)}]
 
 
 def _deepseek_sparse(k: _Keys) -> list[dict]:
     # The V3.2 indexer key cache is fp8 with one fp32 scale per 128 elements (vllm:
     # DeepseekV32IndexerCache), whatever the model dtype.
-    return [*_mla(k), {"kind": "indexer", "name": "indexer", "numLayers": k.int("num_hidden_layers"),
-                       "headDim": k.int("index_head_dim"), "dtype": "fp8", "quantBlockSize": 128}]
+    return [*_mla(k), {"kind": "indexer", "name": "indexer", "numLayers": k.integer("num_hidden_layers"),
+                       "headDim": k.integer("index_head_dim"), "dtype": "fp8", "quantBlockSize": 128}]
 
 
 def _split_layers(k: _Keys, attention_types: frozenset[str], derive: Callable[[int], int]) -> tuple[int, int]:
     """(attention layers, linear-attention layers) from `layer_types`, else `derive(layers)` attention
     layers, as the class's __post_init__ derives layer_types."""
-    layers = k.int("num_hidden_layers")
+    layers = k.integer("num_hidden_layers")
     types = k.raw("layer_types")
     if types is None:
         full = derive(layers)
@@ -231,12 +234,12 @@ def _split_layers(k: _Keys, attention_types: frozenset[str], derive: Callable[[i
 def _qwen3_next(k: _Keys) -> list[dict]:
     # Qwen3NextConfig.__post_init__: the last layer of every `full_attention_interval` is full attention.
     full, linear = _split_layers(k, frozenset({"full_attention"}),
-                                 lambda layers: layers // k.int("full_attention_interval"))
+                                 lambda layers: layers // k.integer("full_attention_interval"))
     groups: list[dict] = [_attention(k, full)] if full else []
     if linear:
-        key_heads, value_heads = k.int("linear_num_key_heads"), k.int("linear_num_value_heads")
-        key_dim, value_dim = k.int("linear_key_head_dim"), k.int("linear_value_head_dim")
-        kernel, state_dtype = k.int("linear_conv_kernel_dim"), _dtype(k.cfg)
+        key_heads, value_heads = k.integer("linear_num_key_heads"), k.integer("linear_num_value_heads")
+        key_dim, value_dim = k.integer("linear_key_head_dim"), k.integer("linear_value_head_dim")
+        kernel, state_dtype = k.integer("linear_conv_kernel_dim"), _dtype(k.cfg)
         # Gated DeltaNet (vllm: MambaStateShapeCalculator.gated_delta_net_state_shape): a conv state over
         # the q, k and v channels (key_heads x key_dim twice, value_heads x value_dim), and a recurrent state
         # of value_heads x value_dim x key_dim. Where the key and value dims differ the conv state is
@@ -275,13 +278,13 @@ def _glm5_next(k: _Keys) -> list[dict]:
     flat = {"num_heads": "linear_num_heads", "head_dim": "linear_head_dim",
             "short_conv_kernel_size": "linear_conv_kernel_dim"}
     heads, head_dim, kernel = (
-        _nested_int(sub, "linear_attn_config", nested) if nested in sub else k.int(key)
+        _nested_int(sub, "linear_attn_config", nested) if nested in sub else k.integer(key)
         for nested, key in flat.items())
     groups: list[dict] = []
     if mla_layers:
-        mtp = k.int("num_nextn_predict_layers", minimum=0)
-        kpool = k.int("index_kpool")
-        index_dim = k.int("index_head_dim")
+        mtp = k.integer("num_nextn_predict_layers", minimum=0)
+        kpool = k.integer("index_kpool")
+        index_dim = k.integer("index_head_dim")
         mla = _mla(k, mla_layers)[0]
         # vllm-ascend keeps the pooled indexer in bf16 whatever the KV cache dtype, and a pool of one
         # token has no tail (`Glm5NextIndexerCache`, `Glm5NextTailCache` in glm5next/kv_cache.py).
@@ -298,8 +301,9 @@ def _glm5_next(k: _Keys) -> list[dict]:
 
 def _kimi_linear(k: _Keys) -> list[dict]:
     """Kimi Linear: MLA layers and KDA layers, listed 1-based in linear_attn_config.kda_layers. vLLM reads
-    linear_attn_config's keys bare, and KimiLinearConfig refuses it without kda_layers and full_attn_layers."""
-    layers = k.int("num_hidden_layers")
+    linear_attn_config's keys bare, and KimiLinearConfig refuses it without kda_layers and
+    full_attn_layers."""
+    layers = k.integer("num_hidden_layers")
     sub = k.nested("linear_attn_config")
     if sub is None:
         raise ConfigError(k._no_default("linear_attn_config"))
@@ -364,8 +368,8 @@ def _resolve(config: Any) -> tuple[_Keys, Callable[[_Keys], list[dict]]]:
                           f"{' or '.join(map(repr, model_types))}, whose config class sets the defaults")
     text = _text_config(config)
     # The checkpoint's dtype may sit at the top level only.
-    return _Keys({**text, **{key: config[key] for key in ("dtype", "torch_dtype")
-                             if key in config and not text.get(key)}}, CONFIG_CLASSES[model_type], model_type), build
+    dtypes = {key: config[key] for key in ("dtype", "torch_dtype") if key in config and not text.get(key)}
+    return _Keys({**text, **dtypes}, CONFIG_CLASSES[model_type], model_type), build
 
 
 def keys_read(config: Any) -> set[str]:
@@ -378,7 +382,7 @@ def keys_read(config: Any) -> set[str]:
 def model_from_hf_config(config: Any, name: str) -> ModelKV:
     """Raises ConfigError (a ValueError) with a one-line reason for configs it cannot describe."""
     keys, build = _resolve(config)
-    heads = keys.int("num_attention_heads")
+    heads = keys.integer("num_attention_heads")
     try:
         return ModelKV.model_validate({"name": name, "dtype": _dtype(keys.cfg), "attentionHeads": heads,
                                        "groups": build(keys)})
