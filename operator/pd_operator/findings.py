@@ -227,4 +227,8 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "HostNetwork": (
         "warning", "The pods use the host network, so the NetworkPolicy does not isolate them.",
         "Only use hostNetwork for RDMA setups that need it."),
+    "ProxyWithoutApiKey": (
+        "warning", "The proxy serves without an API key: every pod its NetworkPolicy admits (the namespace "
+        "and spec.proxy.allowFrom) may send requests.",
+        "Set spec.proxy.apiKey to a Secret key holding the key clients must send."),
 }

@@ -14,7 +14,9 @@ from pd_operator.spec.host_paths import DEFAULT as DEFAULT_HOST_PATHS
 from support.helm_chart import RELEASE, REPO, operator_container, operator_deployment, rendered, template
 
 FULLNAME = f"{RELEASE}-pd-operator"
-COMMON = ["--health-port=8080", "--metrics-port=9090"]
+SCRAPER = ('{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}},'
+           '"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}}')
+COMMON = ["--health-port=8080", "--metrics-port=9090", f"--metrics-scraper={SCRAPER}"]
 SELF_SIGNED = ["--webhook-port=9443", "--webhook-self-signed", f"--webhook-config-name={FULLNAME}"]
 CERT_DIR = ["--webhook-port=9443", "--webhook-cert-dir=/etc/pd-operator/webhook-tls"]
 HOST_PATHS = [f"--allow-host-path={p}" for p in DEFAULT_HOST_PATHS.allowed]

@@ -29,12 +29,26 @@ def test_chart_flags_namespaced_with_cert_dir(tmp_path):
     (["run", "--no-webhook", "--metrics-port=70000"], "not a TCP port"),
     (["run", "--no-webhook", "-A", "--namespace=x"], "not allowed with"),
     (["run", "--no-webhook", "--drift-interval=0"], "must be positive"),
+    (["run", "--no-webhook", "--metrics-scraper={not json"], "--metrics-scraper {not json"),
+    (["run", "--no-webhook", '--metrics-scraper={"podSelector": {}, "ipBlock": {"cidr": "10.0.0.0/8"}}'],
+     "either ipBlock or selectors"),
+    (["run", "--no-webhook", '--metrics-scraper={"pod": {}}'], "pod: Extra inputs are not permitted"),
 ])
 def test_bad_flags_exit_2_with_one_line(argv, says, capsys):
     with pytest.raises(SystemExit) as exit_:
         options_from(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and says in err and "Traceback" not in err
+
+
+def test_metrics_scrapers_become_the_boundary(monkeypatch):
+    monkeypatch.setenv("POD_NAMESPACE", "ops")
+    peer = '{"namespaceSelector": {"matchLabels": {"team": "obs"}}}'
+    boundary = options_from(["run", "--no-webhook", f"--metrics-scraper={peer}"]).boundary
+    assert boundary.operator_namespace == "ops"
+    wanted = {"namespaceSelector": {"matchLabels": {"team": "obs"}}}
+    assert [p.to_wire() for p in boundary.scrapers] == [wanted]
+    assert options_from(["run", "--no-webhook"]).boundary.scrapers == ()
 
 
 def test_peers_get_distinct_priorities_so_one_of_them_works(tmp_path):

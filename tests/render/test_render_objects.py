@@ -77,12 +77,14 @@ def test_labels_and_selectors():
         # Selectors are immutable, so the layout hash (which changes with the image) is not in them.
         assert "pd.serving.dev/kv-layout" not in sts["spec"]["selector"]["matchLabels"]
     policy, proxy_policy = of_kind(manifests, "NetworkPolicy")
-    own, namespace = policy["spec"]["ingress"]
-    assert own == {"from": [{"podSelector": {"matchLabels": {"pd.serving.dev/deployment": "glm-flash"}}}]}
-    assert namespace["ports"] == [{"protocol": "TCP", "port": 8000}]
+    engines, proxies, probe = policy["spec"]["ingress"]  # no scraper unless the operator names one
+    assert engines["from"][0]["podSelector"]["matchLabels"]["pd.serving.dev/deployment"] == "glm-flash"
+    assert proxies["ports"] == [{"protocol": "TCP", "port": 8000}]
+    assert proxies["from"][0]["podSelector"]["matchLabels"]["pd.serving.dev/role"] == "proxy"
+    assert probe["ports"] == [{"protocol": "TCP", "port": 8090}]
     assert proxy_policy["spec"]["podSelector"]["matchLabels"]["pd.serving.dev/role"] == "proxy"
     clients, admin = proxy_policy["spec"]["ingress"]
-    assert clients == {"ports": [{"protocol": "TCP", "port": 8000}]}
+    assert clients == {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 8000}]}
     operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pd-system"}}}
     assert admin == {"from": [operator], "ports": [{"protocol": "TCP", "port": 8001}]}
     budgets = of_kind(manifests, "PodDisruptionBudget")

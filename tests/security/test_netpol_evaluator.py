@@ -89,7 +89,12 @@ def test_empty_rules_and_rule_lists():
     assert allowed([deny_all, allow_all], WEB, DB, 5432)  # policies are additive
 
 
-def test_ip_blocks_are_refused_rather_than_guessed():
-    ip = policy({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}]})
-    with pytest.raises(NotImplementedError):
-        allowed([ip], WEB, DB, 5432)
+def test_ip_blocks_match_addresses_in_the_cidr_outside_its_excepts():
+    ip = policy({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8",
+                                                                      "except": ["10.1.0.0/16"]}}]}]})
+    inside, excepted, outside = (Pod("lb", "other", {}, ip=a)
+                                 for a in ("10.2.3.4", "10.1.2.3", "192.168.0.1"))
+    assert allowed([ip], inside, DB, 5432)
+    assert not allowed([ip], excepted, DB, 5432)
+    assert not allowed([ip], outside, DB, 5432)
+    assert not allowed([ip], WEB, DB, 5432)  # no address: no ipBlock matches it

@@ -332,11 +332,13 @@ def security_options(pod_spec: Mapping, container: Mapping) -> list[str]:
 
 def env_options(container: Mapping, fields: Mapping[str, str]) -> list[str]:
     """`--env` options for a container's env, downward-API fields taken from `fields` (fieldPath ->
-    value, e.g. {"status.podIP": "127.0.0.1"})."""
+    value, e.g. {"status.podIP": "127.0.0.1"}), a Secret's key as `<secret>.<key>`."""
     options = []
     for entry in container.get("env") or []:
         if "value" in entry:
             value = str(entry["value"])
+        elif secret := entry.get("valueFrom", {}).get("secretKeyRef"):
+            value = f"{secret['name']}.{secret.get('key', '')}"  # a stand-in: no Secret here
         else:
             path = (entry.get("valueFrom", {}).get("fieldRef") or {}).get("fieldPath")
             if path not in fields:

@@ -7,12 +7,14 @@ connection only when some ingress rule of a selecting policy admits it. A rule a
 its `from` is empty/absent or some peer matches, and its `ports` is empty/absent or some entry
 matches. A peer with only podSelector means pods of the policy's namespace, with only
 namespaceSelector all pods of the matching namespaces, with both the matching pods of the matching
-namespaces. Ports compare protocol (default TCP), number or container-port name, and endPort.
-ipBlock peers and egress are not needed by the renderer, so they raise instead of guessing.
+namespaces, an ipBlock the sources whose address lies in its cidr and in none of its excepts (a pod
+without an address matches no ipBlock). Ports compare protocol (default TCP), number or
+container-port name, and endPort. Egress is not needed by the renderer.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 
@@ -23,6 +25,8 @@ class Pod:
     labels: dict[str, str]
     ports: dict[str, int] = field(default_factory=dict)
     """Named container ports (name -> number), for policies that name ports."""
+    ip: str | None = None
+    """The source's address, for ipBlock peers (None: matches none)."""
 
 
 def selects(selector: dict | None, labels: dict[str, str]) -> bool:
@@ -51,7 +55,12 @@ def selects(selector: dict | None, labels: dict[str, str]) -> bool:
 
 def _peer_admits(peer: dict, policy_ns: str, source: Pod, namespaces: dict[str, dict[str, str]]) -> bool:
     if "ipBlock" in peer:
-        raise NotImplementedError("ipBlock peers are not evaluated")
+        block = peer["ipBlock"]
+        if source.ip is None:
+            return False
+        address = ipaddress.ip_address(source.ip)
+        return (address in ipaddress.ip_network(block["cidr"])
+                and not any(address in ipaddress.ip_network(c) for c in block.get("except") or []))
     pod_sel, ns_sel = peer.get("podSelector"), peer.get("namespaceSelector")
     if pod_sel is None and ns_sel is None:
         raise ValueError("a NetworkPolicyPeer needs podSelector, namespaceSelector or ipBlock")

@@ -11,10 +11,15 @@ from pd_operator.spec.validate import Validation, validate
 from support.network_policy import Pod
 
 WORKLOADS = ("StatefulSet", "Deployment")
+CONTROLLER_LABELS = {"StatefulSet": "controller-revision-hash", "Deployment": "pod-template-hash"}
+"""The label each workload controller adds to the pods it creates, beside the template's
+(kubernetes/kubernetes: pkg/controller/statefulset/stateful_set_utils.go, pkg/controller/deployment/
+sync.go @ v1.36.3)."""
 
 
 def workload_pods(manifests: list[dict]) -> dict[str, Pod]:
-    """Pod of each workload by workload name (all pods of a template share labels and ports)."""
+    """Pod of each workload by workload name (all pods of a template share labels and ports), with
+    the label its controller adds."""
     out = {}
     for m in manifests:
         if m["kind"] not in WORKLOADS:
@@ -22,8 +27,8 @@ def workload_pods(manifests: list[dict]) -> dict[str, Pod]:
         template = m["spec"]["template"]
         ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"]
                  for p in c.get("ports", []) if "name" in p}
-        out[m["metadata"]["name"]] = Pod(m["metadata"]["name"], m["metadata"]["namespace"],
-                                         dict(template["metadata"]["labels"]), ports)
+        labels = {**template["metadata"]["labels"], CONTROLLER_LABELS[m["kind"]]: "5d8f7c6b9"}
+        out[m["metadata"]["name"]] = Pod(m["metadata"]["name"], m["metadata"]["namespace"], labels, ports)
     return out
 
 

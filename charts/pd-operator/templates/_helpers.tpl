@@ -92,6 +92,9 @@ present a different CA: that combination is refused here.
 {{- end }}
 - --health-port={{ .Values.health.port }}
 - --metrics-port={{ .Values.metrics.port }}
+{{- range .Values.metrics.scrapers }}
+- --metrics-scraper={{ toJson . }}
+{{- end }}
 {{- if .Values.webhook.enabled }}
 - --webhook-port={{ .Values.webhook.port }}
 {{- if not (include "pd-operator.webhookSelfSigned" .) }}

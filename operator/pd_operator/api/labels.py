@@ -28,6 +28,12 @@ COMPONENT = "app.kubernetes.io/component"
 # The pod's ordinal in its StatefulSet, set by the StatefulSet controller (GA in 1.32;
 # k8s.io/api: apps/v1/types.go PodIndexLabel @ v0.36.3): 0 is an instance's leader.
 POD_INDEX = "apps.kubernetes.io/pod-index"
+# Set by the workload controllers on the pods they create, never by the operator: a policy that
+# selects them asks for pods a controller made from a template, not any pod with our labels
+# (k8s.io/api: apps/v1/types.go DefaultDeploymentUniqueLabelKey, ControllerRevisionHashLabelKey @ v0.36.3).
+POD_TEMPLATE_HASH = "pod-template-hash"
+CONTROLLER_REVISION_HASH = "controller-revision-hash"
+MANAGED_BY = "app.kubernetes.io/managed-by"
 # The well-known node label, one value per node (k8s.io/api: core/v1/well_known_labels.go
 # LabelHostname @ v0.36.3).
 HOSTNAME = "kubernetes.io/hostname"

@@ -382,6 +382,50 @@ class SecretKeyRef(ApiModel):
     key: str = Field(default="api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
+class LabelSelectorRequirement(ApiModel):
+    """One requirement of a label selector (Kubernetes' metav1.LabelSelectorRequirement)."""
+
+    key: str = Field(min_length=1, max_length=317)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] | None = Field(default=None, max_length=64)
+
+
+class LabelSelector(ApiModel):
+    """Kubernetes' label selector: matchLabels and matchExpressions, ANDed; {} selects everything."""
+
+    match_labels: dict[str, str] | None = None
+    match_expressions: list[LabelSelectorRequirement] | None = Field(default=None, max_length=16)
+
+
+class IPBlock(ApiModel):
+    """Addresses outside the pod network (a load balancer's or gateway's), as NetworkPolicy's ipBlock."""
+
+    cidr: str = Field(min_length=3, max_length=64)
+    except_: list[str] | None = Field(default=None, alias="except", max_length=16)
+
+
+@cel("has(self.namespaceSelector) || has(self.podSelector) || has(self.ipBlock)",
+     "An allowFrom entry needs namespaceSelector, podSelector or ipBlock")
+class ClientPeer(ApiModel):
+    """Who may open connections, as a NetworkPolicy peer: pods chosen by podSelector in the
+    namespaces namespaceSelector chooses (only podSelector: pods of the PDDeployment's namespace;
+    only namespaceSelector: every pod there), or an ipBlock alone."""
+
+    namespace_selector: LabelSelector | None = None
+    pod_selector: LabelSelector | None = None
+    ip_block: IPBlock | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ClientPeer:
+        selectors = self.namespace_selector is not None or self.pod_selector is not None
+        if not selectors and self.ip_block is None:
+            raise ValueError("an allowFrom entry needs namespaceSelector, podSelector or ipBlock")
+        if selectors and self.ip_block is not None:
+            raise ValueError("an allowFrom entry has either ipBlock or selectors, not both (as a "
+                             "NetworkPolicy peer)")
+        return self
+
+
 @cel("!has(self.adminPort) || !has(self.port) || self.adminPort != self.port",
      "spec.proxy.adminPort must differ from spec.proxy.port")
 class ProxySpec(ApiModel):
@@ -402,7 +446,13 @@ class ProxySpec(ApiModel):
     api_key: SecretKeyRef | None = None
     """A Secret key holding the API key clients must send (`Authorization: Bearer <key>`) on every
     /v1 path. The engines get the same key (VLLM_API_KEY) and the proxy sends it to them, so a client
-    cannot reach an engine's /v1 paths without it either. Unset: no authentication."""
+    cannot reach an engine's /v1 paths without it either. Unset: no authentication (a warning,
+    ProxyWithoutApiKey)."""
+    allow_from: list[ClientPeer] = Field(default_factory=list, max_length=32)
+    """Who else may connect to the clients' port, besides the pods of the PDDeployment's namespace
+    (the NetworkPolicy admits no one more): a gateway's namespace, an ingress controller's pods, a
+    load balancer's addresses. With `enabled: false` the same peers (and the namespace) reach the
+    engines' serving port."""
     limits: ProxyLimits = Field(default_factory=ProxyLimits)
     resources: Resources = Field(default_factory=Resources)
     """Merged over the defaults per key: requests cpu 500m and memory 256Mi, limits memory 1Gi."""

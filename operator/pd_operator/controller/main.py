@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import pathlib
 import random
 import sys
@@ -17,14 +18,16 @@ from dataclasses import dataclass, field
 
 import kopf
 import prometheus_client
+from pydantic import ValidationError
 
 from pd_operator.api.labels import FINALIZER
-from pd_operator.api.types import GROUP
+from pd_operator.api.types import GROUP, ClientPeer
 from pd_operator.controller import handlers, logs, webhook
 from pd_operator.controller.client import Client, connect
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.runner import Runner
-from pd_operator.render import runnable
+from pd_operator.render import Boundary, policy, runnable
+from pd_operator.render.policy import CHART_DEFAULT
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 
@@ -46,6 +49,7 @@ class Options:
     drift_interval_s: float = 30.0
     host_path_policy: HostPathPolicy = DEFAULT
     tools_image: str = DEFAULT_TOOLS_IMAGE
+    boundary: Boundary = CHART_DEFAULT
 
 
 def _port(text: str) -> int:
@@ -79,8 +83,25 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", metavar="PATH", help="default: in-cluster, else $KUBECONFIG")
     run.add_argument("--drift-interval", type=float, default=30.0, metavar="SECONDS",
                      help="reconcile an object nothing else reconciled for this long (default 30)")
+    run.add_argument("--metrics-scraper", action="append", default=None, dest="scrapers", metavar="JSON",
+                     help="a NetworkPolicy peer (JSON: namespaceSelector, podSelector or ipBlock) admitted "
+                          "to the engines' serving port and the proxies' metrics port (repeatable; default: "
+                          "none)")
     runnable.add_flags(run)
     return top
+
+
+def boundary_of(scrapers: list[str] | None, namespace: str) -> Boundary:
+    """The Boundary the operator renders with; ValueError naming the bad --metrics-scraper."""
+    peers = []
+    for text in scrapers or []:
+        try:
+            peers.append(ClientPeer.model_validate_json(text))
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the peer'}: {e['msg']}"
+                                 for e in err.errors())
+            raise ValueError(f"--metrics-scraper {text}: {problems}") from None
+    return Boundary(namespace, tuple(peers))
 
 
 def options_from(argv: Sequence[str]) -> Options:
@@ -94,6 +115,7 @@ def options_from(argv: Sequence[str]) -> Options:
         top.error("--drift-interval must be positive")
     try:
         validator = runnable.options_of(args)
+        boundary = boundary_of(args.scrapers, os.environ.get("POD_NAMESPACE") or policy.OPERATOR_NAMESPACE)
     except ValueError as err:
         top.error(str(err))
     if args.webhook_cert_dir:
@@ -105,7 +127,7 @@ def options_from(argv: Sequence[str]) -> Options:
                    webhook_cert_dir=args.webhook_cert_dir, webhook_self_signed=args.webhook_self_signed,
                    webhook_config_name=args.webhook_config_name, peering=args.peering,
                    log_format=args.log_format, kubeconfig=args.kubeconfig,
-                   drift_interval_s=args.drift_interval, **validator)
+                   drift_interval_s=args.drift_interval, boundary=boundary, **validator)
 
 
 def settings_for(options: Options, workdir: pathlib.Path, client: Client | None = None,
@@ -140,7 +162,8 @@ def run(options: Options, *, stop_flag: threading.Event | None = None,
     metrics = Metrics()
     client = connect(options.kubeconfig)
     runner = Runner(client, metrics, drift_interval_s=options.drift_interval_s,
-                    host_path_policy=options.host_path_policy, tools_image=options.tools_image)
+                    host_path_policy=options.host_path_policy, tools_image=options.tools_image,
+                    boundary=options.boundary)
     registry = kopf.OperatorRegistry()
     health = webhook.WebhookHealth() if options.webhook else None
     handlers.register(registry, runner, webhook=health)

@@ -17,7 +17,6 @@ only when it changed) -> events on significant transitions (controller/events.py
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -31,7 +30,8 @@ from pd_operator.controller.client import ApiError, Client, NotServed
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
-from pd_operator.render import Routable, policy, render, workloads
+from pd_operator.render import Boundary, Routable, render, workloads
+from pd_operator.render.policy import CHART_DEFAULT
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_version
 from pd_operator.render.runnable import check
@@ -42,8 +42,6 @@ from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 from pd_operator.spec.validate import Resolved, Validation, with_instances
 
 logger = logging.getLogger(__name__)
-OPERATOR_NAMESPACE = os.environ.get("POD_NAMESPACE") or policy.OPERATOR_NAMESPACE
-"""Where this operator runs (the chart sets POD_NAMESPACE): proxy admin ports admit it alone."""
 
 
 class InvalidSpec(Exception):
@@ -83,12 +81,11 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def _desired(resolved: Resolved, rendered: Templates, body: dict, the_plan: rollout.Plan, routable: Routable
-             ) -> list[dict]:
+def _desired(resolved: Resolved, rendered: Templates, body: dict, the_plan: rollout.Plan, routable: Routable,
+             boundary: Boundary) -> list[dict]:
     """The manifests to apply: the spec's instances plus the rollout's surge, the membership `routable`."""
     surge: dict[str, int] = {role: the_plan.instances[role] - resolved.role(role).replicas for role in ROLES}
-    manifests = render(resolved, routable=routable, operator_namespace=OPERATOR_NAMESPACE, surge=surge,
-                       rendered=rendered)
+    manifests = render(resolved, routable=routable, boundary=boundary, surge=surge, rendered=rendered)
     return [stamp(pdroles.applied_form(m), body) for m in manifests]
 
 
@@ -269,7 +266,7 @@ def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mo
 
 def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: list[dict], pods: list[dict],
               now: datetime | None = None, host_path_policy: HostPathPolicy = DEFAULT,
-              tools_image: str = DEFAULT_TOOLS_IMAGE) -> Outcome:
+              tools_image: str = DEFAULT_TOOLS_IMAGE, boundary: Boundary = CHART_DEFAULT) -> Outcome:
     """Bring the children of one PDDeployment to its spec. `children` and `pods` are the objects
     carrying its `pd.serving.dev/deployment` label, as observed. Raises InvalidSpec (after recording
     the findings in the status) when the spec cannot be served, client.ApiError on API failures."""
@@ -299,7 +296,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     figures = rollout.figures(resolved, rendered.revisions, pods)
     moving = rollout.step(resolved, state, figures, previous, now)
     routable = moving.plan.routable(moving.state)
-    the_diff = diff(_desired(resolved, rendered, body, moving.plan, routable), children, meta["uid"])
+    the_diff = diff(_desired(resolved, rendered, body, moving.plan, routable, boundary), children,
+                    meta["uid"])
     drains = _drains(proxies, resolved, body, routable, children, pods, moving.plan, now)
     the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)])
     try:

@@ -34,6 +34,8 @@ from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.pods import has_failed, is_terminating
 from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.controller.reconcile import InvalidSpec, Outcome, reconcile
+from pd_operator.render import Boundary
+from pd_operator.render.policy import CHART_DEFAULT
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 
@@ -52,8 +54,10 @@ def index_id(resource: str) -> str:
 class Runner:
     def __init__(self, client: Client, metrics: Metrics, *, debounce_s: float = 0.2,
                  drift_interval_s: float = 30.0, host_path_policy: HostPathPolicy = DEFAULT,
-                 tools_image: str = DEFAULT_TOOLS_IMAGE) -> None:
+                 tools_image: str = DEFAULT_TOOLS_IMAGE, boundary: Boundary = CHART_DEFAULT) -> None:
         self.client = client
+        self.boundary = boundary
+        """Who outside a PDDeployment its NetworkPolicies admit (render/policy.py)."""
         self.host_path_policy = host_path_policy
         """The admin's host path allow-list: the reconcile and the webhook validate with it."""
         self.tools_image = tools_image
@@ -140,7 +144,7 @@ class Runner:
                 seen_failed = set(self._failed.get(key, {}))
                 outcome = await asyncio.to_thread(reconcile, self.client, self.proxies, body, children, pods,
                                                   host_path_policy=self.host_path_policy,
-                                                  tools_image=self.tools_image)
+                                                  tools_image=self.tools_image, boundary=self.boundary)
                 self._remember(key, outcome, since)
                 for uid in seen_failed:
                     self._failed.get(key, {}).pop(uid, None)

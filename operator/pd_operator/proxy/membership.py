@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pd_operator.api.types import ROLES
+from pd_operator.names import Names
 
 KEY = "upstreams.json"
 """The ConfigMap key (and so the file name under MOUNT_DIR)."""
@@ -79,6 +80,11 @@ class Membership:
         return {u.name: role for role in ROLES for u in self.role(role)}
 
 
+def instance_url(names: Names, role: str, index: int, port: int) -> str:
+    """Where an instance serves: its leader pod's stable DNS name (Names.pod_host) and the serving port."""
+    return f"http://{names.pod_host(role, index, 0)}:{port}"
+
+
 def _upstream(obj: Any, path: str) -> Upstream:
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: an object with name and url, not {type(obj).__name__}")
@@ -96,6 +102,16 @@ def _upstream(obj: Any, path: str) -> Upstream:
 def _http(url: str) -> bool:
     parts = urlsplit(url)
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def parse_text(data: bytes | str) -> Membership:
+    """parse_document of a JSON text; ValueError for anything that is not a good document (nesting
+    too deep for the parser included)."""
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        raise ValueError("the document is JSON nested too deeply") from None
+    return parse_document(obj)
 
 
 def parse_document(obj: Any) -> Membership:

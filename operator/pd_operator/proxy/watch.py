@@ -18,10 +18,11 @@ kubernetes: staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go @ 
 checked against kube-apiserver v1.36.3 in tests/proxy/test_watch.py), so the proxy's Role grants
 get, list and watch on that one ConfigMap (render/proxy.py).
 
-A watch ends when the API server closes it (timeoutSeconds), when its connection breaks, or with an
-ERROR event; after an ERROR (410 Gone: the resourceVersion was compacted) or a failure the proxy lists
-again, after a capped exponential backoff while failures repeat. The token is read again on every
-connection: a projected token is rotated by the kubelet (at 80% of its lifetime).
+A watch ends when the API server closes it (timeoutSeconds), when its connection breaks, with an
+ERROR event, or with an answer it cannot read (not JSON, nested too deeply, not an event); after an
+ERROR (410 Gone: the resourceVersion was compacted) or a failure the proxy lists again, after a
+capped exponential backoff while failures repeat. The token is read again on every connection: a
+projected token is rotated by the kubelet (at 80% of its lifetime).
 """
 
 from __future__ import annotations
@@ -196,14 +197,16 @@ class ConfigMapWatch:
             body = await resp.read()
             if resp.status >= 400:
                 raise Unavailable(f"listing it answered HTTP {resp.status}: {_message(body)}")
-            found = json.loads(body)
+            found = _json(body)
         items = found.get("items") or []
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise ValueError("the list's items are not objects")
         self._apply(items[0] if items else None)
         self.live = True
         if self._last_failure:
             log.info("%s: the watch is back", self.source)
             self._last_failure = ""
-        return str(found["metadata"]["resourceVersion"])
+        return _resource_version(found)
 
     async def _watch(self, session: aiohttp.ClientSession, version: str) -> str:
         """Apply each change until the server ends the watch; the last resourceVersion seen."""
@@ -217,13 +220,12 @@ class ConfigMapWatch:
                 raise Unavailable(f"watching it answered HTTP {resp.status}: {_message(await resp.read())}")
             self.live = True
             async for line in _lines(resp.content):
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
+                kind, obj = _event(line)
                 if kind == "ERROR":
                     if obj.get("code") == 410:
                         raise Expired(str(obj.get("message") or "410 Gone"))
                     raise Unavailable(f"the watch ended with an error: {obj.get('message') or obj}")
-                version = str(obj["metadata"]["resourceVersion"])
+                version = _resource_version(obj)
                 if kind in ("ADDED", "MODIFIED"):
                     self._apply(obj)
                 elif kind == "DELETED":
@@ -234,7 +236,10 @@ class ConfigMapWatch:
         if config_map is None:
             self.changed(None, self.source, "does not exist")
             return
-        value = (config_map.get("data") or {}).get(self.key)
+        data = config_map.get("data") or {}
+        value = data.get(self.key) if isinstance(data, dict) else None
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"data.{self.key} is not a string")
         self.changed(None if value is None else value.encode(), self.source,
                      f"has no key {self.key}" if value is None else "")
 
@@ -266,6 +271,34 @@ async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         for line in lines:
             if line.strip():
                 yield line
+
+
+def _json(text: bytes) -> dict:
+    """A JSON object; ValueError for anything else (RecursionError too: it is an unreadable answer)."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise ValueError("an answer nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"an answer that is not an object but {type(obj).__name__}")
+    return obj
+
+
+def _event(line: bytes) -> tuple[object, dict]:
+    """A watch event's type and object."""
+    event = _json(line)
+    obj = event.get("object") or {}
+    if not isinstance(obj, dict):
+        raise ValueError("a watch event whose object is not an object")
+    return event.get("type"), obj
+
+
+def _resource_version(obj: dict) -> str:
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    if not isinstance(version, str) or not version:
+        raise ValueError("an object without metadata.resourceVersion")
+    return version
 
 
 def _message(body: bytes) -> str:

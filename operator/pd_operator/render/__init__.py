@@ -19,7 +19,8 @@ from pd_operator.render import proxy, scheduling, serving_config
 from pd_operator.render.autoscaling import autoscalers
 from pd_operator.render.pdroles import pd_role
 from pd_operator.render.policy import (
-    OPERATOR_NAMESPACE,
+    CHART_DEFAULT,
+    Boundary,
     disruption_budget,
     network_policy,
     proxy_network_policy,
@@ -29,13 +30,14 @@ from pd_operator.render.proxy_access import proxy_access
 from pd_operator.render.workloads import Templates, headless_service, stateful_set, templates
 from pd_operator.spec.validate import Resolved
 
-__all__ = ["Routable", "render"]
+__all__ = ["Boundary", "Routable", "render"]
 
 
-def render(ctx: Resolved, routable: Routable | None = None, operator_namespace: str = OPERATOR_NAMESPACE,
+def render(ctx: Resolved, routable: Routable | None = None, boundary: Boundary = CHART_DEFAULT,
            surge: Mapping[str, int] | None = None, rendered: Templates | None = None) -> list[dict]:
     """`routable`: the instances the proxy's membership lists (controller/gate.py); None: every one.
-    `operator_namespace`: the only namespace the proxy's admin port admits (render/policy.py).
+    `boundary`: the operator's namespace and the metrics scrapers the NetworkPolicies admit
+    (render/policy.py).
     `surge`: per role, extra instances a rollout runs on the current template (controller/rollout.py).
     `rendered`: templates(ctx) when the caller has them (the controller does); None: rendered here."""
     rendered = rendered or templates(ctx)
@@ -52,9 +54,9 @@ def render(ctx: Resolved, routable: Routable | None = None, operator_namespace: 
     out += [stateful_set(ctx, role, i, rendered) for role, i in instances]
     if proxy_on:
         out.append(proxy.deployment(ctx))
-    out.append(network_policy(ctx))
+    out.append(network_policy(ctx, boundary))
     if proxy_on:
-        out.append(proxy_network_policy(ctx, operator_namespace))
+        out.append(proxy_network_policy(ctx, boundary))
     out += [disruption_budget(ctx, role) for role in ROLES]
     out += autoscalers(ctx)
     # Plain JSON data with no sub-object shared between manifests or fields, so a caller that

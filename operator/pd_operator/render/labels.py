@@ -3,7 +3,7 @@ hash (spec/layout.py) that pairs compatible prefill and decode."""
 
 from __future__ import annotations
 
-from pd_operator.api.labels import COMPONENT, DEPLOYMENT, INSTANCE, KV_LAYOUT, MANAGER, NAME, ROLE
+from pd_operator.api.labels import COMPONENT, DEPLOYMENT, INSTANCE, KV_LAYOUT, MANAGED_BY, MANAGER, NAME, ROLE
 from pd_operator.spec.validate import Resolved
 
 
@@ -22,7 +22,7 @@ def labels(ctx: Resolved, component: str | None, index: int | None = None) -> di
     out = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": ctx.deployment.name}
     if component is not None:
         out[COMPONENT] = component
-    out |= {"app.kubernetes.io/managed-by": MANAGER, "app.kubernetes.io/part-of": MANAGER,
+    out |= {MANAGED_BY: MANAGER, "app.kubernetes.io/part-of": MANAGER,
             **selector(ctx, component, index)}
     if component in ("prefill", "decode"):
         out[KV_LAYOUT] = ctx.layout_hash

@@ -1,10 +1,33 @@
-"""The NetworkPolicies and the PodDisruptionBudgets of one PDDeployment."""
+"""The NetworkPolicies and the PodDisruptionBudgets of one PDDeployment.
+
+The boundary (docs/architecture.md, "Network boundary"): an engine's serving port takes requests only
+from its own proxy pods (vLLM's --api-key guards only /v1, /v2, /inference and /cohere, and
+/invocations dispatches to completions with the body's kv_transfer_params: vllm-project/vllm:
+vllm/entrypoints/serve/middleware/authenticate.py, vllm/entrypoints/serve/sagemaker/api_router.py
+@ v0.34.0), its KV ports only from the deployment's engines, its KV-link probe port also from the
+operator's namespace, and the metrics scrapers the chart names reach the serving port (vLLM's
+/metrics). Peers inside the deployment are selected by every label the operator sets on them plus
+the label their workload controller sets (pod-template-hash, controller-revision-hash): NetworkPolicy
+cannot select by owner, so a pod that a user of the namespace creates by hand with all of these
+labels is inside the boundary; who may create pods in the namespace is.
+"""
 
 from __future__ import annotations
 
-from pd_operator.api.labels import COMPONENT, DEPLOYMENT
+from dataclasses import dataclass
+
+from pd_operator.api.labels import (
+    COMPONENT,
+    CONTROLLER_REVISION_HASH,
+    DEPLOYMENT,
+    MANAGED_BY,
+    MANAGER,
+    POD_TEMPLATE_HASH,
+)
+from pd_operator.api.types import ClientPeer
 from pd_operator.render.labels import metadata, selector
 from pd_operator.render.proxy import COMPONENT as PROXY
+from pd_operator.spec.ports import PROBE_PORT
 from pd_operator.spec.validate import Resolved
 
 ISOLATED = ("prefill", "decode")
@@ -15,44 +38,86 @@ NAMESPACE_NAME = "kubernetes.io/metadata.name"
 """The label the API server sets on every namespace: its name."""
 
 
-def network_policy(ctx: Resolved) -> dict:
-    """Serving pods accept any port from this PDDeployment's own pods, and only the
-    HTTP serving port from other pods of the namespace.
+@dataclass(frozen=True)
+class Boundary:
+    """Who outside a PDDeployment its NetworkPolicies admit, as the operator was started (the chart's
+    values): the operator's namespace (proxy admin ports, engines' KV-link probe port) and the
+    metrics scrapers (engines' serving port, proxies' metrics port; the chart's metrics.scrapers,
+    none unless told)."""
 
-    Pod-to-pod traffic inside the deployment is not narrowed to the KV ports: besides the KV
-    handshake, side channel and probe ports, transfers use Mooncake's random RPC ports
-    and the AscendDirect range, and multi-pod DP uses HCCL and gloo ports. Everything else,
-    including all KV ports, is closed to other pods. The HTTP serving port stays open to the
-    namespace (not just the proxy) so in-namespace clients and metric scrapers can reach engines.
-    The proxy has its own (proxy_network_policy).
-    """
-    own = {"podSelector": {"matchLabels": {DEPLOYMENT: ctx.deployment.name}}}
-    http = {"protocol": "TCP", "port": ctx.deployment.spec.serving_port}
+    operator_namespace: str = OPERATOR_NAMESPACE
+    scrapers: tuple[ClientPeer, ...] = ()
+
+
+CHART_DEFAULT = Boundary()
+"""Without the operator's flags: the chart's default namespace, no scraper."""
+
+
+def _tcp(port: int) -> dict:
+    return {"protocol": "TCP", "port": port}
+
+
+def _peers(peers: tuple[ClientPeer, ...] | list[ClientPeer]) -> list[dict]:
+    return [p.to_wire() for p in peers]
+
+
+def engines_of(ctx: Resolved) -> dict:
+    """The peer of this deployment's engine pods, as made by their StatefulSets."""
+    made = [{"key": COMPONENT, "operator": "In", "values": list(ISOLATED)},
+            {"key": CONTROLLER_REVISION_HASH, "operator": "Exists"}]
+    return {"podSelector": {"matchLabels": {DEPLOYMENT: ctx.deployment.name, MANAGED_BY: MANAGER},
+                            "matchExpressions": made}}
+
+
+def proxies_of(ctx: Resolved) -> dict:
+    """The peer of this deployment's proxy pods, as made by its Deployment."""
+    labels = {**selector(ctx, PROXY), COMPONENT: PROXY, MANAGED_BY: MANAGER}
+    return {"podSelector": {"matchLabels": labels,
+                            "matchExpressions": [{"key": POD_TEMPLATE_HASH, "operator": "Exists"}]}}
+
+
+def clients_of(ctx: Resolved) -> list[dict]:
+    """Who may send requests: the pods of the deployment's namespace and spec.proxy.allowFrom."""
+    return [{"podSelector": {}}, *_peers(ctx.deployment.spec.proxy.allow_from)]
+
+
+def operator_of(boundary: Boundary) -> dict:
+    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME: boundary.operator_namespace}}}
+
+
+def network_policy(ctx: Resolved, boundary: Boundary) -> dict:
+    """Serving pods accept any port from the deployment's engines (besides the KV handshake, side
+    channel and probe ports, transfers use Mooncake's random RPC ports and the AscendDirect range,
+    and multi-pod DP uses HCCL and gloo ports), the serving port from its proxy pods (with the proxy
+    disabled: from the clients, clients_of) and from the metrics scrapers, and the KV-link probe port
+    from the operator's namespace. Nothing else reaches them."""
+    spec = ctx.deployment.spec
+    http = _tcp(spec.serving_port)
+    callers = [proxies_of(ctx)] if spec.proxy.enabled else clients_of(ctx)
+    ingress = [{"from": [engines_of(ctx)]}, {"from": callers, "ports": [http]},
+               {"from": [operator_of(boundary)], "ports": [_tcp(PROBE_PORT)]}]
+    if boundary.scrapers:
+        ingress.append({"from": _peers(boundary.scrapers), "ports": [http]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": metadata(ctx, ctx.names.network_policy, None),
             "spec": {"podSelector": {"matchLabels": {DEPLOYMENT: ctx.deployment.name},
                                      "matchExpressions": [{"key": COMPONENT, "operator": "In",
                                                            "values": list(ISOLATED)}]},
-                     "policyTypes": ["Ingress"],
-                     "ingress": [{"from": [own]},
-                                 {"from": [{"podSelector": {}}], "ports": [http]}]}}
+                     "policyTypes": ["Ingress"], "ingress": ingress}}
 
 
-def proxy_network_policy(ctx: Resolved, operator_namespace: str) -> dict:
-    """Proxy pods accept the clients' port from anywhere (how it is exposed is the cluster owner's
-    choice) and the admin port (/pd/state, /reset_prefix_cache) only from pods of the operator's
-    namespace: the operator reads /pd/state there to drain, and nobody else should see what the
-    proxy carries or reset every engine's prefix cache. pd-proxy has no metrics endpoint, so there
-    is no scraper to admit."""
+def proxy_network_policy(ctx: Resolved, boundary: Boundary) -> dict:
+    """Proxy pods accept the clients' port from the clients (clients_of: the namespace and
+    spec.proxy.allowFrom), and the admin port (/pd/state, /reset_prefix_cache) only from pods of the
+    operator's namespace: the operator reads /pd/state there to drain, and nobody else should see
+    what the proxy carries or reset every engine's prefix cache."""
     proxy = ctx.deployment.spec.proxy
-    operator = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME: operator_namespace}}}
-    admin = {"protocol": "TCP", "port": proxy.admin_port}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": metadata(ctx, ctx.names.proxy, PROXY),
             "spec": {"podSelector": {"matchLabels": selector(ctx, PROXY)},
                      "policyTypes": ["Ingress"],
-                     "ingress": [{"ports": [{"protocol": "TCP", "port": proxy.port}]},
-                                 {"from": [operator], "ports": [admin]}]}}
+                     "ingress": [{"from": clients_of(ctx), "ports": [_tcp(proxy.port)]},
+                                 {"from": [operator_of(boundary)], "ports": [_tcp(proxy.admin_port)]}]}}
 
 
 def disruption_budget(ctx: Resolved, role: str) -> dict:

@@ -14,7 +14,7 @@ import json
 
 from pd_operator.api.types import ROLES, Resources
 from pd_operator.proxy import membership, options
-from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, parse_document
+from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, instance_url, parse_text
 from pd_operator.render import security, tools
 from pd_operator.render.env import secret_env
 from pd_operator.render.labels import labels, metadata, selector
@@ -35,7 +35,7 @@ def upstream(ctx: Resolved, role: str, index: int, layout: str) -> Upstream:
     """An instance as the proxy reaches it: its leader pod's stable DNS name and serving port, and the
     KV layout its pods run."""
     return Upstream(ctx.names.instance(role, index),
-                    f"http://{ctx.names.pod_host(role, index, 0)}:{ctx.deployment.spec.serving_port}", layout)
+                    instance_url(ctx.names, role, index, ctx.deployment.spec.serving_port), layout)
 
 
 Routable = dict[str, dict[int, str]]
@@ -85,7 +85,7 @@ def membership_data(doc: dict) -> dict[str, str]:
 def members(config_map: dict) -> Membership | None:
     """The membership a proxy ConfigMap holds (None: it holds none that parses)."""
     try:
-        return parse_document(json.loads((config_map.get("data") or {})[KEY]))
+        return parse_text((config_map.get("data") or {})[KEY])
     except (KeyError, ValueError):
         return None
 

@@ -200,6 +200,17 @@ def _role_findings(dep: PDDeployment, role: str) -> tuple[InstanceShape | None, 
     return plan, out
 
 
+def _proxy_findings(dep: PDDeployment) -> list[Finding]:
+    proxy = dep.spec.proxy
+    if not proxy.enabled or proxy.api_key is not None:
+        return []
+    return [Finding("ProxyWithoutApiKey", "warning", "spec.proxy.apiKey", "",
+                    "the proxy serves without an API key: any pod of the namespace or of "
+                    "spec.proxy.allowFrom may send it requests; set spec.proxy.apiKey to a Secret key (e.g. "
+                    f"{{name: {dep.name}-api-key, key: api-key}}) that clients send as "
+                    "`Authorization: Bearer <key>`.")]
+
+
 def _name_findings(dep: PDDeployment, plans: Mapping[str, InstanceShape]) -> list[Finding]:
     if not DNS1035_LABEL.fullmatch(dep.name):
         return [Finding("InvalidName", "error", "metadata.name", "",
@@ -292,6 +303,7 @@ def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
         if plan is not None:
             shapes[role] = plan
     findings += host_paths.findings(dep, host_path_policy)
+    findings += _proxy_findings(dep)
     findings += scaling.findings(dep.spec.scaling)
     findings += _name_findings(dep, shapes)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
