@@ -176,6 +176,19 @@ def test_dtype_spellings_of_the_same_type_match():
     assert report.compatible
 
 
+@pytest.mark.parametrize(("platform", "refused"), [("vllm", False), ("ascend", True)])
+def test_deepseek_v32_takes_a_bf16_kv_cache_as_auto_on_vllm(platform, refused):
+    """vLLM 0.34's DeepseekV32ForCausalLM.verify_and_update_config (vllm/model_executor/models/config.py)
+    turns --kv-cache-dtype bfloat16 into auto: a float16 DeepSeek-V3.2 keeps a float16 cache there."""
+    model = presets.get("deepseek-v3.2").model_copy(update={"dtype": "float16"})
+    sides = [Side(role, model, 8, kv_cache_dtype="bfloat16", platform=platform)
+             for role in ("prefill", "decode")]
+    report = check_pair(*sides)
+    assert ("KVCacheDTypeIncompatible" in {f.code for f in report.findings}) is refused
+    if not refused:
+        assert sides[0].cache_dtype == "float16"
+
+
 def test_small_runs_warning_gives_the_mean_run_size():
     report = check_pair(prefill(), decode(), prompt_tokens=8192)
     finding = only(report.findings, "SmallTransferRuns")

@@ -16,7 +16,8 @@ from support.specs import ROOT
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
 ASCEND_SRC = upstream.source_dir("0.30.0rc2")
 """vllm-ascend's unpacked source archive, as `make upstream` fetches it (sha256-pinned)."""
-PROBE = Path(__file__).parent / "vllm_venv" / "block_alignment.py"
+PROGRAMS = Path(__file__).parent / "vllm_venv"
+PROBE = PROGRAMS / "block_alignment.py"
 HF_CONFIGS = ROOT / "tests" / "kv" / "hf_configs"
 
 
@@ -35,6 +36,13 @@ def run_probe(cases: list[dict]) -> dict[str, dict]:
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == len(cases), done.stderr[-3000:]
     return {row["id"]: row for row in rows}
+
+
+def vllm_venv_program(name: str) -> Path:
+    """A program of `vllm_venv/` to run with VLLM_PYTHON; fails the test when the tier is not installed."""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env` to install vLLM's config code")
+    return PROGRAMS / name
 
 
 def hf_config(folder: str) -> dict:

@@ -124,7 +124,7 @@ def _config_rules(side: Side) -> list[Finding]:
             f"vLLM refuses TP {tp} for a model with {heads} attention heads at start-up ('Total number of "
             f"attention heads ({heads}) must be divisible by tensor parallel size ({tp}).'); use a TP that "
             f"divides {heads}."))
-    requested = side.kv_cache_dtype.lower()
+    requested = side.engine_kv_cache_dtype.lower()
     model_dtype = canonical_dtype(side.model.dtype)
     accepted = ASCEND_KV_CACHE_DTYPES if side.platform == "ascend" else VLLM_KV_CACHE_DTYPES
     if requested not in accepted:

@@ -116,28 +116,34 @@ CONFIG_CLASSES["glm5_next"] = CONFIG_CLASSES["glm5_next_text"] = ConfigClass(
 class ConfigError(ValueError):
     """The config cannot be turned into a KV description; the message names the key."""
 
+    def __init__(self, message: str, missing: str | None = None):
+        super().__init__(message)
+        self.missing = missing
+        """The key (dotted when nested) whose absence is the reason, if that is the reason."""
+
 
 class _Keys:
-    """The text model's keys, each resolved as `cls` resolves it; records every key read (`read`)."""
+    """The text model's keys, each resolved as `cls` resolves it; `resolved` holds every key read, with
+    the value used."""
 
     def __init__(self, cfg: dict, cls: ConfigClass, model_type: str):
         self.cfg, self.cls, self.model_type = cfg, cls, model_type
-        self.read: set[str] = set()
+        self.resolved: dict[str, Any] = {}
 
     def raw(self, key: str) -> Any:
         """The value config.json gives, else the class default; REQUIRED and DERIVED come back as None."""
         if key not in self.cls.defaults:
             raise KeyError(f"{key} is not in the {self.cls.name} defaults table")  # a reader bug, not input
-        self.read.add(key)
         default = self.cls.defaults[key]
-        value = self.cfg.get(key, None if isinstance(default, Derived) else default)
+        value = self.resolved[key] = self.cfg.get(key, None if isinstance(default, Derived) else default)
         return value
 
     def integer(self, key: str, minimum: int = 1) -> int:
         value = self.raw(key)
         if value is None and self.cls.defaults[key] is DERIVED:
-            return self._derived(key)
-        return _checked_int(value, repr(key), minimum, self._no_default(key))
+            value = self._derived(key)
+        value = self.resolved[key] = _checked_int(value, key, minimum, self._no_default(key))
+        return value
 
     def _no_default(self, key: str) -> str:
         return (f"config.json has no {key!r}, which {self.cls.name} (model_type {self.model_type!r}) does "
@@ -162,9 +168,10 @@ class _Keys:
         return value
 
 
-def _checked_int(value: Any, name: str, minimum: int, missing: str) -> int:
+def _checked_int(value: Any, key: str, minimum: int, missing: str) -> int:
+    name = repr(key)
     if value is None:
-        raise ConfigError(missing)
+        raise ConfigError(missing, key)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"config.json {name} must be an integer, not {value!r}")
     if value < minimum:
@@ -175,7 +182,7 @@ def _checked_int(value: Any, name: str, minimum: int, missing: str) -> int:
 def _nested_int(sub: dict, parent: str, key: str, minimum: int = 1) -> int:
     """A key of a nested object that vLLM reads bare (`config.<parent>["<key>"]`): no default."""
     name = f"{parent}.{key}"
-    return _checked_int(sub.get(key), repr(name), minimum,
+    return _checked_int(sub.get(key), name, minimum,
                         f"config.json has no {name!r}, which vLLM reads without a default")
 
 
@@ -280,6 +287,7 @@ def _glm5_next(k: _Keys) -> list[dict]:
     heads, head_dim, kernel = (
         _nested_int(sub, "linear_attn_config", nested) if nested in sub else k.integer(key)
         for nested, key in flat.items())
+    k.resolved.update(zip(flat.values(), (heads, head_dim, kernel), strict=True))
     groups: list[dict] = []
     if mla_layers:
         mtp = k.integer("num_nextn_predict_layers", minimum=0)
@@ -306,7 +314,7 @@ def _kimi_linear(k: _Keys) -> list[dict]:
     layers = k.integer("num_hidden_layers")
     sub = k.nested("linear_attn_config")
     if sub is None:
-        raise ConfigError(k._no_default("linear_attn_config"))
+        raise ConfigError(k._no_default("linear_attn_config"), "linear_attn_config")
     for key in ("kda_layers", "full_attn_layers"):
         listed = sub.get(key)
         if not isinstance(listed, list) or not all(type(i) is int for i in listed):
@@ -372,11 +380,14 @@ def _resolve(config: Any) -> tuple[_Keys, Callable[[_Keys], list[dict]]]:
     return _Keys({**text, **dtypes}, CONFIG_CLASSES[model_type], model_type), build
 
 
-def keys_read(config: Any) -> set[str]:
-    """The config-class keys the reader resolves for this config (nested keys not included)."""
+def resolved_keys(config: Any) -> dict[str, Any]:
+    """Every key of the config class the reader reads for this config, with the value it resolved (after
+    defaults; the flat name for a value Glm5NextTextConfig folds in from linear_attn_config). Raises
+    ConfigError as model_from_hf_config does."""
     keys, build = _resolve(config)
+    keys.integer("num_attention_heads")
     build(keys)
-    return keys.read
+    return keys.resolved
 
 
 def model_from_hf_config(config: Any, name: str) -> ModelKV:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pd_operator.kv.dtypes import resolve_cache_dtype
+from pd_operator.kv.dtypes import is_fp8, resolve_cache_dtype
 from pd_operator.kv.model import ModelKV
 
 Role = Literal["prefill", "decode"]
@@ -37,8 +37,20 @@ class Side:
     """Manifest path of the model settings (`spec.model`), for findings on dtypes; else `path`."""
 
     @property
+    def engine_kv_cache_dtype(self) -> str:
+        """--kv-cache-dtype as the engine keeps it: vLLM 0.34 turns bfloat16 into auto for DeepSeek-V3.2
+        (`vllm/model_executor/models/config.py`, DeepseekV32ForCausalLM.verify_and_update_config), the
+        model with V3.2's fp8 indexer (one entry per token). Whether vllm-ascend's base vLLM does the same
+        is not checked here, so the Ascend side keeps the flag as given."""
+        v32 = any(g.kind == "indexer" and is_fp8(g.dtype or "") and g.compress_ratio == 1
+                  for g in self.model.groups)
+        if self.platform == "vllm" and v32 and self.kv_cache_dtype.lower() == "bfloat16":
+            return "auto"
+        return self.kv_cache_dtype
+
+    @property
     def cache_dtype(self) -> str:
-        return resolve_cache_dtype(self.kv_cache_dtype, self.model.dtype)
+        return resolve_cache_dtype(self.engine_kv_cache_dtype, self.model.dtype)
 
     def field(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name

@@ -5,7 +5,11 @@ test_vllm_differential.py. Reads a JSON list of cases on stdin and prints one JS
 {"id": ..., "block": ..., "paddedStatePage": ...} or {"id": ..., "refused": "<exception>: <message>"}.
 
 A case is {"id", "config" (a config.json object, or "folder": a directory holding one), "dtype", "tp",
-"kernel", "blockSize" (null: not given), "kvCacheDtype", "specTokens", "platform": "vllm" | "ascend"}.
+"kernel", "blockSize" (null: not given), "kvCacheDtype", "specTokens", "platform": "vllm" | "ascend"}, and
+optionally "maxModelLen" (default 4096), and "measure": true (also report what `measure` says and the
+values vLLM's config holds for "keys": {"resolved": {key: value}}, keys it does not hold left out) or
+"configOnly": true (only vLLM's config loading, for models whose classes cannot be resolved here:
+{"id", "resolved"} or {"id", "refused"}).
 
 Real vLLM objects throughout: ModelConfig reading the config.json, ParallelConfig, CacheConfig (prefix
 caching off, as the operator renders `--no-enable-prefix-caching`), VllmConfig with all its __post_init__
@@ -132,6 +136,62 @@ def install_probe_platform():
     return ProbePlatform
 
 
+def refusal(err: Exception) -> str:
+    message = " ".join(str(err).split())
+    return f"{type(err).__name__}: {message[:400]}"
+
+
+def _jsonable(value):
+    return value if isinstance(value, (int, float, str, bool, list, dict, type(None))) else repr(value)
+
+
+def resolved_keys(text_config, keys: list[str]) -> dict:
+    """The values vLLM's config object holds for `keys` (keys it does not hold are left out)."""
+    return {key: _jsonable(getattr(text_config, key)) for key in keys if hasattr(text_config, key)}
+
+
+def measure(config) -> dict:
+    """What vLLM's own code makes of the model on one rank: the attention page of one token and one layer
+    (as `Platform._align_hybrid_block_size` computes it), the unpadded state of one layer and one request
+    (the model class's state-shape and state-dtype calculators), and its attention and state layers."""
+    from math import prod
+
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE, get_dtype_size
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode
+
+    model_config, parallel, cache = config.model_config, config.parallel_config, config.cache_config
+    kv_dtype = (model_config.dtype if cache.cache_dtype == "auto"
+                else STR_DTYPE_TO_TORCH_DTYPE[cache.cache_dtype])
+    common = {"block_size": 1, "num_kv_heads": model_config.get_num_kv_heads(parallel),
+              "head_size": model_config.get_head_size(), "dtype": kv_dtype,
+              "kv_quant_mode": get_kv_quant_mode(cache.cache_dtype)}
+    attention = (MLAAttentionSpec(**common, cache_dtype_str=cache.cache_dtype) if model_config.use_mla
+                 else FullAttentionSpec(**common))
+    out = {"attnBytesPerToken": attention.page_size_bytes, "stateBytes": 0}
+    text = model_config.hf_text_config
+    if not model_config.is_hybrid:
+        return {**out, "attentionLayers": model_config.get_num_layers_by_block_type(parallel, "attention")}
+    model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architecture, model_config=model_config)
+    shapes = model_cls.get_mamba_state_shape_from_config(config)
+    dtypes = model_cls.get_mamba_state_dtype_from_config(config)
+    out["stateBytes"] = sum(prod(shape) * get_dtype_size(dtype)
+                            for shape, dtype in zip(shapes, dtypes, strict=True))
+    if hasattr(text, "is_kda_layer"):  # Kimi Linear: layers by its config's own per-layer test
+        out["stateLayers"] = sum(text.is_kda_layer(i) for i in range(text.num_hidden_layers))
+        return {**out, "attentionLayers": text.num_hidden_layers - out["stateLayers"]}
+    return {**out, "attentionLayers": model_config.get_num_layers_by_block_type(parallel, "attention"),
+            "stateLayers": model_config.get_num_layers_by_block_type(parallel, "linear_attention")}
+
+
+def config_only(folder: Path, keys: list[str]) -> dict:
+    """vLLM's config loading alone (`get_config`), for models whose classes cannot be resolved here."""
+    from vllm.transformers_utils.config import get_config
+
+    text = get_config(str(folder), trust_remote_code=False).get_text_config()
+    return {"resolved": resolved_keys(text, keys)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ascend-src", type=Path)
@@ -148,6 +208,11 @@ def main() -> int:
         hooks["ascend"] = HybridAttentionMambaModelConfig.__dict__["verify_and_update_config"]
 
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
+    from vllm.transformers_utils import repo_utils
+
+    # vLLM retries a failed config read after 2 s, for transient hub failures; a local config.json fails the
+    # same way again, so the wait is dropped (the read and its retry still run).
+    repo_utils.time = SimpleNamespace(sleep=lambda _seconds: None)
 
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
@@ -160,8 +225,16 @@ def main() -> int:
                 folder.mkdir()
                 (folder / "config.json").write_text(json.dumps(case["config"]))
             kv_cache_dtype = case.get("kvCacheDtype", "auto")
+            if case.get("configOnly"):
+                try:
+                    result = {"id": case["id"], **config_only(folder, case.get("keys", []))}
+                except Exception as err:
+                    result = {"id": case["id"], "refused": refusal(err)}
+                print(json.dumps(result), flush=True)
+                continue
             try:
-                model = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096,
+                model = ModelConfig(model=str(folder), skip_tokenizer_init=True,
+                                    max_model_len=case.get("maxModelLen", 4096),
                                     dtype=case.get("dtype", "auto"))
                 config = VllmConfig(
                     model_config=model,
@@ -184,9 +257,12 @@ def main() -> int:
                 platform.update_block_size_for_backend(config)
                 result = {"id": case["id"], "block": config.cache_config.block_size,
                           "paddedStatePage": config.cache_config.mamba_page_size_padded}
+                if case.get("measure"):
+                    result.update(measure(config),
+                                  resolved=resolved_keys(config.model_config.hf_text_config,
+                                                         case.get("keys", [])))
             except Exception as err:  # vLLM refused the configuration: report why
-                message = " ".join(str(err).split())
-                result = {"id": case["id"], "refused": f"{type(err).__name__}: {message[:400]}"}
+                result = {"id": case["id"], "refused": refusal(err)}
             print(json.dumps(result), flush=True)
     return 0
 
