@@ -271,17 +271,18 @@ def sizes(case: dict, model) -> dict:
             "stateLayers": sum(g.num_layers for g in state) if state else None}
 
 
-def classify_glm(case: dict, row: dict) -> tuple[str, str]:
+def config_refusal(err: ConfigError, row: dict) -> tuple[str, str]:
+    """Our reader refused the config: agreeing when vLLM refuses it too, or when the key it misses holds no
+    value in vLLM's config either (its model code then reads it bare)."""
+    if "refused" in row:
+        return "both refuse", ""
+    if err.missing and row["resolved"].get(err.missing) is None:
+        return "pdctl refuses a later failure", str(err)
+    return "extra_refusal", str(err)
+
+
+def classify_glm(ours, row: dict) -> tuple[str, str]:
     """Config level: our description of the config against ours of vLLM's resolved values made explicit."""
-    config = case["config"]
-    try:
-        ours = model_from_hf_config(config, "m")
-    except ConfigError as err:
-        if "refused" in row:
-            return "both refuse", ""
-        if err.missing and row["resolved"].get(err.missing) is None:
-            return "pdctl refuses a later failure", str(err)
-        return "extra_refusal", str(err)
     if "refused" in row:
         return "wrong_approval", row["refused"]
     explicit = {k: v for k, v in row["resolved"].items() if k != "linear_attn_config"}
@@ -293,16 +294,12 @@ def classify_glm(case: dict, row: dict) -> tuple[str, str]:
 
 
 def classify(case: dict, row: dict) -> tuple[str, str]:
-    if case["configOnly"]:
-        return classify_glm(case, row)
     try:
         model = model_from_hf_config(case["config"], "m")
     except ConfigError as err:
-        if "refused" in row:
-            return "both refuse", ""
-        if err.missing and row["resolved"].get(err.missing) is None:
-            return "pdctl refuses a later failure", str(err)
-        return "extra_refusal", str(err)
+        return config_refusal(err, row)
+    if case["configOnly"]:
+        return classify_glm(model, row)
     sides = [our_side(case, model, role) for role in ("prefill", "decode")]
     errors = [f for f in check_pair(*sides, prompt_tokens=64).findings if f.severity == "error"]
     states = {g.name for g in model.groups if g.kind == "state"}
