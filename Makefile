@@ -28,7 +28,7 @@ UPSTREAM_STAMP := $(UPSTREAM)/.fetched
 # Committed files that generators write; `make verify` fails when regenerating changes them.
 GENERATED := crds $(CHART)/crds $(CHART)/files docs
 
-.PHONY: install system-deps vllm-env tools testcluster upstream chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean images-deps
+.PHONY: install system-deps vllm-env tools testcluster testnode upstream chart-sync docs test test-fast demo crds plan bench bench-transfer lint verify clean images-deps
 
 # Mooncake's wheel links libibverbs even on machines without RDMA hardware.
 system-deps:
@@ -88,10 +88,16 @@ $(HELM3_STAMP):
 tools: $(TOOLS_STAMP) $(HELM3_STAMP)
 
 # The real control plane for tests and the demo (tools/testcluster/main.go): kube-apiserver,
-# controller-manager, scheduler, etcd and kwok in one Go binary under .tools/testcluster/<hash of
+# controller-manager, scheduler, etcd, kwok, and the `node` tier's kubelet and NPU device plugin in one Go binary under .tools/testcluster/<hash of
 # its go.mod, go.sum and sources>. A cold build takes minutes (it prints progress); a warm run nothing.
 testcluster:
 	@bash tools/testcluster/build.sh
+
+# The real node's runtime for the `node` tier (tools/testcluster/node.sh): containerd, its runc shim,
+# ctr and the CNI plugins built from their Go modules, runc from apt, under .tools/testnode/<hash>;
+# the kubelet is in the testcluster binary. Cold about 2 min on 2 idle cores; warm nothing.
+testnode:
+	@bash tools/testcluster/node.sh
 
 $(UPSTREAM_STAMP): tests/support/upstream.py
 	PYTHONPATH=tests $(PY) -m support.upstream
@@ -117,11 +123,11 @@ chart-sync: install
 images-deps: install
 	PYTHONPATH=tests $(PY) -m support.containers
 
-test: install vllm-env tools testcluster upstream images-deps
+test: install vllm-env tools testcluster testnode upstream images-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install tools
-	$(PY) -m pytest -m "not integration and not e2e and not faults and not transfer and not vllm and not contract and not scaling and not bench and not images and not security and not rollout" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not e2e and not faults and not transfer and not vllm and not contract and not scaling and not bench and not images and not security and not rollout and not node" $(PYTEST_ARGS)
 
 # The plan, then a real control plane (tests/support), helm install, kubectl apply, kubectl get pdd.
 demo: install tools testcluster

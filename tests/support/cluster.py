@@ -445,7 +445,8 @@ class ControlPlane:
                     f"--proxy-client-cert-file={self.front_proxy_client.cert}",
                     f"--proxy-client-key-file={self.front_proxy_client.key}",
                     f"--cert-dir={self.workdir / 'apiserver-certs'}",
-                    *self._gang_flags(f"--runtime-config={GANG_RUNTIME_CONFIG}")]
+                    *self._gang_flags(f"--runtime-config={GANG_RUNTIME_CONFIG}"),
+                    *self.apiserver_flags()]
 
         def ready() -> bool:
             return self._raw("GET", "/readyz", token=self.admin_token) == b"ok"
@@ -477,9 +478,15 @@ class ControlPlane:
                 f"--node-ip={HOST}"],
         }
         for name, argv in argvs.items():
+            if name == "kwok" and not self.node_pools:
+                continue  # no fake node to run (support/node.py's cluster has a real one)
             component = Component(name, argv, self.logs / f"{name}.log")
             self.components[name] = component
             component.start()
+
+    def apiserver_flags(self) -> list[str]:
+        """kube-apiserver flags of a kind of control plane (support/node.py's reaches a real kubelet)."""
+        return []
 
     def _gang_flags(self, *extra: str) -> list[str]:
         return [f"--feature-gates={GANG_FEATURE_GATES}", *extra] if self.gang_scheduling else []

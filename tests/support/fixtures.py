@@ -7,6 +7,8 @@
 - `fault_proxy`: a FaultProxy in front of the session's API server, for one test.
 - `fresh_control_plane`: a control plane of the test's own, for the few tests that must break or
   restart one; costs a start (a few seconds) per test.
+- `node_cluster` (session): a control plane with one real node instead of kwok's (support/node.py),
+  started when a `node` test first asks for it; its workdir is kept like `control_plane`'s.
 - `release` (module): the chart installed as users install it (`helm install`), uninstalled after.
 - `start_operator`: `start(*extra_args, server=None, webhook=True)` starts the chart's operator, as
   the chart's ServiceAccount with the chart's arguments (plus the test's); stopped after the test.
@@ -23,6 +25,7 @@ import pytest
 from support.cluster import ControlPlane, namespace_name
 from support.faultproxy import FaultProxy
 from support.installed import OperatorProcess, Release, helm_install, helm_uninstall, wait_webhook_called
+from support.node import NodeCluster
 
 
 def keep_workdir(request: pytest.FixtureRequest) -> bool:
@@ -35,6 +38,13 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     cp = ControlPlane().start()
     yield cp
     cp.stop(keep=keep_workdir(request))
+
+
+@pytest.fixture(scope="session")
+def node_cluster(request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
+    cluster = NodeCluster().start()
+    yield cluster
+    cluster.stop(keep=keep_workdir(request))
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 start=$(date +%s)
 echo "testcluster: downloading modules ($kube, etcd, kwok)"
 (cd "$here" && go mod download)
-echo "testcluster: compiling kube-apiserver, controller-manager, scheduler, etcd and kwok into one binary (cold: several minutes)"
+echo "testcluster: compiling kube-apiserver, controller-manager, scheduler, etcd, kwok, the kubelet and the NPU device plugin into one binary (cold: several minutes)"
 mkdir -p "$(dirname "$out")"
 n=0
 # `go build -v` names each package as it compiles it; print a line every 250 so a cold build shows progress.

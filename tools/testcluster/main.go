@@ -1,7 +1,9 @@
 // Command testcluster is a real Kubernetes control plane in one binary, for pd-operator's tests,
 // benchmarks and demo: `testcluster <component> [flags]` runs one component in this process.
 //
-// Components: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
+// Components: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, and the real
+// node's kubelet and NPU device plugin stand-in (npu.go; tests/support/node.py runs them next to the
+// containerd node.sh builds).
 //
 // Why one binary of our own: k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces the
 // staging modules with local paths), so this module imports the components' `app` packages with
@@ -11,6 +13,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sort"
@@ -25,6 +28,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	"go.etcd.io/etcd/server/v3/etcdmain"
 )
@@ -38,8 +42,10 @@ var components = map[string]func(){
 	"kube-controller-manager": func() {
 		os.Exit(cli.Run(controllermanager.NewControllerManagerCommand()))
 	},
-	"kube-scheduler": func() { os.Exit(cli.Run(scheduler.NewSchedulerCommand())) },
-	"kwok":           runKwok,
+	"kube-scheduler":    func() { os.Exit(cli.Run(scheduler.NewSchedulerCommand())) },
+	"kwok":              runKwok,
+	"kubelet":           func() { os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background()))) },
+	"npu-device-plugin": runNPUDevicePlugin,
 }
 
 func usage() {
