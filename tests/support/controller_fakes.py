@@ -1,5 +1,6 @@
-"""Builders for the pure controller tests: validated examples, rendered children, fake pods, and the
-gate's render with what its proxy routes to."""
+"""Builders for the pure controller tests: validated examples, rendered children, fake pods, each
+role's revision and the rollout figures as the reconcile has them, and the gate's render with what
+its proxy routes to."""
 
 from __future__ import annotations
 
