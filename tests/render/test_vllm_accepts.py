@@ -1,7 +1,7 @@
 """vLLM 0.34's own code accepts every rendered `vllm serve` argv and kv-transfer-config.
 
-It runs `support/vllm_venv/serve_config.py` in `.vllm-venv` (vLLM's CPU config code, facts.md section 6)
-once for all pods of all examples: building vLLM's parser takes ~5 s.
+It runs `support/vllm_venv/serve_config.py` in `.vllm-venv` (vLLM 0.34.0's config code on CPU,
+`make vllm-env`) once for all pods of all examples: building vLLM's parser takes ~5 s.
 """
 
 from __future__ import annotations

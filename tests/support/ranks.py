@@ -4,7 +4,8 @@ and a `Pairing` of them (a prefill engine and one or more decode engines on loop
 
 The parent drives a rank through `RankWorker.call(command, ...)`; commands run in the child and
 their results come back over a pipe. Children are started with `spawn` and import mooncake there
-(facts.md section 4). A rank can be re-laid out for another pairing without re-registering memory.
+(pd_operator/transfer/__init__.py). A rank can be re-laid out for another pairing without
+re-registering memory.
 Prefill ranks come first in the worker list, then each decode DP engine's TP ranks.
 """
 

@@ -1,8 +1,9 @@
 """The properties every render must have, checked on the examples and on generated specs.
 
-The kv-transfer-config rules mirror vLLM's KVTransferConfig (facts.md sections 2 and 6: known
-fields only, producer/consumer role, integer port, a connector and an engine id, recompute|fail)
-and vllm-ascend's extra-config check (prefill/decode tp_size and dp_size equal to the real
+The kv-transfer-config rules mirror vLLM's KVTransferConfig (vllm-project/vllm:
+vllm/config/kv_transfer.py @ v0.34.0: known fields only, producer/consumer role, integer port, a
+connector and an engine id, recompute|fail) and vllm-ascend's extra-config check (vllm_ascend/utils.py
+check_kv_extra_config @ v0.30.0rc2) (prefill/decode tp_size and dp_size equal to the real
 shapes, decode pp_size 1). `test_vllm_accepts.py` runs vLLM's own code on the same configs.
 """
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel
 
 from pd_operator.api.conditions import KV_COMPATIBLE, READY
+from pd_operator.api.labels import APP_NAME, MANAGER, PART_OF
 from pd_operator.api.types import GROUP, KIND, PLURAL, ROLE_KIND, ROLE_PLURAL, VERSION, PDDeployment, PDRole
 from pd_operator.api_model import CEL_RULES
 
@@ -202,8 +203,7 @@ def crd(kind: Kind = PDDEPLOYMENT) -> dict:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": kind.crd_name, "labels": {"app.kubernetes.io/name": "pd-operator",
-                                                       "app.kubernetes.io/part-of": "pd-operator"}},
+        "metadata": {"name": kind.crd_name, "labels": {APP_NAME: MANAGER, PART_OF: MANAGER}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",

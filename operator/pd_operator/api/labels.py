@@ -13,6 +13,13 @@ NAME = "pd-serving"
 """app.kubernetes.io/name of everything rendered."""
 MANAGER = "pd-operator"
 """app.kubernetes.io/managed-by and part-of."""
+# The recommended labels (kubernetes/website: content/en/docs/concepts/overview/working-with-objects/
+# common-labels.md); APP_ where the bare name is taken by one of ours.
+APP_NAME = "app.kubernetes.io/name"
+APP_INSTANCE = "app.kubernetes.io/instance"
+COMPONENT = "app.kubernetes.io/component"
+PART_OF = "app.kubernetes.io/part-of"
+MANAGED_BY = "app.kubernetes.io/managed-by"
 DEPLOYMENT = f"{GROUP}/deployment"
 """The owning PDDeployment's name, on every child and pod (the operator selects by it)."""
 ROLE = f"{GROUP}/role"
@@ -23,17 +30,20 @@ KV_LAYOUT = f"{GROUP}/kv-layout"
 """The kv-layout hash of a serving pod (spec/layout.py): prefill and decode pair only when equal."""
 REVISION = f"{GROUP}/revision"
 """A serving pod's template revision (render/workloads.py): the rollout replaces instances whose pods
-carry another than their role's current one (controller/rollout.py)."""
-COMPONENT = "app.kubernetes.io/component"
+carry another than their role's current one (controller/rollout.py). Not the StatefulSet's own
+CONTROLLER_REVISION_HASH."""
 # The pod's ordinal in its StatefulSet, set by the StatefulSet controller (GA in 1.32;
 # k8s.io/api: apps/v1/types.go PodIndexLabel @ v0.36.3): 0 is an instance's leader.
 POD_INDEX = "apps.kubernetes.io/pod-index"
 # Set by the workload controllers on the pods they create, never by the operator: a policy that
 # selects them asks for pods a controller made from a template, not any pod with our labels
 # (k8s.io/api: apps/v1/types.go DefaultDeploymentUniqueLabelKey, ControllerRevisionHashLabelKey @ v0.36.3).
+# CONTROLLER_REVISION_HASH names the StatefulSet revision a pod was made from (controller/restarts.py).
 POD_TEMPLATE_HASH = "pod-template-hash"
 CONTROLLER_REVISION_HASH = "controller-revision-hash"
-MANAGED_BY = "app.kubernetes.io/managed-by"
+# The label the API server sets on every namespace: its name (k8s.io/api: core/v1/well_known_labels.go
+# LabelMetadataName @ v0.36.3).
+NAMESPACE_NAME = "kubernetes.io/metadata.name"
 # The well-known node label, one value per node (k8s.io/api: core/v1/well_known_labels.go
 # LabelHostname @ v0.36.3).
 HOSTNAME = "kubernetes.io/hostname"

@@ -25,12 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pd_operator.api.labels import GROUP_RESTART_DELETED, GROUP_RESTARTS
+from pd_operator.api.labels import CONTROLLER_REVISION_HASH, GROUP_RESTART_DELETED, GROUP_RESTARTS
 from pd_operator.controller.pods import has_failed, is_terminating
 
-# The pod label naming its StatefulSet revision (k8s.io/api: apps/v1/types.go
-# ControllerRevisionHashLabelKey @ v0.36.3).
-REVISION = "controller-revision-hash"
 WINDOW = timedelta(minutes=10)
 LIMIT = 3
 """At most LIMIT group restarts of one instance per WINDOW; after that it stays Degraded."""
@@ -93,12 +90,13 @@ def _replace(stateful_set: dict, live: list[dict]) -> Decision:
     name = stateful_set["metadata"]["name"]
     status = stateful_set.get("status") or {}
     update = status.get("updateRevision")
-    revisions = {(p["metadata"].get("labels") or {}).get(REVISION) for p in live}
+    revisions = {(p["metadata"].get("labels") or {}).get(CONTROLLER_REVISION_HASH) for p in live}
     if not update or update not in revisions or len(revisions) < 2:
         return Decision(name, "none")
     if not revisions <= {update, status.get("currentRevision")}:
         return Decision(name, "none")  # a pod newer than this view of the StatefulSet: it lags
-    stale = sorted((p for p in live if (p["metadata"].get("labels") or {}).get(REVISION) != update),
+    stale = sorted((p for p in live
+                    if (p["metadata"].get("labels") or {}).get(CONTROLLER_REVISION_HASH) != update),
                    key=lambda p: p["metadata"]["name"])
     return Decision(name, "replace", pods=tuple(p["metadata"]["name"] for p in stale),
                     deleted_uids=tuple(p["metadata"]["uid"] for p in stale))

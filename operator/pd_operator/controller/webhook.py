@@ -26,6 +26,7 @@ from typing import Any
 
 import kopf
 
+from pd_operator.api.labels import NAMESPACE_NAME
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller import certs
 from pd_operator.controller.client import ApiError, Client
@@ -89,7 +90,7 @@ def webhooks(client_config: dict[str, Any], namespaces: Sequence[str]) -> list[d
     }
     if namespaces:  # only what this operator serves; other namespaces may have their own operator
         hook["namespaceSelector"] = {"matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": list(namespaces)}]}
+            {"key": NAMESPACE_NAME, "operator": "In", "values": list(namespaces)}]}
     return [hook]
 
 

@@ -2,7 +2,8 @@
 
 Everything both roles must agree on comes from the one spec, so it matches by construction: the
 kv_connector_extra_config carries the real prefill and decode shapes that vllm-ascend checks
-against each side's parallel config (facts.md section 2), and `--block-size` is the engine block
+against each side's parallel config (vllm-project/vllm-ascend: vllm_ascend/utils.py
+check_kv_extra_config @ v0.30.0rc2), and `--block-size` is the engine block
 size the KV engine resolved, so vLLM does not recompute a different one.
 """
 

@@ -14,7 +14,9 @@ from pd_operator.spec.ports import HANDSHAKE_RPC
 from pd_operator.spec.reserved import DEFAULT_ENV
 from pd_operator.spec.validate import Resolved
 
-# The pod's network interface for HCCL, gloo and torch (facts.md section 2). Pod network: eth0.
+# The pod's network interface for HCCL, gloo and torch (HCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME,
+# TP_SOCKET_IFNAME in vllm-project/vllm-ascend:
+# docs/source/tutorials/features/pd_disaggregation_mooncake_multi_node.md @ v0.30.0rc2). Pod network: eth0.
 POD_INTERFACE = "eth0"
 
 

@@ -3,7 +3,19 @@ hash (spec/layout.py) that pairs compatible prefill and decode."""
 
 from __future__ import annotations
 
-from pd_operator.api.labels import COMPONENT, DEPLOYMENT, INSTANCE, KV_LAYOUT, MANAGED_BY, MANAGER, NAME, ROLE
+from pd_operator.api.labels import (
+    APP_INSTANCE,
+    APP_NAME,
+    COMPONENT,
+    DEPLOYMENT,
+    INSTANCE,
+    KV_LAYOUT,
+    MANAGED_BY,
+    MANAGER,
+    NAME,
+    PART_OF,
+    ROLE,
+)
 from pd_operator.spec.validate import Resolved
 
 
@@ -19,10 +31,10 @@ def selector(ctx: Resolved, component: str | None, index: int | None = None) -> 
 
 def labels(ctx: Resolved, component: str | None, index: int | None = None) -> dict[str, str]:
     """Recommended and selector labels; `component` None for objects of the whole deployment."""
-    out = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": ctx.deployment.name}
+    out = {APP_NAME: NAME, APP_INSTANCE: ctx.deployment.name}
     if component is not None:
         out[COMPONENT] = component
-    out |= {MANAGED_BY: MANAGER, "app.kubernetes.io/part-of": MANAGER,
+    out |= {MANAGED_BY: MANAGER, PART_OF: MANAGER,
             **selector(ctx, component, index)}
     if component in ("prefill", "decode"):
         out[KV_LAYOUT] = ctx.layout_hash

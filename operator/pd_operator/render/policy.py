@@ -22,6 +22,7 @@ from pd_operator.api.labels import (
     DEPLOYMENT,
     MANAGED_BY,
     MANAGER,
+    NAMESPACE_NAME,
     POD_TEMPLATE_HASH,
 )
 from pd_operator.api.types import ClientPeer
@@ -34,8 +35,6 @@ ISOLATED = ("prefill", "decode")
 OPERATOR_NAMESPACE = "pd-system"
 """Where the chart is installed unless told otherwise (README, Quick start); the controller renders
 with the namespace it runs in."""
-NAMESPACE_NAME = "kubernetes.io/metadata.name"
-"""The label the API server sets on every namespace: its name."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """The routing proxy: `pd-proxy` (pd_operator.proxy) sends each request to a prefill instance,
-then to a decode instance with the returned kv_transfer_params (facts.md section 2).
+then to a decode instance with the returned kv_transfer_params, as vllm-ascend's example proxy does
+(vllm-project/vllm-ascend: examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py
+@ v0.30.0rc2).
 
 Which instances it routes to lives in the ConfigMap `<name>-proxy` (pd_operator.proxy.membership), not
 in the pod template: the proxy watches it through the API with its own ServiceAccount

@@ -3,7 +3,8 @@
 Why a StatefulSet per instance rather than a LeaderWorkerSet: no extra CRD has to be installed
 next to the operator, pods get stable DNS names (the DP leader address) from the headless
 Service, and the operator restarts a multi-pod group itself, so one pod's restart does not have
-to recreate the whole group the way LWS's RecreateGroupOnPodRestart does (facts.md section 7).
+to recreate the whole group the way LWS's RecreateGroupOnPodRestart does (kubernetes-sigs/lws:
+api/leaderworkerset/v1/leaderworkerset_types.go @ 47a6181).
 
 The StatefulSets update `OnDelete`: a new template reaches no running pod by itself. The rollout
 (controller/rollout.py) decides which instance moves when, drains it, and deletes its pods; the

@@ -1,9 +1,12 @@
 """The ports one serving pod binds, and the rules they must follow.
 
-From vllm-ascend (facts.md section 2): DP rank r's workers handshake on `kv_port + r*tp*pp +
-device`; the V2 scheduler side channel of DP rank r is `kv_port + tp*dp*pp + r`; the AscendDirect
-transport listens in `[20000, 20000 + npus_per_node*1000)`; Mooncake's P2P handshake RPC ports are
-drawn from 15000-17000 (MC_MIN_RPC_PORT..MC_MAX_RPC_PORT).
+From vllm-ascend (vllm-project/vllm-ascend: vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake/
+base_scheduler.py and docs/source/tutorials/features/pd_disaggregation_mooncake_multi_node.md
+@ v0.30.0rc2): DP rank r's workers handshake on `kv_port + r*tp*pp + device`; the V2 scheduler side
+channel of DP rank r is `kv_port + tp*dp*pp + r`; the AscendDirect transport listens in
+`[20000, 20000 + npus_per_node*1000)`. Mooncake's P2P handshake RPC ports are drawn from 15000-17000
+(MC_MIN_RPC_PORT..MC_MAX_RPC_PORT: kvcache-ai/Mooncake: mooncake-transfer-engine/src/config.cpp, read
+by the libtransfer_engine.so of mooncake-transfer-engine-npu 0.3.11.post1).
 """
 
 from __future__ import annotations

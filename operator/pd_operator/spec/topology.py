@@ -3,7 +3,8 @@
 An instance that fits one node is one pod running all its DP ranks. A larger one uses vLLM's
 external data parallel: each pod runs `dp_local` DP ranks (`--data-parallel-size-local`,
 `--data-parallel-start-rank`), pod 0 is the leader that serves HTTP and the others run
-`--headless` (facts.md section 2). Tensor and pipeline parallel stay inside a pod.
+`--headless` (vllm-project/vllm: vllm/engine/arg_utils.py and vllm/entrypoints/cli/serve.py
+@ v0.34.0). Tensor and pipeline parallel stay inside a pod.
 """
 
 from __future__ import annotations

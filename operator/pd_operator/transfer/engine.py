@@ -1,9 +1,10 @@
 """One Mooncake TransferEngine per process, opened the way the serving pods open it.
 
-Facts this relies on (facts.md sections 3-4, observed with mooncake-transfer-engine-non-cuda
-0.3.13.post1): engine calls return 0 or -1 and never raise; with `P2PHANDSHAKE` (the discovery
-vllm-ascend's PD connectors hard-code) a peer's segment is named `host:rpc_port` (the rpc port is
-random in MC_MIN_RPC_PORT..MC_MAX_RPC_PORT).
+Facts this relies on (observed with mooncake-transfer-engine-non-cuda 0.3.13.post1): engine calls
+return 0 or -1 and never raise; with `P2PHANDSHAKE` (the discovery vllm-ascend's PD connectors
+hard-code: vllm-project/vllm-ascend: vllm_ascend/distributed/kv_transfer/utils/mooncake_transfer_engine.py
+@ v0.30.0rc2) a peer's segment is named `host:rpc_port` (the rpc port is random in
+MC_MIN_RPC_PORT..MC_MAX_RPC_PORT; kvcache-ai/Mooncake: docs/source/design/transfer-engine/index.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Execute one decode rank's share of a transfer plan over Mooncake: decode pulls (pull mode).
 
-What this must get right, from the engine's observed behaviour (facts.md section 4):
+What this must get right, from the engine's behaviour (observed with mooncake-transfer-engine-non-cuda
+0.3.13.post1, tests/transfer):
 - every call returns 0 or -1 and never raises, so every return code is checked;
 - tcp does not check *local* bounds (a bad offset silently corrupts memory) and the target checks
   remote bounds only against its registered buffers, not against the region a run belongs to: both

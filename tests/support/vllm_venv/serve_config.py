@@ -2,7 +2,8 @@
 
 Reads {"argvs": [[...], ...], "kv_configs": [{...}, ...]} as JSON on stdin; prints one JSON
 object per input on stdout: {"ok": bool, "error": str, ...}. The parser is built once (~5 s), which
-is why every case goes through one process (facts.md section 6 has the recipe).
+is why every case goes through one process. It is built as `vllm serve` builds it (vllm-project/vllm:
+vllm/entrypoints/cli/serve.py ServeSubcommand @ v0.34.0).
 """
 
 from __future__ import annotations
