@@ -10,7 +10,7 @@ from pd_operator.kv.compat import check_pair
 from pd_operator.transfer.engine_requests import requests
 from pd_operator.transfer.executor import PullOptions
 from support.ranks import Pairing
-from support.transfer_pairings import PAIRINGS, PROMPTS
+from support.transfer_pairings import PAIRINGS, PROMPTS, QWEN_KV_DIMS
 
 pytestmark = pytest.mark.transfer
 
@@ -25,6 +25,15 @@ def test_pairings_are_the_cross_tp_ones():
     assert p8.engine_block_size != d4.engine_block_size
     for p, d, _ in PAIRINGS.values():
         assert check_pair(p.side, d.side).compatible
+
+
+def test_a_state_with_unequal_key_and_value_dims_is_in_the_tier():
+    """Gated DeltaNet read from a config.json with 128-wide key heads and 64-wide value heads, as vLLM's
+    state shape describes it; TP2 -> TP4 re-shards every part of it."""
+    shapes = [(t.head_groups, t.head_shape) for t in QWEN_KV_DIMS.group("deltanet").tensors]
+    assert shapes == [([16, 16], [128]), ([32], [64]), ([32], [64, 128])]
+    p, d, _ = PAIRINGS["qwen3-next-kv-dims-p2-d4"]
+    assert p.group("deltanet").state_bytes == 2 * d.group("deltanet").state_bytes
 
 
 CASES = [*((name, None) for name in PAIRINGS), ("glm-p8-d4", SMALL_BATCHES)]

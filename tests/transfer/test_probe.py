@@ -8,12 +8,15 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from pd_operator.kv import presets
 from pd_operator.kv.side import Side
-from pd_operator.spec.pairing import PairInput
+from pd_operator.spec.pairing import PairInput, pair_from_rendered
 from pd_operator.transfer.probe_geometry import probe_geometry
 from support.kv_probe import LOOPBACK, PROBE, env, serve
+from support.specs import EXAMPLES
+from support.transfer_pairings import qwen3_next_kv_dims_config
 
 pytestmark = pytest.mark.transfer
 
@@ -42,6 +45,28 @@ def test_check_pulls_and_verifies_the_pairings_runs(served):
     assert result["entries"] == geo.request.plan.entries
     assert result["bytes"] == geo.request.plan.bytes
     assert result["latencyMs"] > 0 and result["gbps"] > 0
+
+
+def test_a_state_with_unequal_key_and_value_dims_crosses_tp_byte_for_byte(tmp_path):
+    """The Qwen3-Next example, its model given as a config.json whose Gated DeltaNet key and value head dims
+    differ (128, 64), prefill TP2 -> decode TP4: the check pulls every run of the plan and verifies it."""
+    doc = yaml.safe_load((EXAMPLES / "qwen3-next-a2.yaml").read_text())
+    model = doc["spec"]["model"]
+    del model["preset"]
+    model["hfConfig"] = qwen3_next_kv_dims_config()
+    manifest = tmp_path / "qwen3-next-kv-dims.json"
+    manifest.write_text(json.dumps(doc))
+    geo = probe_geometry(pair_from_rendered(doc))
+    assert {name for name, _ in geo.prefill.group("deltanet").tensors} == {"conv-qk", "conv-v", "recurrent"}
+    proc, peer = serve(["--config", str(manifest)])
+    try:
+        code, result = check(peer, ["--config", str(manifest)])
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert (code, result["errors"], result["ok"]) == (0, [], True)
+    assert result["entries"] == geo.request.plan.entries
+    assert result["bytes"] == geo.request.plan.bytes > 0
 
 
 def test_check_refuses_a_peer_serving_another_pairing(served):
