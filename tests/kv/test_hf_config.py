@@ -81,15 +81,20 @@ def test_glm5_next_reads_flat_kda_keys_and_sparse_layer_types():
     assert model.group("kda").tensors[0].head_shape == [64, 64]
 
 
-def test_glm5_next_defaults_follow_transformers():
-    """Without the optional keys: index_kpool 16, 64 KDA heads of 128, one MLA layer in four, no MTP."""
+def test_glm5_next_defaults_follow_vllm_ascend():
+    """vllm-ascend 0.30.0rc2's Glm5NextTextConfig without the optional keys: no layer_types, so no KDA
+    layer; no index_topk, so no sparse indexer; one MTP layer. With index_topk: index_kpool 4, and
+    layer_types but no linear keys: 64 KDA heads of 128."""
     cfg = config("glm-5.3-flash")
+    layer_types = cfg["text_config"]["layer_types"]
     cfg["text_config"] = {key: value for key, value in cfg["text_config"].items()
                           if not key.startswith(("linear_", "index_", "layer_types", "num_nextn"))}
     model = model_from_hf_config(cfg, "glm")
-    assert model.group("indexer").compress_ratio == 16 == model.group("indexer-tail").pool_tokens
+    assert [(g.name, g.num_layers, g.mtp_layers) for g in model.groups] == [("mla", 45, 1)]
+    cfg["text_config"].update(index_topk=2048, index_head_dim=128, layer_types=layer_types)
+    model = model_from_hf_config(cfg, "glm")
+    assert model.group("indexer").compress_ratio == 4 == model.group("indexer-tail").pool_tokens
     assert (model.group("mla").num_layers, model.group("kda").num_layers) == (11, 34)
-    assert model.group("mla").mtp_layers == 0
     assert model.group("kda").tensors[0].head_groups == [64]
 
 

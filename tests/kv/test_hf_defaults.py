@@ -16,6 +16,9 @@ VLLM = "vllm 0.34.0"
 ATTENTION = "num_hidden_layers num_attention_heads hidden_size num_key_value_heads"
 LINEAR = "linear_num_key_heads linear_num_value_heads linear_key_head_dim linear_value_head_dim"
 DEEPSEEK = "num_hidden_layers num_attention_heads kv_lora_rank qk_rope_head_dim"
+ASCEND = "vllm-ascend 0.30.0rc2"
+GLM_LAYERS = ["linear_attention", "linear_attention", "linear_attention", "indexed_attention"] * 11 + [
+    "linear_attention"]
 
 
 def attention(m: ModelKV) -> tuple[int | None, int, int, int]:
@@ -95,20 +98,22 @@ ROWS = [
      "Qwen3NextConfig", TF),
     ("KimiLinearForCausalLM", "kimi_linear", "num_hidden_layers num_attention_heads", KIMI_KDA, mla,
      (32, 29, 256, 32), "KimiLinearConfig", VLLM),
+    # GLM-5.3-Flash: vllm-ascend's own class (registered for both model_types by patch_glm5next_config.py).
     ("Glm5NextForCausalLM", "glm5_next_text", "num_hidden_layers layer_types num_attention_heads "
      "kv_lora_rank "
-     "qk_rope_head_dim", {}, mla, (64, 11, 512, 0), "Glm5NextTextConfig", TF),
-    ("Glm5NextForCausalLM", "glm5_next_text", "index_head_dim index_kpool num_nextn_predict_layers", {},
-     glm_indexer, (128, 16, 0), "Glm5NextTextConfig", TF),
+     "qk_rope_head_dim index_topk", {}, mla, (64, 45, 512, 0), "Glm5NextTextConfig", ASCEND),
+    ("Glm5NextForCausalLM", "glm5_next_text", "index_kpool num_nextn_predict_layers",
+     {"index_topk": 2048, "index_head_dim": 128}, glm_indexer, (128, 4, 1), "Glm5NextTextConfig", ASCEND),
     ("Glm5NextForCausalLM", "glm5_next_text", "linear_attn_config linear_num_heads linear_head_dim "
-     "linear_conv_kernel_dim", {}, kda, (34, 64, 128, 4), "Glm5NextTextConfig", TF),
+     "linear_conv_kernel_dim", {"layer_types": GLM_LAYERS}, kda, (34, 64, 128, 4), "Glm5NextTextConfig",
+     ASCEND),
     # linear_attn_config's keys win; the ones it leaves out fall back to the flat keys, then the defaults.
     ("Glm5NextForCausalLM", "glm5_next_text", "linear_conv_kernel_dim",
-     {"linear_attn_config": {"num_heads": 32}, "linear_head_dim": 64}, kda, (34, 32, 64, 4),
-     "Glm5NextTextConfig", TF),
+     {"linear_attn_config": {"num_heads": 32}, "linear_head_dim": 64, "layer_types": GLM_LAYERS}, kda,
+     (34, 32, 64, 4), "Glm5NextTextConfig", ASCEND),
     # Nested under text_config: the text class's defaults, not the top level's keys.
     ("Glm5NextForConditionalGeneration", "glm5_next", "num_hidden_layers",
-     {"text_config": {}, "num_hidden_layers": 8}, kda, (34, 64, 128, 4), "Glm5NextTextConfig", TF),
+     {"text_config": {}, "num_hidden_layers": 8}, mla, (64, 45, 512, 0), "Glm5NextTextConfig", ASCEND),
 ]
 
 
@@ -131,11 +136,3 @@ def test_every_default_in_the_table_has_a_row():
     missing = {(mt, key) for mt, key in applied - covered
                if not (mt in glm and any((other, key) in covered for other in glm))}
     assert not missing, sorted(missing)
-
-
-def test_glm_mtp_layers_default_to_none_as_vllm_reads_them():
-    """vLLM 0.34's Glm5Next builds MTP layers only `if hasattr(config, 'num_nextn_predict_layers')`."""
-    model = model_from_hf_config({"architectures": ["Glm5NextForCausalLM"], "model_type": "glm5_next_text"},
-                                 "m")
-    assert {g.mtp_layers for g in model.groups if g.kind != "state"} == {0}
-    assert CONFIG_CLASSES["glm5_next"].model_code_keys["num_nextn_predict_layers"].startswith(VLLM)

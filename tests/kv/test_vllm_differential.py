@@ -22,11 +22,12 @@ contract:
   heads), and a key vLLM's config object holds no value for, which its model code reads bare (DeepSeek-V3.2's
   `config.index_head_dim`; Kimi Linear's `assert kv_lora_rank is not None`).
 
-vLLM's Glm5Next model classes cannot be resolved in the tier's small install (their module imports the
-multimodal GLM-4.1V code, which needs torchvision), so GLM-5.3-Flash configs are checked at the config
-level: transformers' Glm5NextConfig as vLLM loads it (`get_config`) resolves the keys, and our description
-of the generated config must equal our description of an explicit config holding vLLM's resolved values.
-Their block sizes are checked against vllm-ascend's own rule in test_vllm_blocksize.py.
+GLM-5.3-Flash is served by vllm-ascend, which registers its own config classes for it; its model classes
+need torch_npu (and vLLM's own Glm5Next classes need torchvision), so its configs are checked at the config
+level: vLLM's config loading (`get_config`) with vllm-ascend 0.30.0rc2's `patch_glm5next_config.py` applied
+from its source archive resolves the keys, and our description of the generated config must equal our
+description of an explicit config holding those resolved values. Its block sizes are checked against
+vllm-ascend's own rule in test_vllm_blocksize.py.
 
 All cases run in one probe process; the counts are printed (`pytest -s` shows them).
 """
@@ -53,7 +54,7 @@ from pd_operator.kv.hf_config import (
     resolved_keys,
 )
 from pd_operator.kv.side import Side
-from support.vllm_tier import VLLM_PYTHON, hf_config, run_probe, vllm_venv_program
+from support.vllm_tier import VLLM_PYTHON, ascend_src, hf_config, run_probe, vllm_venv_program
 
 pytestmark = pytest.mark.vllm
 
@@ -170,7 +171,8 @@ def classes() -> dict:
                  for key, where in table.model_code_keys.items()]
     done = subprocess.run([str(VLLM_PYTHON), str(vllm_venv_program("config_fields.py"))], capture_output=True,
                           text=True, timeout=600, input=json.dumps({"modelTypes": sorted(CONFIG_CLASSES),
-                                                                     "citations": citations}))
+                                                                     "citations": citations,
+                                                                     "ascendSrc": str(ascend_src())}))
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     unfound = [c for c in out["citations"] if not c[3]]

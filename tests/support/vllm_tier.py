@@ -26,16 +26,21 @@ def run_probe(cases: list[dict]) -> dict[str, dict]:
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env` to install vLLM's config code")
     argv = [str(VLLM_PYTHON), str(PROBE)]
-    if any(c.get("platform") == "ascend" for c in cases):
-        if not (ASCEND_SRC / "PKG-INFO").exists():
-            pytest.fail(f"{ASCEND_SRC} is missing: run `make upstream` to fetch vllm-ascend's source")
-        argv += ["--ascend-src", str(ASCEND_SRC)]
+    if any(c.get("platform") == "ascend" or c.get("configOnly") for c in cases):
+        argv += ["--ascend-src", str(ascend_src())]
     done = subprocess.run(argv, input=json.dumps(cases), capture_output=True, text=True, timeout=900,
                           cwd=ROOT, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == len(cases), done.stderr[-3000:]
     return {row["id"]: row for row in rows}
+
+
+def ascend_src() -> Path:
+    """ASCEND_SRC; fails the test when `make upstream` has not fetched it."""
+    if not (ASCEND_SRC / "PKG-INFO").exists():
+        pytest.fail(f"{ASCEND_SRC} is missing: run `make upstream` to fetch vllm-ascend's source")
+    return ASCEND_SRC
 
 
 def vllm_venv_program(name: str) -> Path:

@@ -99,18 +99,17 @@ CONFIG_CLASSES: dict[str, ConfigClass] = {
         {"num_hidden_layers": 32, "num_attention_heads": 32, "kv_lora_rank": REQUIRED,
          "qk_rope_head_dim": REQUIRED, "linear_attn_config": REQUIRED}),
 }
-# GLM-5.3-Flash: transformers' Glm5NextTextConfig (nested as Glm5NextConfig.text_config, or flat), which
-# folds linear_attn_config's num_heads/head_dim/short_conv_kernel_size over linear_num_heads/
-# linear_head_dim/linear_conv_kernel_dim; the MTP layers are vLLM's (`hasattr(config,
-# 'num_nextn_predict_layers')`, else none) and vllm-ascend 0.30.0rc2's, which read the same keys.
+# GLM-5.3-Flash is served by vllm-ascend, whose patch_glm5next_config.py registers its own Glm5NextConfig and
+# Glm5NextTextConfig for both model_types (nested as text_config, or flat): linear_attn_config's num_heads/
+# head_dim/short_conv_kernel_size win over linear_num_heads/linear_head_dim/linear_conv_kernel_dim; without
+# layer_types no layer is KDA, without index_topk there is no sparse indexer, and index_head_dim has no
+# default (its indexer asserts it).
 CONFIG_CLASSES["glm5_next"] = CONFIG_CLASSES["glm5_next_text"] = ConfigClass(
-    "Glm5NextTextConfig", _tf("glm5_next/configuration_glm5_next.py"),
+    "Glm5NextTextConfig", "vllm-ascend 0.30.0rc2: vllm_ascend/models/glm5next/config.py",
     {"num_hidden_layers": 45, "num_attention_heads": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 0,
-     "index_head_dim": 128, "index_kpool": 16, "linear_num_heads": 64, "linear_head_dim": 128,
-     "linear_conv_kernel_dim": 4, "layer_types": DERIVED, "linear_attn_config": DERIVED,
-     "num_nextn_predict_layers": 0},
-    {"num_nextn_predict_layers": f"{VLLM}: vllm/models/glm5next/common/model.py, "
-                                 "hasattr(config, 'num_nextn_predict_layers')"})
+     "index_topk": REQUIRED, "index_head_dim": REQUIRED, "index_kpool": 4, "linear_num_heads": 64,
+     "linear_head_dim": 128, "linear_conv_kernel_dim": 4, "layer_types": DERIVED,
+     "linear_attn_config": DERIVED, "num_nextn_predict_layers": 1})
 
 
 class ConfigError(ValueError):
@@ -274,12 +273,13 @@ def _kda_state(cfg: dict, layers: int, heads: int, head_dim: int, conv_kernel: i
 
 
 def _glm5_next(k: _Keys) -> list[dict]:
-    """GLM-5-Next (GLM-5.3-Flash): NoPE MLA with a pooled indexer and its fp32 tail on the attention
-    layers, KDA on the rest, and `num_nextn_predict_layers` MTP layers of the attention kind."""
-    # Glm5NextTextConfig.__post_init__: layer i is attention when i % 4 == 3.
+    """GLM-5-Next (GLM-5.3-Flash): NoPE MLA with, when `index_topk` is given, a pooled indexer and its fp32
+    tail on the attention layers, KDA on the `linear_attention` layers, and `num_nextn_predict_layers` MTP
+    layers of the attention kind."""
+    # vllm-ascend's Glm5NextTextConfig.is_kda_layer: no layer_types, no KDA layer.
     mla_layers, kda_layers = _split_layers(
         k, frozenset({"indexed_attention", "full_attention", "deepseek_sparse_attention"}),
-        lambda layers: sum(1 for i in range(layers) if i % 4 == 3))
+        lambda layers: layers)
     # linear_attn_config's keys win over the flat ones, which default as the class does.
     sub = k.nested("linear_attn_config") or {}
     flat = {"num_heads": "linear_num_heads", "head_dim": "linear_head_dim",
@@ -291,14 +291,14 @@ def _glm5_next(k: _Keys) -> list[dict]:
     groups: list[dict] = []
     if mla_layers:
         mtp = k.integer("num_nextn_predict_layers", minimum=0)
+        groups.append({**_mla(k, mla_layers)[0], "mtpLayers": mtp})
+    if mla_layers and k.raw("index_topk") is not None:  # vllm-ascend's Glm5NextModel.is_v32
         kpool = k.integer("index_kpool")
         index_dim = k.integer("index_head_dim")
-        mla = _mla(k, mla_layers)[0]
         # vllm-ascend keeps the pooled indexer in bf16 whatever the KV cache dtype, and a pool of one
         # token has no tail (`Glm5NextIndexerCache`, `Glm5NextTailCache` in glm5next/kv_cache.py).
-        groups += [{**mla, "mtpLayers": mtp},
-                   {"kind": "indexer", "name": "indexer", "numLayers": mla_layers, "mtpLayers": mtp,
-                    "headDim": index_dim, "compressRatio": kpool, "dtype": "bfloat16"}]
+        groups.append({"kind": "indexer", "name": "indexer", "numLayers": mla_layers, "mtpLayers": mtp,
+                       "headDim": index_dim, "compressRatio": kpool, "dtype": "bfloat16"})
         if kpool > 1:
             groups.append({"kind": "indexerTail", "name": "indexer-tail", "numLayers": mla_layers,
                            "mtpLayers": mtp, "headDim": index_dim, "poolTokens": kpool})

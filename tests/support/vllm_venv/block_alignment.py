@@ -56,6 +56,22 @@ def _load_functions(path: Path, names: set[str], namespace: dict) -> None:
     exec(compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec"), namespace)
 
 
+def install_glm5next_config(src: Path) -> None:
+    """vllm-ascend's GLM-5.3-Flash config classes, as `vllm_ascend.patch.platform` installs them: its
+    `patch_glm5next_config.py` is executed as it is, over `vllm_ascend/models/glm5next/config.py` (which
+    imports transformers alone); it registers them in vLLM's config registry for `glm5_next` and
+    `glm5_next_text`."""
+    for name in ("vllm_ascend", "vllm_ascend.models", "vllm_ascend.models.glm5next"):
+        package = sys.modules.setdefault(name, types.ModuleType(name))
+        package.__path__ = getattr(package, "__path__", [])  # type: ignore[attr-defined]
+    for name, path in (("vllm_ascend.models.glm5next.config", "vllm_ascend/models/glm5next/config.py"),
+                       ("vllm_ascend.patch.platform.patch_glm5next_config",
+                        "vllm_ascend/patch/platform/patch_glm5next_config.py")):
+        module = types.ModuleType(name)
+        sys.modules[name] = module
+        exec(compile((src / path).read_text(), str(src / path), "exec"), module.__dict__)
+
+
 def install_vllm_ascend(src: Path) -> None:
     """vllm-ascend's pooled-indexer block rule, as `vllm_ascend.patch.platform` applies it: its module
     replaces `HybridAttentionMambaModelConfig.verify_and_update_config`."""
@@ -185,7 +201,8 @@ def measure(config) -> dict:
 
 
 def config_only(folder: Path, keys: list[str]) -> dict:
-    """vLLM's config loading alone (`get_config`), for models whose classes cannot be resolved here."""
+    """vLLM's config loading alone (`get_config`), for models whose classes cannot be resolved here (with
+    vllm-ascend's GLM-5.3-Flash config classes registered, `install_glm5next_config`)."""
     from vllm.transformers_utils.config import get_config
 
     text = get_config(str(folder), trust_remote_code=False).get_text_config()
@@ -201,6 +218,10 @@ def main() -> int:
     from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
 
     hooks = {"vllm": HybridAttentionMambaModelConfig.__dict__["verify_and_update_config"]}
+    if any(c.get("configOnly") for c in cases):
+        if args.ascend_src is None:
+            raise SystemExit("config-only cases need --ascend-src (vllm-ascend's GLM config classes)")
+        install_glm5next_config(args.ascend_src)
     if any(c.get("platform") == "ascend" for c in cases):
         if args.ascend_src is None:
             raise SystemExit("ascend cases need --ascend-src (vllm-ascend's unpacked source archive)")

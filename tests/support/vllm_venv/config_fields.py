@@ -1,6 +1,7 @@
 """Run inside `.vllm-venv`: the config class vLLM 0.34 builds for each model_type, introspected.
 
-Reads {"modelTypes": [...], "citations": [[model_type, key, path], ...]} as JSON on stdin and prints
+Reads {"modelTypes": [...], "citations": [[model_type, key, path], ...], "ascendSrc": DIR (optional: install
+vllm-ascend's GLM-5.3-Flash config classes from its source first)} as JSON on stdin and prints
 {"classes": {model_type: {"class", "module", "fields", "defaults"}}, "citations": [[model_type, key, path,
 found]]}:
 - the class is the one `vllm/transformers_utils/config.py` resolves (its own registry, else transformers'
@@ -76,6 +77,10 @@ def main() -> None:
     import vllm
 
     request = json.loads(sys.stdin.read())
+    if request.get("ascendSrc"):
+        from block_alignment import install_glm5next_config  # this directory's probe
+
+        install_glm5next_config(Path(request["ascendSrc"]))
     classes = {}
     for model_type in request["modelTypes"]:
         cls = config_class(model_type)
