@@ -229,3 +229,41 @@ def test_tests_reach_their_helpers_through_support_only():
                 found += [f"{path.relative_to(tests)}:{node.lineno}: import {a.name}" for a in node.names
                           if a.name.split(".")[0] in local]
     assert not found, found
+
+
+# One validator for pdctl, the webhook, the controller and the tests: render/runnable.py's `validate`
+# (and `check`), which runs the spec's rules and then checks that every rendered container can run in
+# its image. The spec's rules alone (spec/validate.py `spec_rules_only`) are reachable only from spec/,
+# from that validator, and from their own test.
+SPEC_ONLY = "spec_rules_only"
+ROOT = PACKAGE.parents[1]
+MAY_REACH_SPEC_ONLY = ("operator/pd_operator/spec/", "operator/pd_operator/render/runnable.py",
+                       "tests/api/test_spec_rules_only.py")
+
+
+def spec_only_uses(source: str) -> list[int]:
+    """Lines of `source` that import or name the spec-only rules."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and any(a.name == SPEC_ONLY for a in node.names) \
+                or isinstance(node, ast.Attribute) and node.attr == SPEC_ONLY \
+                or isinstance(node, ast.Name) and node.id == SPEC_ONLY:
+            out.append(node.lineno)
+    return out
+
+
+def test_only_spec_and_the_one_validator_call_the_spec_only_rules():
+    files = [p for top in ("operator", "tests", "bench", "tools") for p in sorted((ROOT / top).rglob("*.py"))]
+    found = {rel: lines for p in files
+             if not (rel := str(p.relative_to(ROOT))).startswith(MAY_REACH_SPEC_ONLY)
+             and (lines := spec_only_uses(p.read_text()))}
+    assert found == {}, "validate through pd_operator.render.runnable (validate or check)"
+    reached = {rel for p in files if (rel := str(p.relative_to(ROOT))).startswith(MAY_REACH_SPEC_ONLY)
+               and spec_only_uses(p.read_text())}
+    assert {"operator/pd_operator/render/runnable.py", "tests/api/test_spec_rules_only.py"} <= reached
+
+
+def test_the_spec_only_check_finds_each_way_in():
+    assert spec_only_uses("from pd_operator.spec.validate import spec_rules_only") == [1]
+    assert spec_only_uses("from pd_operator.spec import validate as v\nv.spec_rules_only(doc)") == [2]
+    assert spec_only_uses("from pd_operator.render.runnable import validate\nvalidate(doc)") == []

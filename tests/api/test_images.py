@@ -13,8 +13,8 @@ import yaml
 from pd_operator.cli import main
 from pd_operator.kv import presets
 from pd_operator.render import render
+from pd_operator.render.runnable import validate
 from pd_operator.serving_image import capabilities
-from pd_operator.spec.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 GLM = yaml.safe_load((ROOT / "examples/glm-5.3-flash-tp8-dp2tp4.yaml").read_text())

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pd_operator.findings import CATALOG
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 GLM = yaml.safe_load((ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml").read_text())

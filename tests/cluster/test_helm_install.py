@@ -17,7 +17,7 @@ import yaml
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller.webhook import WEBHOOK_NAME
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.cluster import ControlPlane, wait_for
 from support.installed import (
     Release,

@@ -29,10 +29,10 @@ from pd_operator.api.types import KVTransferSpec, TimeoutSpec
 from pd_operator.proxy import protocol
 from pd_operator.proxy.server import Proxy
 from pd_operator.render import render
+from pd_operator.render.runnable import validate
 from pd_operator.serving_image.capabilities import GLM_NEXT, PD_CONNECTORS, RELEASES, capabilities
 from pd_operator.serving_image.installed import introspect, module_path, registered_connectors
 from pd_operator.spec.reserved import DEFAULT_ENV, OWNED_ENV
-from pd_operator.spec.validate import validate
 from pd_operator.transfer.engine import P2P
 from support import upstream
 from support.env_readers import NATIVE_READERS, Readers, pod_reads, unread

@@ -30,7 +30,7 @@ from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller.reconcile import manifest_of
 from pd_operator.controller.webhook import WEBHOOK_ID, WEBHOOK_NAME
 from pd_operator.render import render
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.cluster import ApiError, ControlPlane, namespace_name
 from support.fleet import FLEET_EXAMPLE
 from support.installed import OperatorProcess, helm_install, helm_uninstall

@@ -11,7 +11,7 @@ import copy
 import pytest
 
 from pd_operator.render.kinds import CHILD_KINDS
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.cluster import wait_for
 from support.fleet import (
     FLEET_EXAMPLE,

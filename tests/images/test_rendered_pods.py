@@ -29,10 +29,10 @@ import pytest
 
 from pd_operator.proxy.membership import KEY, document
 from pd_operator.render import render
+from pd_operator.render.runnable import validate
 from pd_operator.serving_image import bundle
 from pd_operator.serving_image.installed import read_report
 from pd_operator.spec.ports import PROBE_PORT, PROBE_READY_PATH
-from pd_operator.spec.validate import validate
 from support import containers
 from support.cluster import wait_for
 from support.fakevllm import HOST, FakeEngine, ProxyProcess, pick_port, started, swap

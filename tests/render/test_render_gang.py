@@ -9,7 +9,7 @@ import pytest
 
 from pd_operator.api.labels import DEPLOYMENT, HOSTNAME, INSTANCE, ROLE, VOLCANO_GROUP
 from pd_operator.render import render
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.renders import VALID_EXAMPLES, of_kind, serving_sets
 from support.specs import example
 

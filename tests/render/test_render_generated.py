@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pd_operator.render import render
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.render_properties import check_all
 from support.spec_strategies import deployments
 

@@ -17,7 +17,7 @@ import pytest
 
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.render_properties import check_all
 from support.renders import (
     VALID_EXAMPLES,

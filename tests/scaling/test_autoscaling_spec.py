@@ -17,7 +17,7 @@ import yaml
 from pd_operator.api import serving_metrics
 from pd_operator.render import render
 from pd_operator.render.autoscaling import quantity
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.specs import resolve
 
 pytestmark = pytest.mark.scaling

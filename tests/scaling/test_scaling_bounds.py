@@ -20,8 +20,9 @@ from pd_operator.controller.diff import diff, stamp
 from pd_operator.controller.rollout import RoleFigures
 from pd_operator.render import render
 from pd_operator.render.proxy import members
+from pd_operator.render.runnable import validate
 from pd_operator.spec.scaling import Hold, bound, findings
-from pd_operator.spec.validate import validate, with_instances
+from pd_operator.spec.validate import with_instances
 from support.specs import ROOT, example
 
 pytestmark = pytest.mark.scaling

@@ -17,8 +17,8 @@ from pd_operator import cli
 from pd_operator.controller.admission import verdict
 from pd_operator.controller.main import options_from
 from pd_operator.render import render
+from pd_operator.render.runnable import validate
 from pd_operator.spec.host_paths import DEFAULT, GENERATION_MOUNTS, PROTECTED, WEIGHTS_ROOT, HostPathPolicy
-from pd_operator.spec.validate import validate
 from support.helm_chart import operator_container, rendered, template
 from support.renders import EXAMPLES, VALID_EXAMPLES
 from support.specs import example

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from pd_operator.api.types import ClientPeer
 from pd_operator.render import Boundary, render
 from pd_operator.render.policy import OPERATOR_NAMESPACE
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.helm_chart import NAMESPACE, operator_container
 from support.helm_chart import rendered as chart
 from support.network_policy import Pod, allowed

@@ -9,8 +9,8 @@ import copy
 import pytest
 
 from pd_operator.render import render
+from pd_operator.render.runnable import validate
 from pd_operator.spec.reserved import OWNED_ENV
-from pd_operator.spec.validate import validate
 from support.owned_flags import FREE_ARGS, HYBRID_OWNED_ARGS, VALUES, covers_every_owned_flag, spellings
 from support.renders import VALID_EXAMPLES, container, serving_argv, serving_sets
 from support.specs import example

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.rendered_pods import pod_specs, validated_render
 from support.renders import VALID_EXAMPLES
 from support.spec_strategies import deployments

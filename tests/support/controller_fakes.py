@@ -13,7 +13,8 @@ from pd_operator.controller import gate, pdroles, rollout
 from pd_operator.controller.diff import stamp
 from pd_operator.controller.status import Observed
 from pd_operator.render import render, workloads
-from pd_operator.spec.validate import Validation, validate
+from pd_operator.render.runnable import validate
+from pd_operator.spec.validate import Validation
 from support.renders import proxy_membership
 from support.specs import example
 

@@ -23,7 +23,7 @@ import yaml
 from pd_operator.api.labels import DEPLOYMENT
 from pd_operator.kv.summary import report_table
 from pd_operator.render.kinds import CHILD_KINDS
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support.cluster import ControlPlane, kubernetes_version, wait_for
 from support.installed import helm_install, is_ready, weights_claim
 from support.kube import kubectl

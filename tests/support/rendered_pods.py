@@ -6,8 +6,9 @@ from __future__ import annotations
 import copy
 
 from pd_operator.render import render
+from pd_operator.render.runnable import validate
 from pd_operator.spec.ports import PROBE_PORT, kv_handshake, side_channel
-from pd_operator.spec.validate import Validation, validate
+from pd_operator.spec.validate import Validation
 from support.network_policy import Pod
 
 WORKLOADS = ("StatefulSet", "Deployment")

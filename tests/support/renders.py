@@ -21,9 +21,10 @@ from pathlib import Path
 from pd_operator.proxy.membership import KEY, Membership, parse_document
 from pd_operator.render import render
 from pd_operator.render.command import CONFIG_DIR
+from pd_operator.render.runnable import validate
 from pd_operator.serving_image import bundle
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE, Contents, of_image
-from pd_operator.spec.validate import Validation, validate
+from pd_operator.spec.validate import Validation
 from support import image_model
 from support.specs import EXAMPLES, example, resolve
 from support.vllm_ascend_tree import write_tree

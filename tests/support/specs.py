@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from pd_operator.spec.validate import Resolved, Validation, validate
+from pd_operator.render.runnable import validate
+from pd_operator.spec.validate import Resolved, Validation
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -52,8 +52,8 @@ class Checked:
 
 
 def check(doc: Any, **options: Any) -> Checked:
-    """spec/validate.py's `validate` (same options), then the run check on what it resolved."""
-    result = spec_validate.validate(doc, **options)
+    """spec/validate.py's rules (same options), then the run check on what they resolved."""
+    result = spec_validate.spec_rules_only(doc, **options)
     if result.resolved is None:
         return Checked(result)
     rendered = workloads.templates(result.resolved)

@@ -283,16 +283,18 @@ def _image_findings(dep: PDDeployment, model: ModelKV | None) -> list[Finding]:
                            dep.spec.model.kv_cache_dtype, kernel_blocks)
 
 
-def validate(doc: Any, *, read_config_map: ConfigMapReader | None = None,
-             host_path_policy: HostPathPolicy = host_paths.DEFAULT,
-             tools_image: str = contents.DEFAULT_TOOLS_IMAGE) -> Validation:
-    """Validate one PDDeployment manifest. `read_config_map` lets the controller resolve
+def spec_rules_only(doc: Any, *, read_config_map: ConfigMapReader | None = None,
+                    host_path_policy: HostPathPolicy = host_paths.DEFAULT,
+                    tools_image: str = contents.DEFAULT_TOOLS_IMAGE) -> Validation:
+    """The spec's own rules on one PDDeployment manifest, without the check that the rendered pods
+    can run in their images: not the validator. pdctl, the webhook, the controller and the tests call
+    render/runnable.py's `validate`, which runs these and then that check (tests/test_layout.py keeps
+    it so). `read_config_map` lets the controller resolve
     `spec.model.hfConfigMap`; without it (pdctl, the webhook) that check is deferred.
     `host_path_policy` is the cluster admin's allow-list of host paths (`--allow-host-path` of
     pd-operator run and pdctl validate); the built-in default otherwise. `tools_image` is the
     operator's own image (`--tools-image`), which the rendered pods take the tools bundle and the proxy
-    from. The callers (pdctl, the webhook, the controller) take it through render/runnable.py, which
-    adds the check that every rendered container's image can run its command."""
+    from."""
     dep, findings = parse(doc)
     if dep is None:
         return Validation(findings)
@@ -354,9 +356,10 @@ def with_instances(validation: Validation, instances: Mapping[str, int]) -> Vali
 
 
 def pair_from_manifest(doc: Any) -> PairInput:
-    """The pairing of a user's manifest (`pdctl plan FILE`), read through the validator, so the tool
-    accepts exactly what the webhook and the controller accept."""
-    result = validate(doc)
+    """The pairing of a user's manifest (`pdctl plan FILE`), read through the spec's rules, so the tool
+    pairs what the webhook and the controller pair (it renders no pod, so the images' run check,
+    render/runnable.py, is not its to make)."""
+    result = spec_rules_only(doc)
     if result.report is None or result.deployment is None:
         problems = result.errors or result.findings
         raise ManifestError("; ".join(f"{f.path}: {f.message}" if f.path else f.message for f in problems))
