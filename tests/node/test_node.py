@@ -18,10 +18,11 @@ import urllib.request
 
 import pytest
 
-from support import containers
+from support import containers, renders
 from support.cluster import kubernetes_version, wait_for
 from support.kube import kubectl
-from support.node import BRIDGE_PREFIX, NPUS, NodeCluster, cgroup_hierarchies
+from support.node import BRIDGE_PREFIX, NPUS, NodeCluster, ascend_host_files, cgroup_hierarchies
+from support.specs import EXAMPLES
 
 pytestmark = pytest.mark.node
 
@@ -108,6 +109,29 @@ def test_a_pod_runs_in_containerd_ready_by_its_probe_with_the_npus_it_was_alloca
     logs = kubectl(cluster.kubeconfig, "logs", "-n", ns, "server").stdout  # API server -> kubelet
     (devices,) = [line.split("=", 1)[1] for line in logs.splitlines() if line.startswith("devices=")]
     assert len(devices.split(",")) == 2
+
+
+@pytest.mark.parametrize("example", ["glm-5.3-flash-1p1d-tp4.yaml", "deepseek-v3.2-multinode-decode.yaml"])
+def test_an_engine_pods_npus_and_ascend_host_files_are_admitted_as_on_an_npu_node(cluster, ns, example):
+    """The rendered engine's NPU limits (both Ascend resource names across the two examples) and its
+    Ascend hostPath volumes, exactly as rendered, in a pod of the base image that checks each mount."""
+    (engine_set, *_) = renders.serving_sets(renders.rendered(EXAMPLES / example))
+    template, engine = engine_set["spec"]["template"]["spec"], renders.container(engine_set)
+    ascend = {path for path, _ in ascend_host_files()}
+    volumes = [v for v in template["volumes"] if v.get("hostPath", {}).get("path") in ascend]
+    mounts = [m for m in engine["volumeMounts"] if m["name"] in {v["name"] for v in volumes}]
+    npus = {k: v for k, v in engine["resources"]["limits"].items() if k in NPUS}
+    assert mounts and npus
+    checks = " && ".join(f"test -e {m['mountPath']}" for m in mounts)
+    on_machine = {path: pathlib.Path(path).exists() for path in ascend}
+    running = create_ready(cluster, ns, pod("engine", f"{checks} && touch /tmp/ok && exec sleep 3600",
+                                            volumes=volumes, container={
+        "volumeMounts": mounts, "resources": {"limits": npus},
+        "readinessProbe": {"exec": {"command": ["test", "-e", "/tmp/ok"]}, "periodSeconds": 1}}))
+    assert running["spec"]["nodeName"] == cluster.node.name
+    assert containers_of(cluster, ns, "engine")
+    # DirectoryOrCreate created nothing on the machine: the files live in the node's namespace.
+    assert {path: pathlib.Path(path).exists() for path in ascend} == on_machine
 
 
 def test_a_container_killed_is_restarted_by_the_kubelet(cluster, ns):

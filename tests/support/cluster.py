@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ipaddress
 import json
 import os
 import pathlib
@@ -312,6 +313,7 @@ class ControlPlane:
     def __init__(self, workdir: pathlib.Path | None = None,
                  nodes: Iterable[NodePool] = DEFAULT_NODES, *, gang_scheduling: bool = False) -> None:
         self.gang_scheduling = gang_scheduling
+        self.service_cidr = SERVICE_CIDR
         self.workdir = workdir or pathlib.Path(tempfile.mkdtemp(prefix="pd-testcluster-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs = self.workdir / "logs"
@@ -369,7 +371,7 @@ class ControlPlane:
         pki = self.workdir / "pki"
         self.ca = CA(pki)
         self.serving = self.ca.serving("apiserver", [HOST, "localhost", "kubernetes", "kubernetes.default",
-                                                     "kubernetes.default.svc", "10.96.0.1"])
+                                                     "kubernetes.default.svc", self.kubernetes_service_ip])
         self.sa_keys = service_account_keys(pki)
         # The aggregation layer: kube-apiserver calls an APIService's server (support/metrics_api.py)
         # with this client certificate, so that server may trust the user named in X-Remote-User.
@@ -433,7 +435,7 @@ class ControlPlane:
                     f"--service-account-key-file={self.sa_keys.cert}",
                     f"--service-account-signing-key-file={self.sa_keys.key}",
                     f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    f"--service-cluster-ip-range={self.service_cidr}",
                     f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
                     f"--audit-log-path={self.audit.path}", "--audit-log-format=json",
                     "--allow-privileged=true", "--profiling=false",
@@ -483,6 +485,11 @@ class ControlPlane:
             component = Component(name, argv, self.logs / f"{name}.log")
             self.components[name] = component
             component.start()
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        """The `kubernetes` Service's ClusterIP: the first address of the service range."""
+        return str(ipaddress.ip_network(self.service_cidr).network_address + 1)
 
     def apiserver_flags(self) -> list[str]:
         """kube-apiserver flags of a kind of control plane (support/node.py's reaches a real kubelet)."""

@@ -21,9 +21,14 @@ What it takes on these machines (each found by trying, issue 31):
   paths (/var/lib/kubelet/device-plugins, /var/log/pods) and every mount they make (volumes, overlay
   root filesystems, network namespaces) live and die with that namespace; the kernel tunables the
   kubelet sets at start are bind-mounted private copies, so the machine's values never change.
+- The Ascend host files engine pods mount (the driver directory, npu-smi, install info; every node
+  generation's, pd_operator/spec/host_paths.py) exist only inside that namespace, on a tmpfs over
+  /usr/local and an overlay over /etc.
 - The pods' network is a bridge of this node only (its name and /24 picked free at start), with the
   node's InternalIP on it: the API server reaches the kubelet there, the tests reach pods at their
-  IPs. No masquerade, no forwarding, no kube-proxy: Services' ClusterIPs do not route. The pods'
+  IPs. No masquerade, no forwarding, no kube-proxy: Services' ClusterIPs do not route, but for the
+  `kubernetes` Service's (each node cluster has a service range of its own, whose first address is on
+  the bridge, where support/tcpforward.py passes port 443 on to kube-apiserver). The pods'
   DNS server is support/clusterdns.py on the node's IP: Services' and their pods' names resolve to the
   ready endpoints' addresses.
 Stopping kills what runs in the node's cgroups, then containerd's shims, then the holder (its
@@ -40,6 +45,7 @@ import ipaddress
 import json
 import os
 import pathlib
+import posixpath
 import secrets
 import signal
 import subprocess
@@ -50,6 +56,7 @@ from collections.abc import Mapping
 
 import yaml
 
+from pd_operator.spec.host_paths import GENERATION_MOUNTS
 from support.cluster import HOST, ROOT, Component, ControlPlane, binary, pick_port, wait_for
 
 NODE_BUILD = ROOT / "tools" / "testcluster" / "node.sh"
@@ -67,7 +74,10 @@ KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
                    "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
 BRIDGE_PREFIX = "pdnode"
 BRIDGE_ALIAS = "pd-operator test node of pid "
-POD_SUPERNET = ipaddress.ip_network("10.244.0.0/16")
+POD_SUPERNET = "10.244.0.0/16"
+# Each node cluster's Services get a /24 of their own: its `kubernetes` ClusterIP is an address of the
+# node's bridge, where support/tcpforward.py passes port 443 on to kube-apiserver.
+SERVICE_SUPERNET = "10.245.0.0/16"
 CLUSTER_DOMAIN = "cluster.local"
 
 
@@ -93,17 +103,22 @@ def cgroup_hierarchies() -> list[pathlib.Path]:
     return [pathlib.Path(line.split()[1]) for line in mounts if line.split()[2] in ("cgroup", "cgroup2")]
 
 
-def free_pod_subnet() -> ipaddress.IPv4Network:
-    """A /24 of POD_SUPERNET that no address or route of the machine is in."""
+def free_subnet(supernet: str) -> ipaddress.IPv4Network:
+    """A /24 of `supernet` that no address or route of the machine is in."""
     used = [ipaddress.IPv4Network(word, strict=False)
             for line in _run("ip", "-4", "-o", "route", "show", "table", "all").stdout.splitlines()
             for word in line.split()[:1] if word[:1].isdigit()]
-    candidates = list(ipaddress.IPv4Network(POD_SUPERNET).subnets(new_prefix=24))
+    candidates = list(ipaddress.IPv4Network(supernet).subnets(new_prefix=24))
     secrets.SystemRandom().shuffle(candidates)
     for subnet in candidates:
         if not any(subnet.overlaps(u) for u in used):
             return subnet
-    raise RuntimeError(f"no free /24 in {POD_SUPERNET}")
+    raise RuntimeError(f"no free /24 in {supernet}")
+
+
+def ascend_host_files() -> list[tuple[str, str]]:
+    """(path, hostPath type) of every node generation's Ascend mounts, as the operator renders them."""
+    return sorted({mount for mounts in GENERATION_MOUNTS.values() for mount in mounts})
 
 
 def sweep_stale_nodes() -> None:
@@ -181,7 +196,7 @@ class Node:
         self.name = name
         self.id = secrets.token_hex(3)
         self.dir = cluster.workdir / "node"
-        self.subnet = free_pod_subnet()
+        self.subnet = free_subnet(POD_SUPERNET)
         self.ip = str(self.subnet.network_address + 1)
         self.bridge = f"{BRIDGE_PREFIX}{self.id}"
         self.cgroup_root = f"/pdnode-{self.id}"
@@ -219,7 +234,7 @@ class Node:
     def stop(self) -> None:
         """Everything in reverse; each step runs even when one before it failed."""
         steps = [lambda: self._stop_component("npu-device-plugin"), lambda: self._stop_component("kubelet"),
-                 lambda: self._stop_component("clusterdns"),
+                 lambda: self._stop_component("clusterdns"), lambda: self._stop_component("tcpforward"),
                  self._kill_cgroup_processes, lambda: self._stop_component("containerd"), self._kill_shims,
                  lambda: self._stop_component("namespace"), self._remove_cgroups, self._remove_bridge]
         errors = []
@@ -327,27 +342,44 @@ class Node:
         for tunable in KERNEL_TUNABLES:
             copy = tunables / tunable.replace("/", "_")
             lines += [f"cat /proc/sys/{tunable} > {copy}", f"mount --bind {copy} /proc/sys/{tunable}"]
+        # The Ascend host files engine pods mount (every node generation's), on a tmpfs over /usr/local
+        # and an overlay over /etc: the kubelet finds them as on an NPU node, the machine never has them.
+        etc = self.dir / "etc-overlay"
+        lines += ["mount -t tmpfs -o mode=755 tmpfs /usr/local", f"mkdir -p {etc}/upper {etc}/work",
+                  f"mount -t overlay overlay -o lowerdir=/etc,upperdir={etc}/upper,workdir={etc}/work /etc"]
+        for path, kind in ascend_host_files():
+            if not path.startswith(("/usr/local/", "/etc/")):
+                raise RuntimeError(f"the node cannot provide {path} without touching the machine")
+            lines += [f"mkdir -p {path}" if kind.startswith("Directory") else
+                      f"mkdir -p {posixpath.dirname(path)} && : > {path}"]
         lines += [f"touch {self.dir / 'namespace.ready'}", "trap 'exit 0' TERM INT",
                   "while :; do sleep 3600 & wait $!; done"]
         return "\n".join(lines)
 
     def _start_dns(self) -> None:
-        """support/clusterdns.py on the node's IP (port 53), reading the API as admin."""
+        """support/clusterdns.py on the node's IP (port 53), reading the API as admin; and
+        support/tcpforward.py on the `kubernetes` Service's ClusterIP, port 443, for pods' clients."""
         token = self.dir / "dns.token"
         token.touch(mode=0o600)
         token.write_text(self.cluster.admin_token)
-        dns = self._start("clusterdns", [
-            sys.executable, "-m", "support.clusterdns", f"--listen={self.ip}",
-            f"--server={self.cluster.server}", f"--token-file={token}", f"--ca-file={self.cluster.ca_cert}",
-            f"--domain={CLUSTER_DOMAIN}"],
-            in_namespace=False, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
-        wait_for("the cluster DNS", lambda: "clusterdns: serving" in dns.tail(5), alive=[dns])
+        cp = self.cluster
+        self._start_helper("clusterdns", f"--listen={self.ip}", f"--server={cp.server}",
+                           f"--token-file={token}", f"--ca-file={cp.ca_cert}", f"--domain={CLUSTER_DOMAIN}")
+        self._start_helper("tcpforward", f"{cp.kubernetes_service_ip}:443", f"{HOST}:{cp.port}")
+
+    def _start_helper(self, module: str, *args: str) -> None:
+        """A support module of ours as a process on the machine (outside the namespace), up when it
+        prints its first line (`MODULE: ...`)."""
+        helper = self._start(module, [sys.executable, "-m", f"support.{module}", *args], in_namespace=False,
+                             env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+        wait_for(f"{module} serving", lambda: f"{module}: " in helper.tail(5), alive=[helper])
 
     def _make_bridge(self) -> None:
         sweep_stale_nodes()
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "link", "set", self.bridge, "alias", f"{BRIDGE_ALIAS}{os.getpid()}")
         _run("ip", "addr", "add", f"{self.ip}/{self.subnet.prefixlen}", "dev", self.bridge)
+        _run("ip", "addr", "add", f"{self.cluster.kubernetes_service_ip}/32", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
 
     def _remove_bridge(self) -> None:
@@ -435,6 +467,7 @@ class Node:
                 # they were.
                 {"type": "bridge", "bridge": self.bridge, "ipam": {
                     "type": "host-local", "ranges": [[{"subnet": str(self.subnet), "gateway": self.ip}]],
+                    "routes": [{"dst": self.cluster.service_cidr, "gw": self.ip}],
                     "dataDir": str(self.dir / "ipam")}},
                 {"type": "loopback"}]}))
         config = self.dir / "containerd.toml"
@@ -513,6 +546,7 @@ class NodeCluster(ControlPlane):
 
     def __init__(self, workdir: pathlib.Path | None = None) -> None:
         super().__init__(workdir, nodes=())
+        self.service_cidr = str(free_subnet(SERVICE_SUPERNET))
         self.node_token = secrets.token_hex(16)
         self.node: Node = Node(self)
 
