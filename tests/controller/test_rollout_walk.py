@@ -25,6 +25,7 @@ import pytest
 
 from pd_operator.api.types import ROLES
 from pd_operator.controller.rollout import (
+    available,
     InstanceState,
     Plan,
     RoleParams,
@@ -49,8 +50,12 @@ def thaw(frozen: Frozen) -> dict[str, dict[int, InstanceState]]:
     return {role: dict(items) for role, items in zip(ROLES, frozen, strict=True)}
 
 
-def params_for(p: int, d: int, mu: int, ms: int, partition: int = 0, **flags: bool) -> dict[str, RoleParams]:
-    return {role: RoleParams(n, mu, ms, partition, **flags) for role, n in (("prefill", p), ("decode", d))}
+def params_for(p: int, d: int, mu: int, ms: int, partition: int | tuple[int, int] = 0, **flags: bool
+               ) -> dict[str, RoleParams]:
+    """`partition`: both roles', or (prefill's, decode's)."""
+    parts = partition if isinstance(partition, tuple) else (partition, partition)
+    return {role: RoleParams(n, mu, ms, part, **flags)
+            for role, n, part in (("prefill", p, parts[0]), ("decode", d, parts[1]))}
 
 
 def apply(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], new: str
@@ -59,6 +64,7 @@ def apply(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceStat
     (drain), surge instances it wants are created from the new template."""
     while True:
         step = plan(params, state, new)
+        check_budget(params, state, step)
         out = {role: {i: replace(s, leaving=(role, i) in step.leave) for i, s in state[role].items()}
                for role in ROLES}
         for role in ROLES:
@@ -69,20 +75,33 @@ def apply(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceStat
         state = out
 
 
+def check_budget(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], step: Plan
+                 ) -> None:
+    """A role whose plan takes another instance out keeps `replicas - maxUnavailable` available:
+    not leaving, and not a new instance still loading (an un-Ready outdated one may recover)."""
+    for role in ROLES:
+        if any(r == role and not state[r][i].leaving for r, i in step.leave):
+            assert available(state, step.instances, step.leave, role) >= params[role].minimum, (role, state, step)
+
+
 def events(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], step: Plan,
-           new: str) -> Iterator[dict[str, dict[int, InstanceState]]]:
-    """Every next state the cluster can move to."""
+           new: str, blips: int = 0) -> Iterator[tuple[dict[str, dict[int, InstanceState]], int]]:
+    """Every next state the cluster can move to, with the readiness losses (`blips`) left."""
     routable = step.routable(state)
     for role in ROLES:
         for i, s in state[role].items():
+            if s.ready and not s.leaving and blips:  # a readiness blip: a probe fails for a while
+                yield {**state, role: {**state[role], i: replace(s, ready=False)}}, blips - 1
+            if not s.updated and not s.ready and not s.leaving:  # the blip passes
+                yield {**state, role: {**state[role], i: replace(s, ready=True)}}, blips
             if s.leaving:  # drained: its pods are replaced from the new template
-                yield {**state, role: {**state[role], i: InstanceState(True, False, new)}}
+                yield {**state, role: {**state[role], i: InstanceState(True, False, new)}}, blips
             # A decode instance's KV link needs a listed prefill instance of its layout.
             elif s.updated and not s.ready and (role == "prefill"
                                                 or s.layout in routable["prefill"].values()):
-                yield {**state, role: {**state[role], i: replace(s, ready=True)}}
+                yield {**state, role: {**state[role], i: replace(s, ready=True)}}, blips
             if i >= step.instances[role]:  # a surge instance the plan no longer wants drained away
-                yield {**state, role: {k: v for k, v in state[role].items() if k != i}}
+                yield {**state, role: {k: v for k, v in state[role].items() if k != i}}, blips
 
 
 def check_invariants(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]],
@@ -99,26 +118,30 @@ def check_invariants(params: dict[str, RoleParams], state: dict[str, dict[int, I
             assert state[role][i].layout == layout and state[role][i].ready
 
 
-def walk(params: dict[str, RoleParams], new: str) -> tuple[int, set[str]]:
-    """(states visited, blocked messages at the ends) from every instance old and Ready."""
+def walk(params: dict[str, RoleParams], new: str, blips: int = 0) -> tuple[int, set[str]]:
+    """(states visited, blocked messages at the ends) from every instance old and Ready; `blips`:
+    how many times some Ready instance may lose readiness for a while on the way (then the serving
+    minimum is not the planner's to keep, the budget is)."""
     start = {role: {i: InstanceState(False, True, OLD) for i in range(params[role].replicas)}
              for role in ROLES}
-    seen: set[Frozen] = set()
-    todo = [start]
+    seen: set[tuple[Frozen, int]] = set()
+    todo = [(start, blips)]
     blocked: set[str] = set()
     while todo:
-        state, step = apply(params, todo.pop(), new)
-        key = freeze(state)
+        before, left = todo.pop()
+        state, step = apply(params, before, new)
+        key = (freeze(state), left)
         if key in seen:
             continue
         seen.add(key)
-        check_invariants(params, state, step)
-        nexts = list(events(params, state, step, new))
+        if left == blips:
+            check_invariants(params, state, step)
+        nexts = list(events(params, state, step, new, left))
         if not nexts:  # the end: done, or the planner says why not
             if step.blocked:
                 blocked.add(step.blocked)
             else:
-                below = {role: params[role].partition for role in ROLES}
+                below = {role: min(params[role].partition, params[role].replicas) for role in ROLES}
                 assert step.complete, (params, state)
                 for role in ROLES:
                     assert set(state[role]) == set(range(params[role].replicas))
@@ -251,3 +274,33 @@ def test_the_progress_clock_restarts_on_progress_and_on_a_new_template() -> None
     assert progressed_at(start, stuck, {role: ("old", 1, 1) for role in ROLES}, True, later) == later
     assert progressed_at(None, None, stuck, True, later) == later
     assert progressed_at(start, stuck, stuck, False, later) is None
+
+
+def test_a_readiness_blip_replaces_at_most_the_budget() -> None:
+    """3 prefill + 4 decode, the decodes un-Ready for one round (a blip), a new template: the
+    prefill instances serve nothing meanwhile (no Ready decode), yet at most maxUnavailable of each
+    role leave, not all 7."""
+    state = {"prefill": {i: InstanceState(False, True, OLD) for i in range(3)},
+             "decode": {i: InstanceState(False, False, OLD) for i in range(4)}}
+    for mu, ms in SETTINGS:
+        step = plan(params_for(3, 4, mu, ms), state, NEW)
+        for role in ROLES:
+            assert sum(1 for r, _ in step.leave if r == role) <= mu, (mu, ms, role, step.leave)
+
+
+PARTITIONS = [(0, 0), (1, 0), (0, 1), (1, 2)]
+"""(prefill's, decode's): the same or different per role."""
+
+
+@pytest.mark.parametrize("p,d", [(p, d) for p, d in SHAPES if p + d <= 4])
+@pytest.mark.parametrize("layout_change", [False, True])
+def test_walk_with_a_readiness_blip_and_partitions_per_role(p: int, d: int, layout_change: bool) -> None:
+    """As the walk above, with one Ready instance (any, at any point) losing readiness for a while
+    and each role its own partition: every plan keeps the role's budget (check_budget), the walk
+    ends, and it ends updated at or above each partition, or held with advice."""
+    new = NEW if layout_change else OLD
+    for (mu, ms), partition in itertools.product(SETTINGS, PARTITIONS):
+        _, blocked = walk(params_for(p, d, mu, ms, partition), new, blips=1)
+        assert all("maxSurge" in b or "partition" in b for b in blocked), (mu, ms, partition, blocked)
+        if not layout_change:
+            assert not blocked or ms == 0, (mu, ms, partition, blocked)

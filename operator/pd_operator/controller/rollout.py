@@ -14,15 +14,17 @@ exhaustive walk over small shapes in its tests (tests/controller/test_rollout_wa
 The rule, per role (`spec.<role>.rollout`, named as Deployments and StatefulSets name them):
 - up to `maxSurge` extra instances (ordinals from `replicas` on) run the new template while
   outdated instances remain, and leave (drained, as a scale-down) when none does;
-- an outdated instance at or above `partition` may leave when, after it left, every role still has
-  at least `replicas - maxUnavailable` instances serving, and no role has fewer than before. An
+- an outdated instance at or above `partition` may leave when, after it left, its role keeps
+  `replicas - maxUnavailable` instances available (`available`: all but the leaving, the missing
+  and the new ones still loading; one budget, as a Deployment's), and every role still has at least
+  `replicas - maxUnavailable` instances serving, or no fewer than before. An
   instance serves when it is Ready, not leaving, and the other role has a serving candidate on its
   KV layout: a new image or block size gives new instances another kv-layout hash, and the proxy
   pairs prefill and decode only within one layout (proxy/membership.py), so an old prefill whose
   old decodes are all gone serves nothing. Counting that keeps a compatible pair serving through a
   layout change, or holds the rollout (`blocked`) when no order can, saying what to raise.
-- instances not Ready leave first (they serve nothing); then the role further behind, highest
-  ordinal first (as a StatefulSet rolls).
+- instances not Ready leave first (they serve nothing), within that budget; then the role further
+  behind, highest ordinal first (as a StatefulSet rolls).
 - `paused`, or a passed progress deadline (`halted`), takes no further instance out; those already
   leaving finish.
 
@@ -160,6 +162,17 @@ def serving(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> d
             for role in ROLES}
 
 
+def available(state: State, counts: Mapping[str, int], leave: frozenset[Key], role: str) -> int:
+    """Instances of `role` that serve or may again without the rollout's help: every one that
+    stays except a new one still loading (an outdated one that lost readiness may regain it, a
+    blip). What the unavailability budget counts, as a Deployment's rolling update counts its pods
+    (kubernetes: pkg/controller/deployment/rolling.go @ v1.34, cleanupUnhealthyReplicas): taking
+    out an un-Ready outdated instance spends the budget like a Ready one, so a readiness blip
+    replaces at most maxUnavailable (plus surge) instances at once, not all of them."""
+    return sum(1 for i, s in state.get(role, {}).items()
+               if i < counts[role] and (role, i) not in leave and (s.ready or not s.updated))
+
+
 def surplus(params: Mapping[str, RoleParams], state: State) -> list[Key]:
     """Instances past a role's replicas (surge instances, or ones a scale-down removes), in order."""
     return [(role, i) for role in ROLES for i in sorted(state.get(role, {})) if i >= params[role].replicas]
@@ -198,9 +211,11 @@ def plan(params: Mapping[str, RoleParams], state: State, layout: str) -> Plan:
     leave = frozenset((role, i) for role in ROLES for i in outdated[role] if state[role][i].leaving)
     now = serving(state, counts, leave)
 
-    def allowed(trial: frozenset[Key]) -> bool:
+    def allowed(key: Key) -> bool:
+        trial = leave | {key}
         after = serving(state, counts, trial)
-        return all(after[r] >= now[r] or after[r] >= params[r].minimum for r in ROLES)
+        return (available(state, counts, trial, key[0]) >= params[key[0]].minimum
+                and all(after[r] >= now[r] or after[r] >= params[r].minimum for r in ROLES))
 
     def order(key: Key) -> tuple:
         role, index = key
@@ -210,7 +225,7 @@ def plan(params: Mapping[str, RoleParams], state: State, layout: str) -> Plan:
     candidates = sorted(((role, i) for role in ROLES if params[role].moving and role not in stranded
                          for i in outdated[role] if (role, i) not in leave), key=order)
     for key in candidates:  # each accepted one lowers `now` only where it stays above the minimum
-        if allowed(leave | {key}):
+        if allowed(key):
             leave |= {key}
             now = serving(state, counts, leave)
     return Plan(leave, counts, now, {role: len(outdated[role]) for role in ROLES},
