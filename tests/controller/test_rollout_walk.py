@@ -25,10 +25,10 @@ import pytest
 
 from pd_operator.api.types import ROLES
 from pd_operator.controller.rollout import (
-    available,
     InstanceState,
     Plan,
     RoleParams,
+    available,
     other,
     plan,
     progressed_at,
@@ -81,7 +81,8 @@ def check_budget(params: dict[str, RoleParams], state: dict[str, dict[int, Insta
     not leaving, and not a new instance still loading (an un-Ready outdated one may recover)."""
     for role in ROLES:
         if any(r == role and not state[r][i].leaving for r, i in step.leave):
-            assert available(state, step.instances, step.leave, role) >= params[role].minimum, (role, state, step)
+            kept = available(state, step.instances, step.leave, role)
+            assert kept >= params[role].minimum, (role, state, step)
 
 
 def events(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], step: Plan,
