@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pd_operator.spec.validate import validate
+from pd_operator.render.runnable import validate
 from support import containers
 from support.cluster import namespace_name, wait_for
 from support.installed import helm_install, helm_uninstall, wait_webhook_called, weights_claim
