@@ -143,6 +143,7 @@ bench: install tools testcluster upstream
 	$(PY) bench/reconcile.py
 	$(PY) bench/scale.py
 	$(PY) bench/proxy.py
+	$(PY) bench/proxy_flood.py
 	$(PY) bench/rollout.py
 
 bench-transfer: install

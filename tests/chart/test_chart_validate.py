@@ -72,6 +72,9 @@ CERT_MANAGER_CERTIFICATE = _namespaced_resource(
         "secretName", "issuerRef", "dnsNames",
     ),
 )
+_SCRAPE_ENDPOINT = _closed({"port": _STR, "path": _STR, "scheme": {"enum": ["http", "https"]},
+                            "interval": _DURATION, "scrapeTimeout": _DURATION}, "port")
+"""An endpoint of a ServiceMonitor or a PodMonitor."""
 SERVICE_MONITOR = _namespaced_resource(
     "monitoring.coreos.com/v1",
     _closed(
@@ -81,25 +84,33 @@ SERVICE_MONITOR = _namespaced_resource(
             "endpoints": {
                 "type": "array",
                 "minItems": 1,
-                "items": _closed(
-                    {
-                        "port": _STR,
-                        "path": _STR,
-                        "scheme": {"enum": ["http", "https"]},
-                        "interval": _DURATION,
-                        "scrapeTimeout": _DURATION,
-                    },
-                    "port",
-                ),
+                "items": _SCRAPE_ENDPOINT,
             },
         },
         "selector", "endpoints",
+    ),
+)
+POD_MONITOR = _namespaced_resource(
+    "monitoring.coreos.com/v1",
+    _closed(
+        {
+            "selector": _closed({"matchLabels": {"type": "object", "minProperties": 1}}),
+            "namespaceSelector": _closed({"matchNames": {"type": "array", "items": _STR},
+                                          "any": {"type": "boolean"}}),
+            "podMetricsEndpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": _SCRAPE_ENDPOINT,
+            },
+        },
+        "selector", "podMetricsEndpoints",
     ),
 )
 EXTERNAL_KINDS = {
     ("cert-manager.io/v1", "Issuer"): CERT_MANAGER_ISSUER,
     ("cert-manager.io/v1", "Certificate"): CERT_MANAGER_CERTIFICATE,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
+    ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR,
 }
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import yaml
 
+from pd_operator.controller.main import ADMIN_KEY_ENV
+from pd_operator.render import render
 from support.helm_chart import (
     NAMESPACE,
     find,
@@ -15,6 +17,7 @@ from support.helm_chart import (
     rendered,
     template,
 )
+from support.specs import example, resolve
 
 WEBHOOK_PATH = "/validate-pddeployment"
 
@@ -177,3 +180,23 @@ def test_peering_objects_exist_under_the_name_the_operator_gets(value_set):
         assert sorted(p["metadata"]["namespace"] for p in namespaced) == served
         assert {p["metadata"]["name"] for p in namespaced} == {name} and cluster == []
 
+
+
+def test_the_proxy_pod_monitor_scrapes_every_rendered_proxys_metrics_port():
+    monitor = one(rendered("metrics"), "PodMonitor")
+    proxy = next(m for m in render(resolve(example())) if m["kind"] == "Deployment")
+    labels = proxy["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ports = {p["name"] for c in proxy["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert find(rendered("default"), "PodMonitor") == []
+
+
+def test_the_proxy_admin_key_reaches_the_operator_from_the_charts_secret(value_set):
+    docs = rendered(value_set)
+    env = operator_container(docs)["env"]
+    (ref,) = [e["valueFrom"]["secretKeyRef"] for e in env if e["name"] == ADMIN_KEY_ENV]
+    secret = one(docs, "Secret", ref["name"], NAMESPACE)
+    assert len(secret["data"][ref["key"]]) >= 48

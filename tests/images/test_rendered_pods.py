@@ -203,9 +203,15 @@ def test_the_proxy_serves_a_request_in_the_operator_image(path, images, tmp_path
     membership = tmp_path / "membership"
     membership.mkdir()
     membership.chmod(0o755)
-    port, admin = pick_port(HOST), pick_port(HOST)  # the host's network: free ports, not the rendered
-    cont = {**proxy, "command": [*proxy["command"], "--host", HOST, "--port", str(port),
-                                 "--admin-port", str(admin)]}
+    port, admin, metrics = (pick_port(HOST) for _ in range(3))  # the host's network: free ports
+    # The members are fake engines on loopback, not the rendered instances' addresses the rendered
+    # --deployment/--namespace/--serving-port would hold them to (tests/security covers that rule).
+    command = proxy["command"]
+    flags = ("--deployment", "--namespace", "--serving-port")
+    identity = {i for i, word in enumerate(command) if word in flags}
+    command = [w for i, w in enumerate(command) if i not in identity and i - 1 not in identity]
+    cont = {**proxy, "command": [*command, "--host", HOST, "--port", str(port), "--admin-port", str(admin),
+                                 "--metrics-port", str(metrics)]}
     options = [*containers.security_options(pod_spec, cont),
                *containers.volume_options(pod_spec, cont, {"membership": membership}),
                *containers.command_options(cont)[0], "--network", "host"]
@@ -218,7 +224,7 @@ def test_the_proxy_serves_a_request_in_the_operator_image(path, images, tmp_path
         (membership / KEY).chmod(0o644)
         try:
             async with ProxyProcess(argv, HOST, port, tmp_path / "proxy.log", admin,
-                                    env=containers.environment()) as served:
+                                    env=containers.environment(), metrics_port=metrics) as served:
                 status, body = await served.post("/v1/completions", {
                     "model": "m", "prompt": "hello", "max_tokens": 4})
                 assert status == 200, body

@@ -15,12 +15,13 @@ Only conditions are waited for (ProxyProcess.wait_version); nothing asserts a du
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from pd_operator.proxy.membership import KEY
+from pd_operator.proxy.membership import KEY, Upstream, document
 from pd_operator.proxy.watch import CA, NAMESPACE, TOKEN
 from pd_operator.render import proxy
 from pd_operator.render.kinds import CHILD_KINDS
@@ -191,3 +192,40 @@ def _answers(cp: ControlPlane, namespace: str) -> bool:
 
 async def holds(what: str, check: Callable[[], bool]) -> None:
     await until(what, check)
+
+
+def test_a_config_map_the_proxy_cannot_parse_never_stops_its_watch(control_plane, namespace, tmp_path):
+    """Attack: whoever can write the ConfigMap puts JSON nested too deeply for the parser (or an entry
+    outside the deployment's addresses) in it; the watch must go on, so the next good version is
+    applied as it is written (before issue 34 the exception killed the watch task while the proxy
+    still reported live, and membership froze)."""
+    cp, s = control_plane, Setup(control_plane, namespace, tmp_path)
+    s.create("ServiceAccount", "Role", "RoleBinding")
+    s.credentials_dir()
+    first = s.config_map(0)
+    path = f"{_path('v1', 'configmaps', namespace)}/{s.name}"
+    doc = proxy.membership_document(s.ctx, ROUTABLE[1])
+    forged = {**doc, "decode": [{**doc["decode"][0], "url": "http://attacker.example:8000"}]}
+    lists = ([Upstream(e["name"], e["url"], e.get("layout", "")) for e in forged[role]]
+             for role in ("prefill", "decode"))
+    forged["version"] = document(*lists)["version"]
+
+    def write(text: str) -> None:
+        cp.api("PATCH", path, {"data": {KEY: text}}, content_type="application/merge-patch+json")
+
+    async def scenario() -> None:
+        identity = ["--deployment", s.ctx.deployment.name, "--namespace", namespace, "--serving-port",
+                    str(s.ctx.deployment.spec.serving_port)]
+        async with ProxyProcess.on_loopback(s.file, tmp_path / "proxy.log", "--membership-configmap", s.name,
+                                            "--service-account-dir", str(s.credentials), *identity,
+                                            env=api_env(cp.port)) as p:
+            await p.wait_version(first)
+            for bad in ("[" * 200_000 + "]" * 200_000, json.dumps(forged)):
+                before = p.log.read_text().count("is malformed")
+                write(bad)
+                await until("the proxy to refuse it",
+                            lambda b=before: p.log.read_text().count("is malformed") > b)
+                assert (await p.state()).version == first
+            await p.wait_version(s.config_map(2))  # the watch still runs
+
+    asyncio.run(scenario())

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 from pd_operator.api.types import ClientPeer
+from pd_operator.proxy.options import ADMIN_TOKEN_ENV
 from pd_operator.render import Boundary, render
 from pd_operator.render.policy import OPERATOR_NAMESPACE
 from pd_operator.render.runnable import validate
@@ -56,6 +57,7 @@ def _dest_ports(validation, pods: dict[str, Pod]) -> dict[str, tuple[Pod, int]]:
     if "proxy" in by_component:
         out["proxy HTTP"] = (by_component["proxy"], spec.proxy.port)
         out["proxy admin"] = (by_component["proxy"], spec.proxy.admin_port)
+        out["proxy metrics"] = (by_component["proxy"], spec.proxy.metrics_port)
     return out
 
 
@@ -114,6 +116,10 @@ FLOWS = [
     ("Prometheus in monitoring", "prefill HTTP", True),
     ("Prometheus in monitoring", "decode KV handshake", False),
     ("Prometheus in monitoring", "proxy admin", False),
+    ("Prometheus in monitoring", "proxy metrics", True),
+    ("plain pod of the namespace", "proxy metrics", False),
+    ("Prometheus-labelled pod of the namespace", "proxy metrics", False),
+    ("the operator's pod", "proxy metrics", False),
     # Attack: the proxy is open to every pod of the cluster. Its namespace only, by default.
     ("plain pod of the namespace", "proxy HTTP", True),
     ("pod in another namespace with the same labels", "proxy HTTP", False),
@@ -253,3 +259,23 @@ def test_a_proxy_without_an_api_key_is_warned_and_no_example_serves_without_one(
     assert validate(keyless).ok  # a warning: it still serves
     disabled = validate(_with_proxy(keyless, enabled=False))
     assert not [f for f in disabled.findings if f.code == "ProxyWithoutApiKey"]
+
+
+def test_each_deployments_proxy_gets_its_own_admin_token_and_its_probe_sends_it():
+    """Attack: without NetworkPolicy enforcement any pod reads /pd/state or resets every engine's
+    prefix cache; with the operator's key each proxy wants a token no other deployment's shares."""
+    def proxy_container(doc: dict, boundary: Boundary) -> dict:
+        _, manifests = rendered(doc, boundary)
+        deployment = next(m for m in manifests if m["kind"] == "Deployment")
+        return deployment["spec"]["template"]["spec"]["containers"][0]
+
+    keyed = Boundary(OPERATOR_NAMESPACE, (), "operator-key")
+    mine = proxy_container(example(), keyed)
+    token = next(e["value"] for e in mine["env"] if e["name"] == ADMIN_TOKEN_ENV)
+    assert mine["livenessProbe"]["httpGet"]["httpHeaders"] == [{"name": "Authorization",
+                                                               "value": f"Bearer {token}"}]
+    other = copy.deepcopy(example())
+    other["metadata"]["name"] = "other"
+    theirs = proxy_container(other, keyed)
+    assert token not in str(theirs["env"]) and len(token) == 64
+    assert ADMIN_TOKEN_ENV not in str(proxy_container(example(), Boundary()))

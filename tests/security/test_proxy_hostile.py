@@ -22,8 +22,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
 from pd_operator.proxy.membership import STATE_PATH, Upstream, document
-from pd_operator.proxy.options import API_KEY_ENV
+from pd_operator.proxy.options import ADMIN_TOKEN_ENV, API_KEY_ENV
+from pd_operator.render import proxy as rendered_proxy
 from support.fakevllm import (
     HOST,
     MODEL,
@@ -37,6 +39,7 @@ from support.fakevllm import (
     swap,
     until,
 )
+from support.specs import example, resolve
 
 pytestmark = pytest.mark.security
 
@@ -102,7 +105,7 @@ async def answer_or_eof(reader: asyncio.StreamReader) -> bytes:
 
 
 def status_of(raw: bytes) -> int | None:
-    return int(raw.split(b" ", 2)[1]) if raw.startswith(b"HTTP/1.1 ") else None
+    return int(raw.split(b" ", 2)[1]) if raw.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) else None
 
 
 # --- memory ------------------------------------------------------------------------------------------
@@ -496,7 +499,8 @@ async def _malformed(tmp_path: Path) -> None:
             async with client.post(proxy.url + "/v1/chat/completions", data=data,
                                    headers={"Content-Type": content_type}) as resp:
                 got[name] = resp.status, await resp.read()
-        for name, request_id in (("long X-Request-Id", "r" * 8000), ("X-Request-Id with a newline", "a\tb"),
+        # ("r" * 4000: within the 4 KiB header line; a longer one is refused by the header limits)
+        for name, request_id in (("long X-Request-Id", "r" * 4000), ("X-Request-Id with a newline", "a\tb"),
                                  ("X-Request-Id with quotes", 'a"b'),
                                  ("X-Request-Id with a slash", "a/../b")):
             async with client.post(proxy.url + "/v1/completions", json=NORMAL,
@@ -515,3 +519,239 @@ async def _malformed(tmp_path: Path) -> None:
 
 def test_malformed_requests_get_a_4xx(tmp_path):
     asyncio.run(_malformed(tmp_path))
+
+
+# --- before authentication (issue 34) ----------------------------------------------------------------
+
+KEY = "s3cret-key-0123456789"
+KEYED = {**os.environ, API_KEY_ENV: KEY}
+AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
+ELSEWHERE = "127.0.9.9"
+"""Another client's address (the whole of 127.0.0.0/8 is loopback on Linux)."""
+PAD_LINES, PAD_BYTES = 31, 4000
+"""Header lines a connection may send before the proxy's limits (32 lines of at most 4 KiB) refuse it."""
+
+
+def padded_head(lines: int = PAD_LINES, size: int = PAD_BYTES) -> bytes:
+    """A request line and `lines` header lines of `size` bytes, without the blank line that ends them."""
+    line = b"X-Pad-%02d: " + b"p" * (size - 12) + b"\r\n"
+    request = f"POST /v1/completions HTTP/1.1\r\nHost: {HOST}\r\n".encode()
+    return request + b"".join(line % i for i in range(lines))
+
+
+async def from_elsewhere(proxy: ProxyProcess, source: str = ELSEWHERE) -> None:
+    """An authenticated request from another address, answered whole."""
+    connector = aiohttp.TCPConnector(local_addr=(source, 0), force_close=True)
+    timeout = aiohttp.ClientTimeout(total=WAIT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client, \
+            client.post(proxy.url + "/v1/completions", json=NORMAL, headers=AUTHORIZED) as resp:
+        raw = await resp.read()
+    problem = check_answer(resp.status, raw, chat=False, stream=False, usage=False, chunks=4)
+    assert problem is None, problem[:300]
+
+
+async def hold_heads(port: int, count: int, sources: int, head: bytes) -> list[tuple[asyncio.StreamReader,
+                                                                                 asyncio.StreamWriter]]:
+    out = []
+    for i in range(count):
+        source = (f"127.0.{1 + i % sources}.1", 0)
+        reader, writer = await asyncio.open_connection(HOST, port, local_addr=source)
+        try:
+            writer.write(head)
+            await writer.drain()
+        except OSError:
+            pass  # refused and closed: the proxy's bound
+        out.append((reader, writer))
+    return out
+
+
+async def _header_flood(tmp_path: Path) -> None:
+    cap = 64
+    async with proxied(tmp_path, "--max-client-connections", str(cap), env=KEYED) as (proxy, p0, d0):
+        pid = proxy.proc.pid
+        await from_elsewhere(proxy)
+        serving = rss(pid)
+        # Twice the cap, from 8 addresses, each holding as much unfinished header as the limits let.
+        held = await hold_heads(proxy.port, 2 * cap, 8, padded_head())
+        await from_elsewhere(proxy)  # a new connection closes the oldest half-sent one
+        peak = rss(pid, "VmHWM")
+        closed = (await asyncio.gather(*(_closed_now(r) for r, _ in held))).count(True)
+        for _, writer in held:
+            writer.close()
+    assert closed >= cap, closed  # past the cap the oldest were closed
+    # At most `cap` connections of about 124 KB of headers each, with the parser's copies.
+    bound = cap * PAD_LINES * PAD_BYTES * 4 + 32 * MiB
+    assert peak - serving < bound, f"peak {peak / MiB:.0f} MiB, {serving / MiB:.0f} MiB serving"
+
+
+def test_a_flood_of_unfinished_headers_is_bounded_by_the_connection_cap(tmp_path):
+    asyncio.run(_header_flood(tmp_path))
+
+
+async def _header_limits(tmp_path: Path) -> None:
+    async with proxied(tmp_path, env=KEYED) as (proxy, p0, d0):
+        answers = {}
+        # aiohttp's own limits allow 128 lines of 8 KB.
+        for name, head in (("a 33rd header line", padded_head(33, 100)),
+                           ("a header line over 4 KiB", padded_head(1, 5000))):
+            reader, writer = await asyncio.open_connection(HOST, proxy.port)
+            try:
+                writer.write(head)
+                await writer.drain()
+            except OSError:
+                pass
+            answers[name] = await answer_or_eof(reader)
+            writer.close()
+        await from_elsewhere(proxy)
+    assert {name: status_of(raw) for name, raw in answers.items()} == dict.fromkeys(answers, 400), answers
+    assert len(p0.received) == 1  # only the authenticated request reached an engine
+
+
+def test_headers_past_the_limits_get_400_before_the_key_is_checked(tmp_path):
+    asyncio.run(_header_limits(tmp_path))
+
+
+async def _per_source(tmp_path: Path) -> None:
+    per_source = 8
+    async with proxied(tmp_path, "--max-connections-per-source", str(per_source), env=KEYED) \
+            as (proxy, p0, d0):
+        held = await hold_heads(proxy.port, per_source, 1, padded_head(2, 100))
+        # Past its share: refused before anything is read (they send nothing, so the answer is not
+        # lost to a reset of unread bytes).
+        held += await hold_heads(proxy.port, 2 * per_source, 1, b"")
+        refused = [status_of(await answer_or_eof(r)) for r, _ in held[per_source:]]
+        await from_elsewhere(proxy)
+        open_ones = (await asyncio.gather(*(_closed_now(r) for r, _ in held[:per_source]))).count(False)
+        for _, writer in held:
+            writer.close()
+    assert refused == [503] * (2 * per_source), refused
+    assert open_ones == per_source  # the first ones stay: refusing is per address, not a global eviction
+
+
+def test_one_address_cannot_take_more_than_its_share_of_connections(tmp_path):
+    asyncio.run(_per_source(tmp_path))
+
+
+async def _dripping_headers(tmp_path: Path) -> None:
+    async with proxied(tmp_path, "--header-timeout", "2", env=KEYED) as (proxy, p0, d0):
+        reader, writer = await asyncio.open_connection(HOST, proxy.port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\n")
+        sent = 0
+        closed = False
+        for _ in range(400):  # a byte every 0.1 s, well inside any read timeout, for up to 40 s
+            try:
+                writer.write(b"X-Drip-%d: x\r\n" % sent)
+                await writer.drain()
+            except OSError:
+                closed = True
+                break
+            sent += 1
+            if await _closed_now_within(reader, 0.1):
+                closed = True
+                break
+        writer.close()
+        await from_elsewhere(proxy)
+    assert closed, "a connection dripping header lines was never closed"
+    assert sent < 40, sent  # closed at the header timeout, not by the header count limit
+
+
+async def _closed_now_within(reader: asyncio.StreamReader, wait: float) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(), wait) == b""
+    except TimeoutError:
+        return False
+
+
+def test_headers_dripped_line_by_line_are_closed_at_the_header_timeout(tmp_path):
+    asyncio.run(_dripping_headers(tmp_path))
+
+
+async def _logs(tmp_path: Path) -> None:
+    async with proxied(tmp_path, env=KEYED) as (proxy, p0, d0):
+        for raw in (b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode()
+                    + b"\r\nX-Bad\x01Header: leak-me\r\n\r\n",
+                    b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode()
+                    + b"\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nleak-me-body",
+                    b"GET /\x00leak-me HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n\r\n"):
+            reader, writer = await asyncio.open_connection(HOST, proxy.port)
+            writer.write(raw)
+            assert status_of(await answer_or_eof(reader)) == 400
+            writer.close()
+        await from_elsewhere(proxy)
+        log = proxy.log.read_text()
+    assert KEY not in log and "leak-me" not in log, log[-3000:]
+    assert "Error handling request from 127.0.0.1: BadHttpMessage" in log  # said, without what was sent
+
+
+def test_malformed_requests_are_logged_without_their_headers_or_bodies(tmp_path):
+    asyncio.run(_logs(tmp_path))
+
+
+# --- the membership (issue 34) -----------------------------------------------------------------------
+
+
+async def _membership(tmp_path: Path) -> None:
+    ctx = resolve(example())
+    spec = ctx.deployment.spec
+    good = rendered_proxy.membership_document(ctx)
+    smaller = rendered_proxy.membership_document(ctx, {"prefill": {0: ctx.layout_hash},
+                                                       "decode": {0: ctx.layout_hash}})
+    attacker = FakeEngine("glm-flash-decode-0", "decode")
+    await attacker.start()
+    forged = document([Upstream(u["name"], u["url"], u.get("layout", "")) for u in good["prefill"]],
+                      [attacker.upstream])
+    path = tmp_path / "upstreams.json"
+    version = swap(path, good)
+    try:
+        async with ProxyProcess.on_loopback(path, tmp_path / "proxy.log", "--deployment", ctx.deployment.name,
+                                            "--namespace", ctx.deployment.namespace, "--serving-port",
+                                            str(spec.serving_port)) as proxy:
+            await proxy.wait_version(version)
+            for bad in (json.dumps(forged), "[" * 100_000 + "]" * 100_000):
+                before = proxy.log.read_text().count("is malformed")
+                path.write_text(bad)
+                await until("the proxy to read the bad membership",
+                            lambda b=before: proxy.log.read_text().count("is malformed") > b)
+                assert (await proxy.state()).version == version
+            await proxy.post("/v1/completions", NORMAL)  # routed by the good one: not to the attacker
+            later = swap(path, smaller)
+            await proxy.wait_version(later)
+    finally:
+        await attacker.stop()
+    assert attacker.received == []
+    assert str(forged["version"]) != later
+
+
+def test_membership_entries_outside_the_deployments_addresses_are_refused(tmp_path):
+    asyncio.run(_membership(tmp_path))
+
+
+# --- the admin port's own token (issue 34) -----------------------------------------------------------
+
+
+async def _admin_token(tmp_path: Path) -> None:
+    token = "admin-token-0123456789"
+    env = {**KEYED, ADMIN_TOKEN_ENV: token}
+    async with proxied(tmp_path, env=env) as (proxy, p0, d0), \
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_S)) as client:
+        refused = []
+        for headers in ({}, AUTHORIZED, {"Authorization": f"Bearer {token}x"}, {"Authorization": token}):
+            for method, path in (("GET", STATE_PATH), ("POST", "/reset_prefix_cache"),
+                                 ("GET", "/healthcheck")):
+                async with client.request(method, proxy.admin_url + path, headers=headers) as resp:
+                    refused.append(resp.status)
+        reader = ProxyStateReader()
+        state = await asyncio.to_thread(reader.read, HOST, proxy.admin_port, token)
+        try:
+            await asyncio.to_thread(reader.read, HOST, proxy.admin_port)
+            keyless = None
+        except ProxyUnreachable as err:
+            keyless = str(err)
+    assert set(refused) == {401}, refused  # the clients' API key is not the admin token
+    assert set(state.upstreams) == {p0.name, d0.name}
+    assert keyless == "HTTP 401"
+    assert p0.received == d0.received == []  # no reset reached an engine
+
+
+def test_the_admin_port_wants_its_own_token(tmp_path):
+    asyncio.run(_admin_token(tmp_path))

@@ -42,6 +42,7 @@ import aiohttp
 from aiohttp import web
 
 from pd_operator.proxy.membership import STATE_PATH, ProxyState, Upstream, parse_state
+from pd_operator.proxy.options import ADMIN_TOKEN_ENV
 from support.cluster import pick_port
 
 HOST = "127.0.0.1"
@@ -507,24 +508,26 @@ class ProxyProcess:
     """A `pd-proxy` process (`argv`) serving at host:port, its output in `log`."""
 
     def __init__(self, argv: list[str], host: str, port: int, log: Path, admin_port: int,
-                 env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None) -> None:
+                 env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None,
+                 metrics_port: int | None = None) -> None:
         self.argv, self.host, self.port, self.log, self.env = argv, host, port, log, env
-        self.admin_port, self.preexec_fn = admin_port, preexec_fn
+        self.admin_port, self.metrics_port, self.preexec_fn = admin_port, metrics_port, preexec_fn
         self.url = f"http://{host}:{port}"
         self.admin_url = f"http://{host}:{admin_port}"
+        self.metrics_url = f"http://{host}:{metrics_port}"
         self.proc: subprocess.Popen | None = None
 
     @classmethod
     def on_loopback(cls, membership: Path, log: Path, *extra: str, env: dict[str, str] | None = None,
                     preexec_fn: Callable[[], None] | None = None) -> ProxyProcess:
-        """The installed `pd-proxy` console script on 127.0.0.1 and two free ports (clients, admin)."""
+        """The installed `pd-proxy` console script on 127.0.0.1 and three free ports (clients, admin,
+        metrics)."""
         script = Path(sys.executable).with_name("pd-proxy")
         assert script.is_file(), f"{script} is not installed (make install)"
-        port = pick_port(HOST)
-        admin = pick_port(HOST)
+        port, admin, metrics = (pick_port(HOST) for _ in range(3))
         return cls([str(script), "--membership", str(membership), "--host", HOST, "--port", str(port),
-                    "--admin-port", str(admin), "--poll-interval", "0.2", *extra], HOST, port, log, admin,
-                   env=env, preexec_fn=preexec_fn)
+                    "--admin-port", str(admin), "--metrics-port", str(metrics), "--poll-interval", "0.2",
+                    *extra], HOST, port, log, admin, env=env, preexec_fn=preexec_fn, metrics_port=metrics)
 
     async def start(self) -> ProxyProcess:
         with self.log.open("wb") as out:
@@ -559,11 +562,14 @@ class ProxyProcess:
             print(f"--- pd-proxy log ({self.log}) ---\n{self.log.read_text()[-20000:]}")
 
     def _listening(self) -> bool:
-        """Both ports accept: the clients' and the admin one (pd-proxy starts them one after the other)."""
+        """Every port accepts: the clients', the admin one and the metrics one (pd-proxy starts them
+        one after the other)."""
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"pd-proxy exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
-        for port in (self.port, self.admin_port):
+        for port in (self.port, self.admin_port, self.metrics_port):
+            if port is None:
+                continue
             try:
                 with socket.create_connection((self.host, port), timeout=1):
                     pass
@@ -572,8 +578,10 @@ class ProxyProcess:
         return True
 
     async def get(self, path: str, admin: bool = False) -> tuple[int, Any]:
-        """On the clients' port, or the admin port."""
-        async with self._session.get((self.admin_url if admin else self.url) + path) as resp:
+        """On the clients' port, or the admin port (with the admin token its environment gives it)."""
+        token = (self.env or {}).get(ADMIN_TOKEN_ENV) if admin else None
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        async with self._session.get((self.admin_url if admin else self.url) + path, headers=headers) as resp:
             return resp.status, await resp.json()
 
     async def post(self, path: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, Any]:

@@ -3,6 +3,7 @@ defaults and each value set under tests/chart/values/."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -45,6 +46,15 @@ def run_helm(*args: str, major: int = 4) -> HelmResult:
         pytest.skip(f"helm v{major} not found: run `make tools` (fetches helm v4 and v3 into .tools/)")
     done = subprocess.run([helm, *args], capture_output=True, text=True, timeout=60)
     return HelmResult(done.returncode, done.stdout, done.stderr)
+
+
+GENERATED_KEY = re.compile(r"(?m)^(  key: )[A-Za-z0-9+/=]{40,}$")
+"""The proxy-admin Secret's key, random at every render that cannot look up the installed one."""
+
+
+def stable(text: str) -> str:
+    """`helm template` output with the generated key masked, so two renders compare equal."""
+    return GENERATED_KEY.sub(r"\1<generated>", text)
 
 
 def values_args(value_set: str) -> list[str]:

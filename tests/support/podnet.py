@@ -57,7 +57,7 @@ from pd_operator.api.labels import DEPLOYMENT, KV_LAYOUT, POD_INDEX, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.proxy.membership import Membership, ProxyState
 from pd_operator.proxy.watch import HOST_ENV, PORT_ENV, SERVICE_ACCOUNT_DIR
-from pd_operator.render.proxy import ADMIN_PORT_NAME, members
+from pd_operator.render.proxy import ADMIN_PORT_NAME, METRICS_PORT_NAME, members
 from pd_operator.render.proxy import COMPONENT as PROXY
 from support.cluster import HOST, ApiError, ControlPlane, NodePool
 from support.fakevllm import WAIT_S, FakeEngine, ProxyProcess, project, until
@@ -338,7 +338,8 @@ class Kubelet:
         (self.workdir / name).mkdir(parents=True, exist_ok=True)
         process = ProxyProcess([sys.executable, str(POD_DNS), str(self.hosts), *argv], ip,
                                _http_port(container), self.workdir / name / "proxy.log",
-                               _port(container, ADMIN_PORT_NAME), env=api_env(self.cp.port))
+                               _port(container, ADMIN_PORT_NAME), env=api_env(self.cp.port),
+                               metrics_port=_port(container, METRICS_PORT_NAME))
         await process.start()
         self.proxies[uid] = process
 

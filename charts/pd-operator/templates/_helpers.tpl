@@ -119,3 +119,7 @@ present a different CA: that combination is refused here.
 - --allow-host-path={{ . }}
 {{- end }}
 {{- end }}
+
+{{- define "pd-operator.proxyAdminSecret" -}}
+{{- printf "%s-proxy-admin" (include "pd-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

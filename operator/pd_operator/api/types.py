@@ -360,6 +360,17 @@ class ProxyLimits(ApiModel):
     max_concurrent_requests: int = Field(default=1024, ge=1, le=65_536)
     """Requests served at once; more are answered 503 with Retry-After at once, never queued. The
     proxy lowers it at start when its open-file limit could not hold that many (it logs so)."""
+    max_client_connections: int = Field(default=1024, ge=16, le=65_536)
+    """Client connections held at once, half-sent ones included: past it a new connection closes the
+    oldest one between requests, or is refused when every one is inside a request. It bounds what
+    unauthenticated clients can hold before the key is checked: each connection's unfinished headers
+    are at most about 136 KiB (32 header lines of 4 KiB; aiohttp allows 128 of 8 KiB), so at the
+    default the headers stay under about 300 MiB with the parser's copies. The proxy lowers it at
+    start when its open-file limit could not hold that many (it logs so)."""
+    max_connections_per_source: int = Field(default=256, ge=1, le=65_536)
+    """Client connections from one address at once; past it that address's new connections are
+    refused (503), so one client cannot take every connection. Behind a gateway or ingress every
+    request comes from its few addresses: raise it to what the gateway opens."""
     max_retries: int = Field(default=3, ge=1, le=16)
     """Attempts per call to a role before the client gets the error (as the example proxy's)."""
     max_prefills: int = Field(default=2, ge=1, le=16)
@@ -428,6 +439,9 @@ class ClientPeer(ApiModel):
 
 @cel("!has(self.adminPort) || !has(self.port) || self.adminPort != self.port",
      "spec.proxy.adminPort must differ from spec.proxy.port")
+@cel("!has(self.metricsPort) || ((!has(self.port) || self.metricsPort != self.port) && "
+     "(!has(self.adminPort) || self.metricsPort != self.adminPort))",
+     "spec.proxy.metricsPort must differ from spec.proxy.port and spec.proxy.adminPort")
 class ProxySpec(ApiModel):
     """The routing proxy: each request goes to a prefill instance, then to a decode instance. It does
     not terminate TLS: put it behind the cluster's gateway or ingress for that."""
@@ -439,6 +453,10 @@ class ProxySpec(ApiModel):
     admin_port: Port = 8001
     """The port of /pd/state (what the operator reads to drain) and /reset_prefix_cache: not in the
     Service, and the proxy's NetworkPolicy admits only the operator's namespace to it."""
+    metrics_port: Port = 8002
+    """The port of /metrics (Prometheus text, no key): the proxy's NetworkPolicy admits the metrics
+    scrapers the operator's chart names (metrics.scrapers) to it, and the chart's
+    metrics.proxyPodMonitor scrapes it."""
     image: str | None = Field(default=None, max_length=512)
     """The image that runs `pd-proxy`. Defaults to the operator's own image (the chart's `image`), which
     has it: the CPU-only router never pulls the serving image. An image the operator knows not to have
@@ -458,10 +476,13 @@ class ProxySpec(ApiModel):
     """Merged over the defaults per key: requests cpu 500m and memory 256Mi, limits memory 1Gi."""
 
     @model_validator(mode="after")
-    def _two_ports(self) -> ProxySpec:
+    def _three_ports(self) -> ProxySpec:
         if self.admin_port == self.port:
             raise ValueError(f"spec.proxy.adminPort ({self.admin_port}) must differ from spec.proxy.port: "
                              "the admin endpoints are not for clients")
+        if self.metrics_port in (self.port, self.admin_port):
+            raise ValueError(f"spec.proxy.metricsPort ({self.metrics_port}) must differ from spec.proxy.port "
+                             "and spec.proxy.adminPort: each port has its own callers")
         return self
 
 

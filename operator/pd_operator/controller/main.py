@@ -91,7 +91,12 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def boundary_of(scrapers: list[str] | None, namespace: str) -> Boundary:
+ADMIN_KEY_ENV = "PD_OPERATOR_PROXY_ADMIN_KEY"
+"""The key each proxy's admin token is derived from (render/policy.py admin_token): the chart sets it
+from its Secret `<release>-proxy-admin`. Unset: the proxies' admin ports want no token."""
+
+
+def boundary_of(scrapers: list[str] | None, namespace: str, admin_key: str | None = None) -> Boundary:
     """The Boundary the operator renders with; ValueError naming the bad --metrics-scraper."""
     peers = []
     for text in scrapers or []:
@@ -101,7 +106,7 @@ def boundary_of(scrapers: list[str] | None, namespace: str) -> Boundary:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the peer'}: {e['msg']}"
                                  for e in err.errors())
             raise ValueError(f"--metrics-scraper {text}: {problems}") from None
-    return Boundary(namespace, tuple(peers))
+    return Boundary(namespace, tuple(peers), admin_key or None)
 
 
 def options_from(argv: Sequence[str]) -> Options:
@@ -115,7 +120,8 @@ def options_from(argv: Sequence[str]) -> Options:
         top.error("--drift-interval must be positive")
     try:
         validator = runnable.options_of(args)
-        boundary = boundary_of(args.scrapers, os.environ.get("POD_NAMESPACE") or policy.OPERATOR_NAMESPACE)
+        boundary = boundary_of(args.scrapers, os.environ.get("POD_NAMESPACE") or policy.OPERATOR_NAMESPACE,
+                               os.environ.get(ADMIN_KEY_ENV))
     except ValueError as err:
         top.error(str(err))
     if args.webhook_cert_dir:

@@ -81,14 +81,17 @@ class ProxyStateReader:
         self.max_bytes = max_bytes
         self._threads = ThreadPoolExecutor(PARALLEL, thread_name_prefix="proxy-state")
 
-    def read(self, pod_ip: str, port: int) -> ProxyState:
+    def read(self, pod_ip: str, port: int, token: str | None = None) -> ProxyState:
         """A proxy pod's answer at STATE_PATH on its admin port, dialled directly (the proxy's
         NetworkPolicy admits the operator's namespace there; the answer changes too fast to go
-        through the API). Raises ProxyUnreachable."""
+        through the API), with the admin `token` when the proxy wants one. Raises ProxyUnreachable."""
         connection = _Connection(pod_ip, port, time.monotonic() + self.deadline_s)
         response = None
         try:
-            connection.request("GET", STATE_PATH, headers={"Accept": "application/json"})
+            headers = {"Accept": "application/json"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            connection.request("GET", STATE_PATH, headers=headers)
             response = connection.getresponse()
             if response.status != 200:
                 raise ProxyUnreachable(f"HTTP {response.status}")
@@ -115,9 +118,11 @@ class ProxyStateReader:
         except (ValueError, RecursionError) as err:  # RecursionError: JSON nested too deep
             raise ProxyUnreachable(f"unexpected answer: {str(err)[:200]}") from None
 
-    def read_all(self, pods: Mapping[str, tuple[str, int]]) -> dict[str, ProxyState | ProxyUnreachable]:
+    def read_all(self, pods: Mapping[str, tuple[str, int]], token: str | None = None
+                 ) -> dict[str, ProxyState | ProxyUnreachable]:
         """Every pod's state or why it could not be read, by pod name; `pods`: name -> (IP, port)."""
-        futures = {name: self._threads.submit(self.read, ip, port) for name, (ip, port) in pods.items()}
+        futures = {name: self._threads.submit(self.read, ip, port, token)
+                   for name, (ip, port) in pods.items()}
         out: dict[str, ProxyState | ProxyUnreachable] = {}
         for name, future in futures.items():
             try:

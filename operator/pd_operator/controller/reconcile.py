@@ -31,7 +31,7 @@ from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
 from pd_operator.render import Boundary, Routable, render, workloads
-from pd_operator.render.policy import CHART_DEFAULT
+from pd_operator.render.policy import CHART_DEFAULT, admin_token
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_version
 from pd_operator.render.runnable import check
@@ -113,7 +113,7 @@ def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict],
     return list(current.values())
 
 
-def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict]
+def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict], token: str | None
                   ) -> list[drain.ProxyRead] | None:
     """Every live proxy pod's state (None: no proxy routes to the instances)."""
     proxy = resolved.deployment.spec.proxy
@@ -127,7 +127,7 @@ def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict
             continue  # a proxy pod not running yet loads the current membership when it starts
         targets[pod["metadata"]["name"]] = (ip, proxy.admin_port)
     reads = []
-    for name, read in proxies.read_all(targets).items():
+    for name, read in proxies.read_all(targets, token).items():
         if isinstance(read, ProxyUnreachable):
             if not read.refused:  # refused: no proxy process listens there, so it carries nothing
                 reads.append(drain.ProxyRead(name, None, str(read)))
@@ -137,17 +137,17 @@ def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict
 
 
 def _drains(proxies: ProxyStateReader, resolved: Resolved, body: dict, routable: Routable,
-            children: list[dict], pods: list[dict], the_plan: rollout.Plan, now: datetime
-            ) -> list[drain.Drain]:
+            children: list[dict], pods: list[dict], the_plan: rollout.Plan, now: datetime,
+            token: str | None) -> list[drain.Drain]:
     """The drain of every instance a scale-down removed or the rollout takes out (see
-    controller/drain.py)."""
+    controller/drain.py); `token`: what the proxies' admin port wants."""
     leaving = drain.departing(children, body["metadata"]["uid"], the_plan.instances)
     leaving |= {(role, index): resolved.names.instance(role, index) for role, index in the_plan.leave
                 if role in ROLES}
     if not leaving:
         return []
     previous = (body.get("status") or {}).get("draining") or []
-    return drain.drains(resolved, leaving, previous, _read_proxies(proxies, resolved, pods),
+    return drain.drains(resolved, leaving, previous, _read_proxies(proxies, resolved, pods, token),
                         membership_version(resolved, routable), now)
 
 
@@ -298,7 +298,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     routable = moving.plan.routable(moving.state)
     the_diff = diff(_desired(resolved, rendered, body, moving.plan, routable, boundary), children,
                     meta["uid"])
-    drains = _drains(proxies, resolved, body, routable, children, pods, moving.plan, now)
+    drains = _drains(proxies, resolved, body, routable, children, pods, moving.plan, now,
+                     admin_token(boundary, resolved))
     the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)])
     try:
         children = _apply(client, ns, the_diff, children, asks, outcome)

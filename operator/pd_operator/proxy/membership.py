@@ -7,6 +7,12 @@ the content, so the operator can tell from `STATE_PATH` (what each proxy pod ans
 version it routes by, and per upstream what it still carries) when a pod follows a new document
 and when a departed instance no longer serves anything.
 
+Whoever can write the ConfigMap decides where the proxy sends every prompt and its engines' API key,
+so a proxy started with its deployment's identity (InstanceAddresses) accepts an entry only at the
+address the operator renders for that instance (instance_url): its leader pod's name under its
+headless Service in the proxy's namespace, on the serving port. A document with any other entry is
+malformed as a whole, and the proxy keeps the membership it had.
+
 Each upstream carries the kv-layout hash its pods run (spec/layout.py): during a rollout that
 changes the layout, old and new instances are members at once, and the proxy pairs a prefill only
 with a decode of the same layout (balancer.py).
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -85,6 +92,24 @@ def instance_url(names: Names, role: str, index: int, port: int) -> str:
     return f"http://{names.pod_host(role, index, 0)}:{port}"
 
 
+@dataclass(frozen=True)
+class InstanceAddresses:
+    """The upstreams one deployment's proxy may route to: instance_url of its own instances."""
+
+    names: Names
+    port: int
+
+    def check(self, role: str, upstream: Upstream, path: str) -> None:
+        """ValueError when `upstream` is not one of this deployment's `role` instances at its address."""
+        prefix = f"{self.names.deployment}-{role}-"
+        index = upstream.name.removeprefix(prefix)
+        if upstream.name == index or not re.fullmatch(r"0|[1-9][0-9]{0,5}", index):
+            raise ValueError(f"{path}.name: {upstream.name!r} is not an instance of {role} ({prefix}<n>)")
+        want = instance_url(self.names, role, int(index), self.port)
+        if upstream.url != want:
+            raise ValueError(f"{path}.url: {upstream.name} serves at {want}, not {upstream.url!r}")
+
+
 def _upstream(obj: Any, path: str) -> Upstream:
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: an object with name and url, not {type(obj).__name__}")
@@ -104,19 +129,20 @@ def _http(url: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
-def parse_text(data: bytes | str) -> Membership:
+def parse_text(data: bytes | str, addresses: InstanceAddresses | None = None) -> Membership:
     """parse_document of a JSON text; ValueError for anything that is not a good document (nesting
     too deep for the parser included)."""
     try:
         obj = json.loads(data)
     except RecursionError:
         raise ValueError("the document is JSON nested too deeply") from None
-    return parse_document(obj)
+    return parse_document(obj, addresses)
 
 
-def parse_document(obj: Any) -> Membership:
+def parse_document(obj: Any, addresses: InstanceAddresses | None = None) -> Membership:
     """The membership a document describes; ValueError naming the field when it is malformed
-    (unknown keys are ignored, so an older proxy reads a newer document)."""
+    (unknown keys are ignored, so an older proxy reads a newer document) or, with `addresses`,
+    lists an upstream that is not one of the deployment's instances at its address."""
     if not isinstance(obj, dict):
         raise ValueError(f"the document is an object, not {type(obj).__name__}")
     roles: dict[str, tuple[Upstream, ...]] = {}
@@ -125,6 +151,9 @@ def parse_document(obj: Any) -> Membership:
         if not isinstance(items, list):
             raise ValueError(f"{role}: a list of upstreams, not {items!r}")
         roles[role] = tuple(_upstream(item, f"{role}[{i}]") for i, item in enumerate(items))
+        if addresses is not None:
+            for i, upstream in enumerate(roles[role]):
+                addresses.check(role, upstream, f"{role}[{i}]")
     names = [u.name for role in ROLES for u in roles[role]]
     if duplicated := sorted({n for n in names if names.count(n) > 1}):
         raise ValueError(f"upstream names appear more than once: {', '.join(duplicated)}")

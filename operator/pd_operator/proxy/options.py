@@ -16,6 +16,10 @@ API_KEY_ENV = "PD_PROXY_API_KEY"
 """The API key clients must send and the engines get (render/proxy.py sets it from the Secret
 spec.proxy.apiKey names; an environment variable, not an option, so it is not in the argv)."""
 
+ADMIN_TOKEN_ENV = "PD_PROXY_ADMIN_TOKEN"
+"""The token the admin port wants (`Authorization: Bearer <token>`; render/policy.py admin_token):
+an environment variable, so it is not in the argv."""
+
 FLAGS: dict[str, str] = {
     "--header-timeout": "header_timeout_seconds",
     "--body-timeout": "body_timeout_seconds",
@@ -24,6 +28,8 @@ FLAGS: dict[str, str] = {
     "--max-body-bytes": "max_body_bytes",
     "--max-buffered-bytes": "max_buffered_bytes",
     "--max-concurrent-requests": "max_concurrent_requests",
+    "--max-client-connections": "max_client_connections",
+    "--max-connections-per-source": "max_connections_per_source",
     "--max-retries": "max_retries",
     "--max-prefills": "max_prefills",
 }

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from pd_operator.proxy.answers import (
 )
 from pd_operator.proxy.balancer import Awaiting, Balancer
 from pd_operator.proxy.membership import Upstream
+from pd_operator.proxy.metrics import ProxyMetrics, Timing
 from pd_operator.proxy.protocol import (
     EventFramer,
     cached_tokens,
@@ -96,7 +98,8 @@ class Router:
     proxy's, open while its app runs)."""
 
     def __init__(self, balancer: Balancer, limits: ProxyLimits, session: Callable[[], aiohttp.ClientSession],
-                 *, retry_delay: float, connect_timeout: float, api_key: str | None) -> None:
+                 *, retry_delay: float, connect_timeout: float, api_key: str | None,
+                 metrics: ProxyMetrics) -> None:
         self.balancer = balancer
         self.limits = limits
         self.attempts = limits.max_retries
@@ -104,13 +107,14 @@ class Router:
         self.retry_delay = retry_delay
         self.connect_timeout = connect_timeout
         self.api_key = api_key
+        self.metrics = metrics
 
     @property
     def session(self) -> aiohttp.ClientSession:
         return self._session()
 
-    async def route(self, request: web.Request, path: str, body: dict, client_id: str | None
-                     ) -> web.StreamResponse:
+    async def route(self, request: web.Request, path: str, body: dict, client_id: str | None,
+                    arrived: float) -> web.StreamResponse:
         missing = [role for role in ROLES if not self.balancer.listed(role)]
         if missing:
             return error(503, f"no {' and no '.join(missing)} instance to route to (membership version "
@@ -122,20 +126,23 @@ class Router:
             body = {**body, "request_id": client_id}
         headers = engine_headers(client_id or str(uuid.uuid4()), self.api_key)
         decode = Tries(self.attempts)
+        timing = Timing(path, arrived)
         prefills = 0
         while True:
             prefilled = await self._prefill(path, body, headers)
             if isinstance(prefilled, web.Response):
                 return prefilled
             prefills += 1
+            timing.prefilled = time.monotonic()
             upstream, answer = prefilled
             awaiting = self.balancer.awaiting_decode(upstream)
             try:
                 return await self._decode(request, path, decode_request(body, answer), headers,
-                                          cached_tokens(answer), awaiting, decode, upstream.layout)
+                                          cached_tokens(answer), awaiting, decode, upstream.layout, timing)
             except Reprefill as failed:
                 if decode.spent or prefills >= self.limits.max_prefills:
                     return failed.answer
+                self.metrics.reprefills.inc()
                 log.info("prefilling request %s again: decode may have pulled the KV %s computed",
                          headers["X-Request-Id"], upstream.name)
             finally:
@@ -159,7 +166,8 @@ class Router:
         return await self._with_retries("prefill", call, (*UPSTREAM_ERRORS, ValueError))
 
     async def _decode(self, request: web.Request, path: str, body: dict, headers: dict[str, str],
-                      cached: int, awaiting: Awaiting, tries: Tries, layout: str) -> web.StreamResponse:
+                      cached: int, awaiting: Awaiting, tries: Tries, layout: str, timing: Timing
+                      ) -> web.StreamResponse:
         """Decode's answer, from a member on the prefill's KV `layout` not in `tries` yet while there
         is one. Raises Reprefill, also when no decode member of that layout is left (the last one
         left the membership during a rollout after the prefill began): another prefill pairs."""
@@ -193,6 +201,7 @@ class Router:
                     if not first:
                         raise again(None)
                     awaiting.done()  # decode has its first token: it pulled the KV
+                    self.metrics.first_byte(timing)
                     if stream:
                         return await self._relay(request, resp, upstream, first, cached)
                     try:
@@ -229,6 +238,8 @@ class Router:
                 await asyncio.sleep(self.retry_delay * 2 ** (tries.count - 1))
             tries.members.add(upstream.name)
             tries.count += 1
+            if tries.count > 1:
+                self.metrics.retries.labels(role).inc()
             again: Reprefill | None = None
             with self.balancer.serving(upstream, role):
                 try:

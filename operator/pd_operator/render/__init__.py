@@ -21,6 +21,7 @@ from pd_operator.render.pdroles import pd_role
 from pd_operator.render.policy import (
     CHART_DEFAULT,
     Boundary,
+    admin_token,
     disruption_budget,
     network_policy,
     proxy_network_policy,
@@ -53,7 +54,7 @@ def render(ctx: Resolved, routable: Routable | None = None, boundary: Boundary =
     out += [group for role, i in instances if (group := scheduling.pod_group(ctx, role, i))]
     out += [stateful_set(ctx, role, i, rendered) for role, i in instances]
     if proxy_on:
-        out.append(proxy.deployment(ctx))
+        out.append(proxy.deployment(ctx, admin_token(boundary, ctx)))
     out.append(network_policy(ctx, boundary))
     if proxy_on:
         out.append(proxy_network_policy(ctx, boundary))

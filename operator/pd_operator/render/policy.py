@@ -14,6 +14,8 @@ labels is inside the boundary; who may create pods in the namespace is.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 
 from pd_operator.api.labels import (
@@ -46,6 +48,20 @@ class Boundary:
 
     operator_namespace: str = OPERATOR_NAMESPACE
     scrapers: tuple[ClientPeer, ...] = ()
+    admin_key: str | None = None
+    """The operator's secret (the chart's Secret `<release>-proxy-admin`) each proxy's admin token is
+    derived from (admin_token); None: the admin ports want no token."""
+
+
+def admin_token(boundary: Boundary, ctx: Resolved) -> str | None:
+    """The token one PDDeployment's proxies want on their admin port: an HMAC of its namespace and
+    name under the operator's key, so the operator needs to store none, and it reads as well in
+    the proxy's pod template as anywhere (whoever may read that may already see what the admin
+    port tells). None without a key."""
+    if not boundary.admin_key:
+        return None
+    subject = f"{ctx.deployment.namespace}/{ctx.deployment.name}".encode()
+    return hmac.new(boundary.admin_key.encode(), subject, hashlib.sha256).hexdigest()
 
 
 CHART_DEFAULT = Boundary()
@@ -107,16 +123,19 @@ def network_policy(ctx: Resolved, boundary: Boundary) -> dict:
 
 def proxy_network_policy(ctx: Resolved, boundary: Boundary) -> dict:
     """Proxy pods accept the clients' port from the clients (clients_of: the namespace and
-    spec.proxy.allowFrom), and the admin port (/pd/state, /reset_prefix_cache) only from pods of the
-    operator's namespace: the operator reads /pd/state there to drain, and nobody else should see
-    what the proxy carries or reset every engine's prefix cache."""
+    spec.proxy.allowFrom), the admin port (/pd/state, /reset_prefix_cache) only from pods of the
+    operator's namespace (the operator reads /pd/state there to drain, and nobody else should see
+    what the proxy carries or reset every engine's prefix cache), and the metrics port from the
+    metrics scrapers."""
     proxy = ctx.deployment.spec.proxy
+    ingress = [{"from": clients_of(ctx), "ports": [_tcp(proxy.port)]},
+               {"from": [operator_of(boundary)], "ports": [_tcp(proxy.admin_port)]}]
+    if boundary.scrapers:
+        ingress.append({"from": _peers(boundary.scrapers), "ports": [_tcp(proxy.metrics_port)]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": metadata(ctx, ctx.names.proxy, PROXY),
             "spec": {"podSelector": {"matchLabels": selector(ctx, PROXY)},
-                     "policyTypes": ["Ingress"],
-                     "ingress": [{"from": clients_of(ctx), "ports": [_tcp(proxy.port)]},
-                                 {"from": [operator_of(boundary)], "ports": [_tcp(proxy.admin_port)]}]}}
+                     "policyTypes": ["Ingress"], "ingress": ingress}}
 
 
 def disruption_budget(ctx: Resolved, role: str) -> dict:

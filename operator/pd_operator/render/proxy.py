@@ -30,6 +30,7 @@ LIVE_PATH = membership.STATE_PATH
 """Liveness, on the admin port: answers whenever the process serves, members or not (no members is
 not a crash)."""
 ADMIN_PORT_NAME = "admin"
+METRICS_PORT_NAME = "metrics"
 VOLUME = "membership"
 
 
@@ -93,10 +94,16 @@ def members(config_map: dict) -> Membership | None:
 
 
 def proxy_argv(ctx: Resolved) -> list[str]:
-    proxy = ctx.deployment.spec.proxy
+    """The proxy's command: its ports, its bounds, and the deployment whose instances its membership
+    may name (proxy/membership.py InstanceAddresses)."""
+    spec = ctx.deployment.spec
+    proxy = spec.proxy
     return ["pd-proxy", "--membership", f"{MOUNT_DIR}/{KEY}",
             "--membership-configmap", ctx.names.proxy_membership, "--host", "0.0.0.0",
-            "--port", str(proxy.port), "--admin-port", str(proxy.admin_port), *options.argv(proxy.limits)]
+            "--port", str(proxy.port), "--admin-port", str(proxy.admin_port),
+            "--metrics-port", str(proxy.metrics_port), "--deployment", ctx.deployment.name,
+            "--namespace", ctx.deployment.namespace, "--serving-port", str(spec.serving_port),
+            *options.argv(proxy.limits)]
 
 
 def service(ctx: Resolved) -> dict:
@@ -120,20 +127,27 @@ def proxy_resources(spec: Resources) -> dict:
                                limits={**DEFAULT_LIMITS, **spec.limits}))
 
 
-def deployment(ctx: Resolved) -> dict:
-    """The same for every instance count and gate: what to route to is in the ConfigMap."""
+def deployment(ctx: Resolved, admin_token: str | None = None) -> dict:
+    """The same for every instance count and gate: what to route to is in the ConfigMap.
+    `admin_token`: what the admin port wants (render/policy.py admin_token), the liveness probe too."""
     spec = ctx.deployment.spec
     volume, mount = membership_volume(ctx)
+    env = secret_env(spec.proxy.api_key, options.API_KEY_ENV)
+    live: dict = {"path": LIVE_PATH, "port": ADMIN_PORT_NAME}
+    if admin_token:
+        env.append({"name": options.ADMIN_TOKEN_ENV, "value": admin_token})
+        live["httpHeaders"] = [{"name": "Authorization", "value": f"Bearer {admin_token}"}]
     container = {
         "name": "proxy",
         "image": ctx.proxy_image(),
         "imagePullPolicy": spec.image.pull_policy if spec.proxy.image else tools.PULL_POLICY,
         "command": proxy_argv(ctx),
-        **({"env": env} if (env := secret_env(spec.proxy.api_key, options.API_KEY_ENV)) else {}),
+        **({"env": env} if env else {}),
         "ports": [{"name": "http", "containerPort": spec.proxy.port, "protocol": "TCP"},
-                  {"name": ADMIN_PORT_NAME, "containerPort": spec.proxy.admin_port, "protocol": "TCP"}],
+                  {"name": ADMIN_PORT_NAME, "containerPort": spec.proxy.admin_port, "protocol": "TCP"},
+                  {"name": METRICS_PORT_NAME, "containerPort": spec.proxy.metrics_port, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "periodSeconds": 10},
-        "livenessProbe": {"httpGet": {"path": LIVE_PATH, "port": ADMIN_PORT_NAME}, "periodSeconds": 30,
+        "livenessProbe": {"httpGet": live, "periodSeconds": 30,
                           "failureThreshold": 5},
         "volumeMounts": [mount],
         "securityContext": dict(security.PROXY),
