@@ -20,7 +20,7 @@ from pd_operator.kv.blocksize import side_layout
 from pd_operator.kv.compat import ASCEND_KV_CACHE_DTYPES, DEFAULT_PROMPT_TOKENS, PairReport, check_pair
 from pd_operator.kv.hf_config import model_from_hf_config
 from pd_operator.kv.pages import LayoutError
-from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, PLATFORMS, Side
+from pd_operator.kv.side import ASCEND_KERNEL_BLOCK, PLATFORMS, Side, prefix_caching_on
 from pd_operator.kv.summary import report_json, report_table
 from pd_operator.kv.transfer_plan import plan_transfer
 from pd_operator.render import render, runnable
@@ -88,19 +88,23 @@ def _pair_from_flags(args: argparse.Namespace) -> PairInput:
     model = _model(args, args.model, args.model_config)
     decode_model = _model(args, args.decode_model, None) if args.decode_model else model
 
-    def side(role: str, m, tp: int, dp: int, pp: int, block: int | None) -> Side:
+    def side(role: str, m, tp: int, dp: int, pp: int, block: int | None, caching: bool | None) -> Side:
+        asked = caching if caching is not None else args.enable_prefix_caching
         return Side(role, m, tp, dp, pp, args.kv_cache_dtype, block or args.block_size,  # type: ignore[arg-type]
-                    args.kernel_block_size, args.num_speculative_tokens, f"--{role}", args.platform)
+                    args.kernel_block_size, args.num_speculative_tokens, f"--{role}", args.platform,
+                    prefix_caching=prefix_caching_on(asked, m))
 
     return PairInput(
-        side("prefill", model, args.prefill_tp, args.prefill_dp, args.prefill_pp, args.prefill_block_size),
-        side("decode", decode_model, args.decode_tp, args.decode_dp, args.decode_pp, args.decode_block_size),
+        side("prefill", model, args.prefill_tp, args.prefill_dp, args.prefill_pp, args.prefill_block_size,
+             args.prefill_enable_prefix_caching),
+        side("decode", decode_model, args.decode_tp, args.decode_dp, args.decode_pp, args.decode_block_size,
+             args.decode_enable_prefix_caching),
         args.connector)
 
 
 # Manifest field -> pdctl flag, so what-if findings name the flag to change.
 _FLAGS = {"tensorParallelSize": "tp", "dataParallelSize": "dp", "pipelineParallelSize": "pp",
-          "blockSize": "block-size"}
+          "blockSize": "block-size", "enablePrefixCaching": "enable-prefix-caching"}
 _GLOBAL_FLAGS = {"kernelBlockSize": "--kernel-block-size", "numSpeculativeTokens": "--num-speculative-tokens",
                  "kvCacheDtype": "--kv-cache-dtype", "model": "--decode-model", "dtype": "--decode-model"}
 
@@ -242,7 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
         plan.add_argument(f"--{role}-dp", type=_positive, default=1)
         plan.add_argument(f"--{role}-pp", type=_positive, default=1)
         plan.add_argument(f"--{role}-block-size", type=_positive)
+        plan.add_argument(f"--{role}-enable-prefix-caching", action=argparse.BooleanOptionalAction)
     plan.add_argument("--block-size", type=_positive, help="--block-size requested on both roles")
+    plan.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                      help="vLLM's prefix caching on both roles (default as the operator renders it: off for "
+                           "hybrid models, on otherwise); --prefill-enable-prefix-caching for one role")
     plan.add_argument("--kernel-block-size", type=_positive, default=ASCEND_KERNEL_BLOCK)
     plan.add_argument("--num-speculative-tokens", type=int, default=0, choices=range(0, 65), metavar="N")
     plan.add_argument("--kv-cache-dtype", default="auto", choices=ASCEND_KV_CACHE_DTYPES)

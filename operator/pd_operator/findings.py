@@ -115,6 +115,14 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
     "StateShapeMismatch": (
         "error", "The per-request state tensors differ in shape between the roles.",
         "Use the same numSpeculativeTokens on both roles (it lengthens the conv state)."),
+    "PrefixCachingModeMismatch": (
+        "error", "Prefix caching differs between the roles of a hybrid model, so their state caches run in "
+        "different vLLM modes, and MooncakeConnectorV1 with speculative tokens cannot find the state block.",
+        "Set enablePrefixCaching the same on both roles, or use MooncakeConnectorV2."),
+    "PrefixCachingNeedsChunkedPrefill": (
+        "error", "Prefix caching on a hybrid model needs chunked prefill (vLLM asserts it at start-up), and "
+        "extraArgs turn chunked prefill off.",
+        "Remove --no-enable-chunked-prefill from extraArgs, or set enablePrefixCaching to false."),
     "CrossTPSegments": (
         "info", "The two sides' engine block sizes differ; replicated caches move as token runs.",
         "Nothing to do: MooncakeConnectorV2 in the serving image moves the runs."),

@@ -92,9 +92,41 @@ def test_int8_kv_cache_gives_vllm_ascends_c8_blocks():
 
 
 def test_prefix_caching_flags_are_free_for_models_without_state():
+    """Where spec.prefill.enablePrefixCaching is not set, a model without state renders neither flag."""
     doc = with_changes({"spec.prefill.extraArgs": ["--enable-prefix-caching"]})
     doc["spec"]["model"]["preset"] = "llama-3.1-8b"
+    del doc["spec"]["prefill"]["enablePrefixCaching"]
     assert "ArgOverride" not in {f.code for f in validate(doc).findings}
+
+
+def test_prefix_caching_flags_are_owned_where_the_field_renders_them():
+    doc = with_changes({"spec.prefill.extraArgs": ["--no-enable-prefix-caching"],
+                        "spec.prefill.enablePrefixCaching": True})
+    doc["spec"]["model"]["preset"] = "llama-3.1-8b"
+    result = validate(doc)
+    (finding,) = [f for f in result.errors if f.code == "ArgOverride"]
+    assert finding.path == "spec.prefill.extraArgs[0]"
+    assert "spec.prefill.enablePrefixCaching" in finding.message
+
+
+def test_glm_prefix_caching_needs_chunked_prefill():
+    refused = validate(with_changes({"spec.prefill.extraArgs": ["--no-enable-chunked-prefill"]}))
+    assert ("PrefixCachingNeedsChunkedPrefill", "spec.prefill.extraArgs[0]") in codes_at(refused)
+    assert "Chunked prefill is required for Mamba prefix caching." in refused.errors[0].message
+    # Decode does not cache prefixes in the example: chunked prefill is its own business there.
+    assert validate(with_changes({"spec.decode.extraArgs": ["--no-enable-chunked-prefill"]})).ok
+
+
+def test_v1_with_mtp_refuses_prefix_caching_on_prefill_only():
+    changes = {"spec.kvTransfer.connector": "MooncakeConnectorV1", "spec.decode.tensorParallelSize": 8,
+               "spec.decode.dataParallelSize": 1, "spec.prefill.numSpeculativeTokens": 1,
+               "spec.decode.numSpeculativeTokens": 1}
+    result = validate(with_changes(changes))
+    assert ("PrefixCachingModeMismatch", "spec.decode.enablePrefixCaching") in codes_at(result)
+    assert not result.ok and result.resolved is None
+    both = validate(with_changes({**changes, "spec.decode.enablePrefixCaching": True}))
+    assert both.ok, [f.line() for f in both.errors]
+    assert validate(with_changes({**changes, "spec.kvTransfer.connector": "MooncakeConnectorV2"})).ok
 
 
 def test_hf_config_map_is_deferred_without_a_reader_and_resolved_with_one():

@@ -26,6 +26,7 @@ import mooncake
 import pytest
 
 from pd_operator.api.types import KVTransferSpec, TimeoutSpec
+from pd_operator.kv.compat import V1_MIXED_STATE_ERRORS
 from pd_operator.proxy import protocol
 from pd_operator.proxy.server import Proxy
 from pd_operator.render import render
@@ -90,6 +91,26 @@ def test_kv_cache_dtypes_and_block_rule_match_the_source(version, source):
                 and "Cannot align ssm_page_size and attn_page_size" not in text)
     assert modelled == release.block_rule_modelled, \
         f"vllm-ascend {version}: the planned block rule is {'' if modelled else 'not '}its own"
+
+
+def test_prefix_caching_ties_the_state_block_and_v2_finds_it_by_position(version, source):
+    """What kv/blocksize.py plans for prefix caching on a hybrid model holds in every release: the config
+    hook sets the state block to the engine block in align mode, and MooncakeConnectorV2's pull worker (where
+    the release has it) takes the last prompt state block of both sides' tables whatever their mode, while V1
+    fails on mixed modes with the errors PrefixCachingModeMismatch quotes."""
+    hook = " ".join((source / PLATFORM_PATCHES / "patch_mamba_config.py").read_text().split())
+    assert ('if cache_config.enable_prefix_caching and cache_config.mamba_cache_mode == "align": '
+            "cache_config.mamba_block_size = cache_config.block_size") in hook, version
+    if GLM_NEXT not in RELEASES[version].families:  # serves no hybrid model (ImageLacksModel, ...Unmodelled)
+        return
+    # V1 reads the remote state block by its own mode: the words kv/compat.py quotes for mixed modes.
+    v1 = (source / "vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py").read_text()
+    assert all(message in v1 for message in V1_MIXED_STATE_ERRORS.values()), version
+    worker = " ".join((source / "vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake/pull_worker.py")
+                      .read_text().split())
+    assert ("elif isinstance(spec, MambaSpec): "
+            "local_kernel_block_ids = [local_group_block_ids[-self.num_speculative_tokens - 1]] "
+            "remote_kernel_block_ids = [remote_group_block_ids[-1]]") in worker, version
 
 
 def test_connector_modules_define_the_registered_classes(version, source):

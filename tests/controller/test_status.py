@@ -70,6 +70,8 @@ def test_everything_ready_is_ready_and_complete():
                                            "ready": True}]}
     assert {k: st["kvLayout"][k] for k in ("prefillBlockSize", "decodeBlockSize", "segmentTokens")} == \
         {"prefillBlockSize": 640, "decodeBlockSize": 1152, "segmentTokens": 128}
+    # Prefill caches prefixes in the example: its hits land on its 640-token engine block; decode does not.
+    assert st["kvLayout"]["prefillPrefixHitTokens"] == 640 and "decodePrefixHitTokens" not in st["kvLayout"]
     assert st["proxyEndpoint"] == "glm-flash-proxy.default.svc:8000"
     assert [c["type"] for c in st["conditions"]] == list(TYPES)
 
@@ -367,6 +369,13 @@ def test_a_key_the_new_status_drops_is_patched_to_null():
     assert merge_patch(previous, new) == {"observedGeneration": 2, "draining": None,
                                                       "proxyEndpoint": None}
     assert merge_patch(new, new) == new
+
+
+def test_a_key_dropped_inside_an_object_is_patched_to_null():
+    previous = {"kvLayout": {"prefillBlockSize": 640, "prefillPrefixHitTokens": 640}}
+    new = {"kvLayout": {"prefillBlockSize": 640}}
+    patch = merge_patch(previous, new)
+    assert patch == {"kvLayout": {"prefillBlockSize": 640, "prefillPrefixHitTokens": None}}
 
 
 @pytest.mark.parametrize(("surge_pods", "under_way"), [(True, True), (False, False)])

@@ -81,7 +81,11 @@ def test_plan_json_has_exactly_the_documented_keys(capsys):
         assert set(finding) == {"code", "severity", "path", "group", "message"}
     for role in ("prefill", "decode"):
         side = data[role]
-        assert set(side) == {"tensorParallelSize", "dataParallelSize", "engineBlockSize", "cacheGroups"}
+        assert set(side) == {"tensorParallelSize", "dataParallelSize", "engineBlockSize", "cacheGroups",
+                             "prefixCaching"}
+        assert set(side["prefixCaching"]) == {"enabled", "hitTokens", "mambaCacheMode", "stateBlockSize",
+                                              "stateSlotsPerRequest", "stateBytesPerRequest",
+                                              "tokenBytesPerBlock"}
         for group in side["cacheGroups"]:
             per = "bytesPerRequest" if group["kind"] in ("state", "indexerTail") else "bytesPerToken"
             assert set(group) == {"name", "kind", "replicated", per, "pageBytes"}
@@ -92,6 +96,57 @@ def test_plan_json_has_exactly_the_documented_keys(capsys):
     assert (data["prefill"]["engineBlockSize"], data["decode"]["engineBlockSize"]) == (640, 1152)
     assert (data["decode"]["tensorParallelSize"], data["decode"]["dataParallelSize"]) == (4, 2)
     assert data["transfer"]["segmentTokens"] == 128
+
+
+def test_prefix_caching_on_prefill_keeps_the_blocks_and_costs_one_more_state_slot(capsys):
+    """vLLM's align mode on GLM-5.3-Flash: the same 640-token engine block (vllm-ascend's pooled rule has no
+    checkpoint alignment), state blocks of 640 tokens, hits on 640-token boundaries, two state slots per
+    running request instead of one, and the transfer unchanged."""
+    code, out, _ = run(capsys, *GLM_WHAT_IF, "-o", "json")
+    off = json.loads(out)
+    code_on, out, _ = run(capsys, *GLM_WHAT_IF, "--prefill-enable-prefix-caching", "-o", "json")
+    on = json.loads(out)
+    assert code == code_on == 0
+    assert off["prefill"]["prefixCaching"]["enabled"] is False
+    assert off["prefill"]["prefixCaching"]["hitTokens"] is None
+    prefill, decode = on["prefill"]["prefixCaching"], on["decode"]["prefixCaching"]
+    assert (on["prefill"]["engineBlockSize"], on["decode"]["engineBlockSize"]) == (640, 1152)
+    assert prefill == {**off["prefill"]["prefixCaching"], "enabled": True, "hitTokens": 640,
+                       "mambaCacheMode": "align", "stateBlockSize": 640, "stateSlotsPerRequest": 2,
+                       "stateBytesPerRequest": 2 * off["prefill"]["prefixCaching"]["stateBytesPerRequest"]}
+    # One TP8 rank's 34 KDA layers, each slot padded to one 640-token MLA page (640 x 1024 bytes).
+    assert off["prefill"]["prefixCaching"]["stateBytesPerRequest"] == 34 * 640 * 1024
+    assert decode == off["decode"]["prefixCaching"] and decode["mambaCacheMode"] == "none"
+    assert on["transfer"] == off["transfer"]
+
+
+def test_prefix_caching_flag_for_both_roles_and_its_default(capsys):
+    _, out, _ = run(capsys, *GLM_WHAT_IF, "--enable-prefix-caching", "--no-decode-enable-prefix-caching",
+                    "-o", "json")
+    data = json.loads(out)
+    assert [data[role]["prefixCaching"]["enabled"] for role in ("prefill", "decode")] == [True, False]
+    # A model without state caches prefixes unless told not to, as vLLM does; its hits land on its block.
+    _, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b", "-o", "json")
+    llama = json.loads(out)["prefill"]
+    assert llama["prefixCaching"]["enabled"]
+    assert llama["prefixCaching"]["hitTokens"] == llama["engineBlockSize"]
+    assert llama["prefixCaching"]["mambaCacheMode"] == "none"
+
+
+def test_v1_with_mtp_refuses_prefix_caching_on_one_role_only(capsys):
+    code, out, _ = run(capsys, *GLM_WHAT_IF, "--connector", "MooncakeConnectorV1", "--decode-tp", "8",
+                       "--num-speculative-tokens", "1", "--prefill-enable-prefix-caching", "-o", "json")
+    assert code == 1
+    (finding,) = [f for f in json.loads(out)["findings"] if f["code"] == "PrefixCachingModeMismatch"]
+    assert finding["path"] == "--decode-enable-prefix-caching" and finding["group"] == "kda"
+    assert "Invalid non-aligned Mamba state block metadata" in finding["message"]
+    code, out, _ = run(capsys, *GLM_WHAT_IF, "--connector", "MooncakeConnectorV1", "--decode-tp", "8",
+                       "--num-speculative-tokens", "1", "--enable-prefix-caching", "-o", "json")
+    assert code == 0, out
+    # MooncakeConnectorV2 finds the state block by position whatever the modes.
+    code, out, _ = run(capsys, *GLM_WHAT_IF, "--num-speculative-tokens", "1",
+                       "--prefill-enable-prefix-caching", "-o", "json")
+    assert code == 0 and "PrefixCachingModeMismatch" not in out
 
 
 def test_one_tp8_prefill_rank_sends_the_seeds_18_5_mb_of_kda_state(capsys):

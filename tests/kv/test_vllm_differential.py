@@ -30,6 +30,11 @@ description of an explicit config holding those resolved values. Its block sizes
 vllm-ascend's own rule in test_vllm_blocksize.py.
 
 All cases run in one probe process; the counts are printed (`pytest -s` shows them).
+
+With prefix caching on both roles (vLLM's "align" state cache mode for hybrid models), a second seeded draw
+of the same generator holds the same contract, and what the blocks cost must match vLLM's own classes too:
+the state cache mode, the state block (`mamba_block_size`), the state blocks a running request holds and
+where prefix-cache hits land (`cost_mismatches`).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from support.vllm_tier import VLLM_PYTHON, ascend_src, hf_config, run_probe, vll
 pytestmark = pytest.mark.vllm
 
 SEED = 20261203
+PREFIX_CACHING_SEED = 20261236
 FULL = 60
 """Configs with every key given (random shapes); the rest leave keys out."""
 RANDOM_DROPS = 340
@@ -261,7 +267,8 @@ def probe_case(case: dict) -> dict:
 
 def our_side(case: dict, model, role: str = "prefill") -> Side:
     return Side(role, model, case["tp"], kv_cache_dtype=case["kvCacheDtype"], block_size=case["blockSize"],
-                kernel_block_size=case["kernel"], num_speculative_tokens=case["specTokens"], platform="vllm")
+                kernel_block_size=case["kernel"], num_speculative_tokens=case["specTokens"], platform="vllm",
+                prefix_caching=case.get("prefixCaching", False))
 
 
 def sizes(case: dict, model) -> dict:
@@ -319,6 +326,24 @@ def classify(case: dict, row: dict) -> tuple[str, str]:
     return "both approve, same sizes", ""
 
 
+DISAGREEING = (("wrong_approvals", "wrong_approval"), ("size_mismatches", "size_mismatch"),
+               ("extra_refusals", "extra_refusal"), ("cost_mismatches", "cost_mismatch"))
+
+
+def print_and_check(heading: str, cases: list[dict], outcomes: dict[str, tuple[str, str]]) -> Counter:
+    """Print the count of each outcome and each kind of disagreement, fail on any; the counts."""
+    counts = Counter(kind for kind, _ in outcomes.values())
+    print(f"\n{heading}:")
+    for kind, count in sorted(counts.items()):
+        print(f"  {kind}: {count}")
+    for total, kind in DISAGREEING:
+        print(f"{total}: {counts[kind]}")
+    bad = {cid: detail for cid, detail in outcomes.items() if detail[0] in dict(DISAGREEING).values()}
+    assert not bad, "\n".join(f"{cid} (left out {next(c['dropped'] for c in cases if c['id'] == cid)}): "
+                              f"{kind}: {why}" for cid, (kind, why) in list(bad.items())[:20])
+    return counts
+
+
 def test_pdctl_and_vllm_agree_on_generated_configs(classes):
     cases = [probe_case(c) for c in generated(classes)]
     unknown = {}
@@ -332,21 +357,44 @@ def test_pdctl_and_vllm_agree_on_generated_configs(classes):
     assert not unknown, f"the reader reads keys that are not the config class's: {unknown}"
     probed = run_probe(cases)
     outcomes = {c["id"]: classify(c, probed[c["id"]]) for c in cases}
-    counts = Counter(kind for kind, _ in outcomes.values())
     leaving_out = sum(1 for c in cases if c["dropped"])
-    print(f"\ndifferential over {len(cases)} generated configs (seed {SEED}), "
-          f"{leaving_out} leaving keys out:")
-    for kind, count in sorted(counts.items()):
-        print(f"  {kind}: {count}")
-    for total, kind in (("wrong_approvals", "wrong_approval"), ("size_mismatches", "size_mismatch"),
-                        ("extra_refusals", "extra_refusal")):
-        print(f"{total}: {counts[kind]}")
-    bad = {cid: detail for cid, detail in outcomes.items()
-           if detail[0] in ("wrong_approval", "size_mismatch", "extra_refusal")}
-    assert not bad, "\n".join(f"{cid} (left out {next(c['dropped'] for c in cases if c['id'] == cid)}): "
-                              f"{kind}: {why}" for cid, (kind, why) in list(bad.items())[:20])
+    counts = print_and_check(f"differential over {len(cases)} generated configs (seed {SEED}), "
+                             f"{leaving_out} leaving keys out", cases, outcomes)
     # The generator covers every architecture, and reaches every outcome the contract talks about.
     assert {c["config"]["architectures"][0] for c in cases} == set(SUPPORTED_ARCHITECTURES)
     assert leaving_out >= 500
     assert counts["both approve, same sizes"] >= 200 and counts["both refuse"] >= 50
     assert counts["both approve, same description"] >= 30
+
+
+def costs(case: dict, row: dict) -> tuple[str, str]:
+    """An approved side's prefix-caching costs against vLLM's (align mode for hybrid models)."""
+    layout = side_layout(our_side(case, model_from_hf_config(case["config"], "m")))
+    ours = {"mambaCacheMode": layout.mamba_cache_mode, "stateSlotsPerRequest": layout.state_slots_per_request,
+            "hitTokens": layout.prefix_hit_tokens,
+            # Without a state block size of ours one state block holds the whole request (max_model_len),
+            # or the model has none.
+            "mambaBlockSize": layout.state_block_size or (row["maxModelLen"] if layout.state_groups
+                                                          else None)}
+    theirs = {key: row.get(key) for key in ours}
+    if ours != theirs:
+        return "cost_mismatch", f"pdctl {ours}, vLLM {theirs}"
+    return "both approve, same costs", ""
+
+
+def test_pdctl_and_vllm_agree_with_prefix_caching_on(classes):
+    """The same generator and contract with `--enable-prefix-caching` on both roles, plus what the blocks
+    cost. GLM-5.3-Flash stays at the config level here; its align-mode blocks and costs are checked against
+    vllm-ascend's rule in test_vllm_blocksize.py."""
+    cases = [{**probe_case(c), "id": f"pc-{c['id']}", "prefixCaching": True}
+             for c in generated(classes, PREFIX_CACHING_SEED)]
+    probed = run_probe(cases)
+    outcomes = {c["id"]: classify(c, probed[c["id"]]) for c in cases}
+    for c in cases:
+        if outcomes[c["id"]][0] == "both approve, same sizes":
+            outcomes[c["id"]] = costs(c, probed[c["id"]])
+    counts = print_and_check(f"differential with prefix caching on over {len(cases)} generated configs "
+                             f"(seed {PREFIX_CACHING_SEED})", cases, outcomes)
+    align = [c for c in cases if probed[c["id"]].get("mambaCacheMode") == "align"]
+    assert {c["config"]["architectures"][0] for c in cases} == set(SUPPORTED_ARCHITECTURES)
+    assert len(align) >= 100 and counts["both approve, same costs"] >= 200 and counts["both refuse"] >= 50

@@ -61,6 +61,20 @@ def test_kv_layout_hash_is_on_both_roles_and_follows_what_must_match():
     # The same layout written differently, or a change that does not touch the layout, keeps it.
     assert layout_hash(changed("spec.model.kvCacheDtype", "bfloat16")) == base
     assert layout_hash(changed("spec.decode.replicas", 3)) == base
+    # Prefix caching: MooncakeConnectorV2 pairs either mode, so the hash leaves it out ...
+    assert layout_hash(changed("spec.prefill.enablePrefixCaching", False)) == base
+
+
+def test_kv_layout_hash_keys_the_state_mode_where_the_connector_needs_it_equal():
+    """MooncakeConnectorV1 with speculative tokens finds the state block by its own mode (kv/compat.py), so an
+    old and a new instance that differ in prefix caching must not pair during a rollout."""
+    def v1_mtp(caching: bool) -> dict:
+        doc = example(GLM)
+        doc["spec"]["kvTransfer"]["connector"] = "MooncakeConnectorV1"
+        for role in ("prefill", "decode"):
+            doc["spec"][role].update(numSpeculativeTokens=1, enablePrefixCaching=caching, kernelBlockSize=128)
+        return doc
+    assert layout_hash(v1_mtp(True)) != layout_hash(v1_mtp(False))
 
 
 def test_labels_and_selectors():

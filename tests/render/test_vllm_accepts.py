@@ -57,6 +57,10 @@ def test_vllm_accepts_every_rendered_pod(pods):
         assert config["ok"], f"{where}: {config['error']}"
         # vLLM read the values the renderer meant, not something it recomputed.
         assert engine["block_size"] == int(flag(argv, "--block-size")), where
+        # The role's prefix caching as rendered (None: vLLM's own default, for models without state).
+        rendered_caching = (True if "--enable-prefix-caching" in argv else
+                            False if "--no-enable-prefix-caching" in argv else None)
+        assert engine["enable_prefix_caching"] == rendered_caching, where
         assert engine["tp"] == int(flag(argv, "--tensor-parallel-size")), where
         assert engine["dp"] == int(flag(argv, "--data-parallel-size")), where
         assert engine["headless"] == ("--headless" in argv), where
@@ -65,6 +69,16 @@ def test_vllm_accepts_every_rendered_pod(pods):
         role = "kv_producer" if name.startswith("prefill ") else "kv_consumer"
         assert engine["kv_role"] == role and engine["engine_id"] == json.loads(
             flag(argv, "--kv-transfer-config"))["engine_id"], where
+
+
+def test_glm_examples_ask_prefix_caching_on_prefill_only(pods):
+    """The GLM examples cache prefixes on prefill (vLLM's align mode, planned) and not on decode."""
+    glm = [(name, argv) for example, name, _, argv in pods if example.startswith("glm-")]
+    assert glm
+    for name, argv in glm:
+        on_prefill = name.startswith("prefill ")
+        assert ("--enable-prefix-caching" in argv) == on_prefill
+        assert ("--no-enable-prefix-caching" in argv) == (not on_prefill)
 
 
 def test_pods_cover_both_roles_and_a_headless_rank(pods):

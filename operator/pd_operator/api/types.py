@@ -296,6 +296,12 @@ class RoleSpec(ApiModel):
     """Smallest block the attention kernels support (128 on Ascend)."""
     num_speculative_tokens: int = Field(default=0, ge=0, le=64)
     """MTP/speculative tokens; they lengthen the conv state of linear-attention layers."""
+    enable_prefix_caching: bool | None = None
+    """vLLM's `--enable-prefix-caching` (true) or `--no-enable-prefix-caching` (false) on this role;
+    prefill is where reuse saves compute. Unset: off for hybrid models (state caches), vLLM's default
+    (on) otherwise. On a hybrid model it runs the state cache in vLLM's "align" mode: the operator plans
+    the engine block for it, each running request holds one more state block per layer, and prefix hits
+    land on engine block boundaries (status.kvLayout.prefillPrefixHitTokens)."""
     extra_args: list[str] = Field(default_factory=list, max_length=128)
     """Extra `vllm serve` flags; flags the operator renders are refused (finding ArgOverride)."""
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
@@ -689,6 +695,11 @@ class KVLayoutStatus(ApiModel):
     """Token runs replicated caches move in: gcd of the two block sizes."""
     hash: str
     """What must match between paired prefill and decode instances (label pd.serving.dev/kv-layout)."""
+    prefill_prefix_hit_tokens: int | None = None
+    """When prefill caches prefixes: the token boundaries its prefix-cache hits (and block hashes) land on,
+    its engine block, with prefix caching on (vLLM's cache_hit_alignment_tokens). Absent when it does not."""
+    decode_prefix_hit_tokens: int | None = None
+    """The same for decode."""
 
 
 class KVLinkStatus(ApiModel):

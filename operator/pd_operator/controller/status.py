@@ -410,7 +410,9 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
         decode=_role_status(resolved, "decode", figures["decode"], observed.pods),
         kv_layout=KVLayoutStatus(prefill_block_size=resolved.engine_block_size("prefill"),
                                  decode_block_size=resolved.engine_block_size("decode"),
-                                 segment_tokens=segment, hash=resolved.layout_hash),
+                                 segment_tokens=segment, hash=resolved.layout_hash,
+                                 prefill_prefix_hit_tokens=resolved.prefix_hit_tokens("prefill"),
+                                 decode_prefix_hit_tokens=resolved.prefix_hit_tokens("decode")),
         kv_links=links, draining=draining, rollout_progress_time=progress,
         proxy_endpoint=(f"{dep.name}-proxy.{dep.namespace}.svc:{dep.spec.proxy.port}"
                         if dep.spec.proxy.enabled else None)).to_wire()
@@ -419,6 +421,13 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
 def merge_patch(previous: dict, new: dict) -> dict:
     """The JSON merge patch (RFC 7396) that turns status `previous` into `new`: a key `new` no longer
     has is sent as null, since a key merely missing from a merge patch keeps its stored value (a
-    drained instance would stay in status.draining)."""
-    return {**new, **{k: None for k in previous if k not in new}}
+    drained instance would stay in status.draining). Objects merge key by key, so the same holds inside
+    them (status.kvLayout.prefillPrefixHitTokens goes when prefill stops caching prefixes)."""
+    out = dict(new)
+    for key, before in previous.items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(before, dict) and isinstance(new[key], dict):
+            out[key] = merge_patch(before, new[key])
+    return out
 

@@ -15,6 +15,16 @@ tile scales, and the C8 block is the smallest aligned block covering the state p
 block was requested. vLLM's generic rule then runs on the result and keeps it. The operator
 always renders `--block-size` (the engine block it planned), so pods take the path of a
 user-specified block; the rule here is that path.
+
+Prefix caching (`--enable-prefix-caching`) switches a hybrid model's state cache to vLLM's "align" mode
+(vllm: `vllm/model_executor/models/config.py` @ 0.34.0, `MambaModelConfig.verify_and_update_config`;
+vllm-ascend keeps it in its patched hook). The generic rule then also rounds its alignment to the lcm with
+the state layers' prefill checkpoint alignment; the pooled-indexer rule does not. Both then tie the state
+block to the engine block (`mamba_block_size = block_size`, not `max_model_len`): a running request holds one
+more state block per layer (the state it reads and the one it writes), prefix hits land on engine block
+boundaries, and the request's final state sits in the block of its last prompt token, which the connector
+picks by position on either side, so the transfer moves the same bytes (kv/compat.py names the pairing
+where it does not).
 """
 
 from __future__ import annotations
@@ -46,6 +56,12 @@ VLLM_DEFAULT_BLOCK = 64
 # block and block / index_kpool a multiple of the indexer kernel's 16 rows (patch_mamba_config.py).
 ASCEND_C128 = 128
 ASCEND_INDEXER_ROWS = 16
+# Align mode's extra factor: the lcm of the state layers' prefill checkpoint alignments, or 1 unless every
+# state layer exports mid-prefill checkpoints (vllm: `vllm/model_executor/layers/mamba/abstract.py` @ 0.34.0,
+# `get_mamba_prefill_checkpoint_alignment`). Only vLLM's GDN layer with FlashInfer's prefill kernel, which
+# runs on CUDA alone, declares one (64, `qwen_gdn_linear_attn.py`); KDA layers and vllm-ascend 0.30.0rc2's
+# layers never do. So on the platforms the operator plans for it is 1, and align mode keeps the engine block.
+PREFILL_CHECKPOINT_ALIGNMENT = 1
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,45 @@ class SideLayout:
     def group(self, name: str) -> TokenGroupLayout | StateGroupLayout | TailGroupLayout:
         return next(g for g in self.groups if g.name == name)
 
+    @property
+    def mamba_cache_mode(self) -> str:
+        """vLLM's `mamba_cache_mode`: "align" when a side with state caches prefixes, else "none"."""
+        return "align" if self.side.prefix_caching and self.state_groups else "none"
+
+    @property
+    def state_block_size(self) -> int | None:
+        """Tokens one state block stands for (vLLM's `mamba_block_size`): the engine block in align mode;
+        None in "none" mode, where one state block holds the whole request (max_model_len)."""
+        return self.engine_block_size if self.mamba_cache_mode == "align" else None
+
+    @property
+    def state_slots_per_request(self) -> int:
+        """State blocks a running request holds per state layer (vllm: `MambaSpec.max_memory_usage_bytes`
+        @ 0.34.0): the one it reads and the one it writes in align mode, one in "none" mode, plus one per
+        speculative token."""
+        if not self.state_groups:
+            return 0
+        return (2 if self.mamba_cache_mode == "align" else 1) + self.side.num_speculative_tokens
+
+    @property
+    def state_bytes_per_request(self) -> int:
+        """Bytes of state slots a running request holds on one rank, over every state layer."""
+        return self.state_slots_per_request * sum(g.slot_bytes * g.num_layers for g in self.state_groups)
+
+    @property
+    def token_bytes_per_block(self) -> int:
+        """Bytes one engine block of tokens takes on one rank, over every token-paged layer: what one
+        cached prefix block holds."""
+        return sum(g.page_bytes * g.num_layers for g in self.token_groups)
+
+    @property
+    def prefix_hit_tokens(self) -> int | None:
+        """Token boundaries prefix-cache hits land on (vLLM's `cache_hit_alignment_tokens`) when the side
+        caches prefixes, else None. Every prefix-cacheable group pages in the engine block (state blocks
+        too, in align mode), so hashes and hits are whole engine blocks (vllm: `vllm/v1/core/
+        kv_cache_utils.py` @ 0.34.0, `resolve_kv_cache_block_sizes`, `resolve_cache_hit_alignment_tokens`)."""
+        return self.engine_block_size if self.side.prefix_caching else None
+
 
 def phase1_block(side: Side) -> int:
     """The block vLLM starts from: the requested one, else its default where the kernel accepts it."""
@@ -88,6 +143,8 @@ def vllm_hybrid_block(side: Side, start: int, attn_1tok: int, state_page: int) -
     align = max(kernel, start)
     if any(g.kind == "mla" for g in side.model.groups):
         align = max(align, MLA_MIN_ALIGN)
+    if side.prefix_caching:  # align mode: prefill checkpoints land on block boundaries
+        align = lcm(align, PREFILL_CHECKPOINT_ALIGNMENT)
     block = align * ceil(state_page / (align * attn_1tok))
     block = ceil(block / kernel) * kernel
     return max(start, block)

@@ -21,6 +21,14 @@ from pd_operator.kv.transfer_plan import PlanError, TransferPlan, plan_transfer
 # vllm-ascend's push-mode connector (V1): it maps unequal logical blocks at kernel granularity, but
 # only splits state from a larger prefill TP into a smaller decode TP.
 V1_CONNECTORS = frozenset({"MooncakeConnectorV1", "MooncakeConnector"})
+# vllm-ascend's V1 connector reads the remote state block by the local cache mode: in "align" mode it wants
+# exactly one (the producer's normalized block), in "none" mode the one before the speculative tail
+# (vllm-ascend: `kv_p2p/mooncake_connector.py` @ 0.30.0rc2, KVCacheRecvingThread and
+# MooncakeConnectorScheduler._get_transfer_block_ids). With draft tokens, sides in different modes fail.
+V1_MIXED_STATE_ERRORS = {
+    "none": "Invalid non-aligned Mamba state block metadata",
+    "align": "Mooncake Mamba transfer requires exactly one normalized remote state block",
+}
 # KV cache dtypes vLLM 0.34 accepts that the operator models (vllm: `vllm/config/cache.py`, CacheDType);
 # vllm-ascend widens the list with int8 (vllm-ascend: `vllm_ascend/patch/platform/patch_kv_cache_dtype.py`
 # @ 0.30.0rc2).
@@ -239,6 +247,7 @@ def _pair_rules(p: SideLayout, d: SideLayout, connector: str, connector_path: st
                 f"so it differs between the roles (prefill {p.side.num_speculative_tokens} speculative "
                 f"tokens, decode {d.side.num_speculative_tokens}); use the same numSpeculativeTokens on both "
                 "roles."))
+    out += _state_mode_rules(p, d, connector)
     if p_block != d_block and not out:
         out.append(Finding(
             "CrossTPSegments", "info", "", "",
@@ -246,6 +255,28 @@ def _pair_rules(p: SideLayout, d: SideLayout, connector: str, connector_path: st
             f"through {segment}-token segments; replicated caches move as runs cut at both sides' "
             "block boundaries."))
     return out
+
+
+def state_modes_must_match(connector: str, prefill: Side, decode: Side) -> bool:
+    """Whether the two sides' state cache modes (prefix caching on a hybrid model) must be equal for the
+    connector to find the request's state block: V1 with speculative tokens (V1_MIXED_STATE_ERRORS).
+    MooncakeConnectorV2 takes the last prompt state block of either side's table, whatever its mode
+    (vllm-ascend: `kv_p2p/mooncake/pull_worker.py` @ 0.30.0rc2, `_compute_group_block_ids`)."""
+    return (connector in V1_CONNECTORS and prefill.model.is_hybrid
+            and max(prefill.num_speculative_tokens, decode.num_speculative_tokens) > 0)
+
+
+def _state_mode_rules(p: SideLayout, d: SideLayout, connector: str) -> list[Finding]:
+    if p.mamba_cache_mode == d.mamba_cache_mode or not state_modes_must_match(connector, p.side, d.side):
+        return []
+    error = V1_MIXED_STATE_ERRORS[d.mamba_cache_mode]
+    return [Finding(
+        "PrefixCachingModeMismatch", "error", d.side.field("enablePrefixCaching"), p.state_groups[0].name,
+        f"Prefix caching is {'on' if p.side.prefix_caching else 'off'} on prefill and "
+        f"{'on' if d.side.prefix_caching else 'off'} on decode, so their state caches run in vLLM's "
+        f"'{p.mamba_cache_mode}' and '{d.mamba_cache_mode}' modes; with {d.side.num_speculative_tokens} "
+        f"speculative tokens {connector} cannot find the request's state block and fails mid-transfer "
+        f"('{error}'). Set enablePrefixCaching the same on both roles, or use MooncakeConnectorV2.")]
 
 
 def _per_head_shapes(layout: StateGroupLayout) -> list[tuple[int, ...]]:

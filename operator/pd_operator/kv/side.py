@@ -35,6 +35,9 @@ class Side:
     platform: Platform = "ascend"
     model_path: str = ""
     """Manifest path of the model settings (`spec.model`), for findings on dtypes; else `path`."""
+    prefix_caching: bool = False
+    """vLLM's --enable-prefix-caching; for a hybrid model it runs the state cache in vLLM's "align"
+    mode (kv/blocksize.py)."""
 
     @property
     def engine_kv_cache_dtype(self) -> str:
@@ -57,3 +60,9 @@ class Side:
 
     def model_field(self, name: str) -> str:
         return f"{self.model_path}.{name}" if self.model_path else self.field(name)
+
+
+def prefix_caching_on(asked: bool | None, model: ModelKV) -> bool:
+    """Whether an engine caches prefixes: as asked, else what the operator renders when nothing is asked,
+    off for hybrid models (render/command.py) and vLLM's default, on, for the others."""
+    return asked if asked is not None else not model.is_hybrid

@@ -29,12 +29,28 @@ def _group_row(g: TokenGroupLayout | StateGroupLayout | TailGroupLayout) -> dict
     return row
 
 
+def prefix_caching_summary(side: Side, layout: SideLayout | None) -> dict:
+    """Whether the side caches prefixes, and what its blocks cost with it (per rank)."""
+    if layout is None:
+        return {"enabled": side.prefix_caching}
+    return {
+        "enabled": side.prefix_caching,
+        "hitTokens": layout.prefix_hit_tokens,
+        "mambaCacheMode": layout.mamba_cache_mode,
+        "stateBlockSize": layout.state_block_size,
+        "stateSlotsPerRequest": layout.state_slots_per_request,
+        "stateBytesPerRequest": layout.state_bytes_per_request,
+        "tokenBytesPerBlock": layout.token_bytes_per_block,
+    }
+
+
 def side_summary(side: Side, layout: SideLayout | None) -> dict:
     return {
         "tensorParallelSize": side.tensor_parallel,
         "dataParallelSize": side.data_parallel,
         "engineBlockSize": layout.engine_block_size if layout else None,
         "cacheGroups": [_group_row(g) for g in layout.groups] if layout else [],
+        "prefixCaching": prefix_caching_summary(side, layout),
     }
 
 
@@ -65,6 +81,10 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _on(value: bool) -> str:
+    return "on" if value else "off"
+
+
 def _cell(value) -> str:
     return "-" if value is None else str(value)
 
@@ -80,7 +100,18 @@ def _sides_table(report: PairReport) -> list[str]:
         ("kernel block", p.kernel_block_size, d.kernel_block_size),
         ("engine block (tokens)", p_layout and p_layout.engine_block_size,
          d_layout and d_layout.engine_block_size),
+        ("prefix caching", _on(p.prefix_caching), _on(d.prefix_caching)),
     ]
+    if p_layout and d_layout:
+        rows += [
+            ("prefix hits land on (tokens)", p_layout.prefix_hit_tokens, d_layout.prefix_hit_tokens),
+            ("state cache mode", p_layout.mamba_cache_mode, d_layout.mamba_cache_mode),
+            ("state slots per request", p_layout.state_slots_per_request, d_layout.state_slots_per_request),
+            ("state per request", _size(p_layout.state_bytes_per_request),
+             _size(d_layout.state_bytes_per_request)),
+            ("tokens per block (all layers)", _size(p_layout.token_bytes_per_block),
+             _size(d_layout.token_bytes_per_block)),
+        ]
     lines = [f"{'':32}{'prefill':>16}{'decode':>16}"]
     lines += [f"{label:32}{_cell(a):>16}{_cell(b):>16}" for label, a, b in rows]
     if p_layout and d_layout:

@@ -14,17 +14,16 @@ import json
 from pd_operator.preflight.checks import POD_INDEX_ENV, ROLE_OF
 from pd_operator.serving_image import bundle
 from pd_operator.spec.ports import DP_RPC_PORT
-from pd_operator.spec.reserved import PREFIX_CACHING_OFF
+from pd_operator.spec.reserved import PREFIX_CACHING_OFF, PREFIX_CACHING_ON
 from pd_operator.spec.validate import Resolved
 
 PREFLIGHT = "pd-preflight"  # run from the tools bundle (render/tools.py) by the serving image's python3
 CONFIG_DIR = "/etc/pd"
 """Where serving pods mount the serving ConfigMap (render/serving_config.py)."""
-# vLLM 0.34 turns prefix caching on by default for hybrid models, which switches their state cache to the
-# "align" mode: the block must then also be a multiple of the prefill checkpoint alignment (vllm:
-# `Platform._align_hybrid_block_size`) and vllm-ascend sets mamba_block_size = block_size
-# (`NPUPlatform.update_block_size_for_backend`). The operator plans the "none" mode's block, so it renders
-# prefix caching off for hybrid models and refuses extraArgs that turn it back on.
+# vLLM 0.34 turns prefix caching on by default, for hybrid models too, where it switches the state cache to
+# the "align" mode (kv/blocksize.py). The operator renders what the role's spec.<role>.enablePrefixCaching
+# asks, and for a hybrid model without it prefix caching off, so the state cache runs in the mode the
+# layout was planned for; extraArgs may not change it (spec/validate.py).
 
 
 def kv_transfer_config(ctx: Resolved, role: str, index: int) -> dict:
@@ -65,8 +64,8 @@ def serve_argv(ctx: Resolved, role: str, index: int) -> list[str]:
     argv += ["--block-size", str(ctx.engine_block_size(role)),
              "--dtype", ctx.model.dtype,
              "--kv-cache-dtype", spec.model.kv_cache_dtype]
-    if ctx.model.is_hybrid:
-        argv.append(PREFIX_CACHING_OFF)
+    if side.enable_prefix_caching is not None or ctx.model.is_hybrid:
+        argv.append(PREFIX_CACHING_ON if ctx.layouts[role].side.prefix_caching else PREFIX_CACHING_OFF)
     if spec.model.max_model_len is not None:
         argv += ["--max-model-len", str(spec.model.max_model_len)]
     argv += ["--kv-transfer-config",

@@ -13,6 +13,7 @@ import json
 
 from pd_operator.api.types import PDDeployment
 from pd_operator.kv.blocksize import SideLayout
+from pd_operator.kv.compat import state_modes_must_match
 from pd_operator.kv.model import ModelKV
 from pd_operator.serving_image import capabilities
 
@@ -33,5 +34,10 @@ def layout_hash(dep: PDDeployment, model: ModelKV, layouts: dict[str, SideLayout
         # change it (seedChange) without a new image name.
         "modelRunnerV2": capabilities.model_runner_env(caps, model),
     }
+    prefill, decode = layouts["prefill"], layouts["decode"]
+    if state_modes_must_match(spec.kv_transfer.connector, prefill.side, decode.side):
+        # The connector finds the state block by its own cache mode (kv/compat.py): instances of an old and
+        # a new spec that differ in it cannot pair. Keyed only there, so other layouts keep their hash.
+        identity["mambaCacheMode"] = {role: layouts[role].mamba_cache_mode for role in ("prefill", "decode")}
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]

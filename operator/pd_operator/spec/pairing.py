@@ -25,7 +25,7 @@ from pd_operator.kv import presets
 from pd_operator.kv.compat import check_pair
 from pd_operator.kv.hf_config import ConfigError, model_from_hf_config
 from pd_operator.kv.model import ModelKV
-from pd_operator.kv.side import Side
+from pd_operator.kv.side import Side, prefix_caching_on
 
 DEFAULT_CONNECTOR = KVTransferSpec.model_fields["connector"].default
 ConfigMapReader = Callable[[str, str], str | None]
@@ -93,7 +93,8 @@ def side_of(role: str, spec: RoleSpec, model: ModelKV, kv_cache_dtype: str) -> S
                 kv_cache_dtype=kv_cache_dtype, block_size=spec.block_size,
                 kernel_block_size=spec.kernel_block_size,
                 num_speculative_tokens=spec.num_speculative_tokens, path=f"spec.{role}",
-                model_path="spec.model", platform="ascend")
+                model_path="spec.model", platform="ascend",
+                prefix_caching=prefix_caching_on(spec.enable_prefix_caching, model))
 
 
 def pair_from_rendered(doc: Any) -> PairInput:

@@ -60,9 +60,14 @@ OWNED_FLAGS: dict[str, str] = {
 }
 
 
-# Rendered for hybrid models only (render/command.py says why); extraArgs may not touch it for them.
+# Rendered from spec.{role}.enablePrefixCaching, and off for hybrid models without it (render/command.py
+# says why); extraArgs may not touch them where they are rendered.
+PREFIX_CACHING_ON = "--enable-prefix-caching"
 PREFIX_CACHING_OFF = "--no-enable-prefix-caching"
-PREFIX_CACHING_FLAGS = ("--enable-prefix-caching", PREFIX_CACHING_OFF)
+PREFIX_CACHING_FLAGS = (PREFIX_CACHING_ON, PREFIX_CACHING_OFF)
+# vLLM 0.34 asserts chunked prefill for a hybrid model's prefix caching ("Chunked prefill is required for
+# Mamba prefix caching.", vllm: `vllm/model_executor/models/config.py`, MambaModelConfig).
+CHUNKED_PREFILL_OFF = "--no-enable-chunked-prefill"
 
 
 def flag_name(arg: str) -> str | None:

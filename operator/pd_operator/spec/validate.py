@@ -25,6 +25,7 @@ from pd_operator.findings import Finding, is_compatible
 from pd_operator.kv.blocksize import SideLayout
 from pd_operator.kv.compat import PairReport, check_pair
 from pd_operator.kv.model import ModelKV
+from pd_operator.kv.side import prefix_caching_on
 from pd_operator.names import DNS1035_LABEL, Names
 from pd_operator.serving_image import capabilities, contents
 from pd_operator.serving_image.capabilities import ImageCapabilities
@@ -33,7 +34,14 @@ from pd_operator.spec.host_paths import HostPathPolicy
 from pd_operator.spec.layout import layout_hash
 from pd_operator.spec.pairing import ConfigMapReader, ManifestError, PairInput, resolve_model, side_of
 from pd_operator.spec.ports import port_findings
-from pd_operator.spec.reserved import OWNED_ENV, OWNED_FLAGS, PREFIX_CACHING_FLAGS, flag_name, owned_flag
+from pd_operator.spec.reserved import (
+    CHUNKED_PREFILL_OFF,
+    OWNED_ENV,
+    OWNED_FLAGS,
+    PREFIX_CACHING_FLAGS,
+    flag_name,
+    owned_flag,
+)
 from pd_operator.spec.topology import InstanceShape, TopologyError, instance_shape
 
 
@@ -75,6 +83,11 @@ class Resolved:
 
     def engine_block_size(self, role: str) -> int:
         return self.layouts[role].engine_block_size
+
+    def prefix_hit_tokens(self, role: str) -> int | None:
+        """Where the role's prefix-cache hits and block hashes land (its engine block with prefix caching
+        on), or None when it does not cache prefixes: what a router hashing prompts must use."""
+        return self.layouts[role].prefix_hit_tokens
 
     def instances(self, surge: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
         """(role, index) of every engine instance, prefill first, with `surge` extra ones per role (a
@@ -168,19 +181,31 @@ def _override_findings(role: str, spec: RoleSpec) -> list[Finding]:
 
 
 def _prefix_caching_findings(dep: PDDeployment, model: ModelKV) -> list[Finding]:
-    """Hybrid models run with prefix caching off (render/command.py): their block is planned for it."""
-    if not model.is_hybrid:
-        return []
+    """The prefix-caching flags are rendered from spec.<role>.enablePrefixCaching, and off for a hybrid model
+    without it (render/command.py), so extraArgs may not set them there; a hybrid model's prefix caching
+    needs chunked prefill, which extraArgs may turn off."""
     out = []
     for role in ROLES:
-        for i, arg in enumerate(dep.role(role).extra_args):
+        spec = dep.role(role)
+        rendered = spec.enable_prefix_caching is not None or model.is_hybrid
+        for i, arg in enumerate(spec.extra_args):
             name = flag_name(arg)
-            if name and len(name) > 2 and any(flag.startswith(name) for flag in PREFIX_CACHING_FLAGS):
+            if not name or len(name) <= 2:
+                continue
+            if rendered and any(flag.startswith(name) for flag in PREFIX_CACHING_FLAGS):
                 out.append(Finding(
                     "ArgOverride", "error", f"spec.{role}.extraArgs[{i}]", "",
-                    f"{name} is rendered by the operator for hybrid models (prefix caching off: with it on, "
-                    "vLLM switches the state cache to its 'align' mode and another engine block than the "
-                    "one planned); remove it from extraArgs."))
+                    f"{name} is rendered by the operator from spec.{role}.enablePrefixCaching (for a hybrid "
+                    "model off unless that asks for it, so the state cache runs in the mode its engine block "
+                    "was planned for); remove it from extraArgs and set that instead."))
+            elif model.is_hybrid and prefix_caching_on(spec.enable_prefix_caching, model) \
+                    and len(name) > len("--no-enable-") and CHUNKED_PREFILL_OFF.startswith(name):
+                out.append(Finding(
+                    "PrefixCachingNeedsChunkedPrefill", "error", f"spec.{role}.extraArgs[{i}]", "",
+                    f"spec.{role}.enablePrefixCaching runs the state cache of this hybrid model in vLLM's "
+                    "'align' mode, which needs chunked prefill: vLLM would stop at start-up with 'Chunked "
+                    f"prefill is required for Mamba prefix caching.'; remove {name} from extraArgs or set "
+                    f"spec.{role}.enablePrefixCaching to false."))
     return out
 
 

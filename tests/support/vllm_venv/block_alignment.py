@@ -2,17 +2,19 @@
 
 Runs inside `.vllm-venv` (vLLM 0.34, CPU torch), started by tests/kv/test_vllm_blocksize.py and
 test_vllm_differential.py. Reads a JSON list of cases on stdin and prints one JSON object per case:
-{"id": ..., "block": ..., "paddedStatePage": ...} or {"id": ..., "refused": "<exception>: <message>"}.
+{"id": ..., "block": ..., "paddedStatePage": ..., "mambaCacheMode", "mambaBlockSize", "maxModelLen",
+"stateSlotsPerRequest", "hitTokens"} or {"id": ..., "refused": "<exception>: <message>"}.
 
 A case is {"id", "config" (a config.json object, or "folder": a directory holding one), "dtype", "tp",
-"kernel", "blockSize" (null: not given), "kvCacheDtype", "specTokens", "platform": "vllm" | "ascend"}, and
-optionally "maxModelLen" (default 4096), and "measure": true (also report what `measure` says and the
-values vLLM's config holds for "keys": {"resolved": {key: value}}, keys it does not hold left out) or
-"configOnly": true (only vLLM's config loading, for models whose classes cannot be resolved here:
-{"id", "resolved"} or {"id", "refused"}).
+"kernel", "blockSize" (null: not given), "kvCacheDtype", "specTokens", "platform": "vllm" | "ascend"},
+and optionally "maxModelLen" (default 4096), "prefixCaching" (default false), and "measure": true (also
+report what `measure` says and the values vLLM's config holds for "keys": {"resolved": {key: value}}, keys
+it does not hold left out) or "configOnly": true (only vLLM's config loading, for models whose classes
+cannot be resolved here: {"id", "resolved"} or {"id", "refused"}).
 
 Real vLLM objects throughout: ModelConfig reading the config.json, ParallelConfig, CacheConfig (prefix
-caching off, as the operator renders `--no-enable-prefix-caching`), VllmConfig with all its __post_init__
+caching as the case asks, as the operator renders `--enable-prefix-caching` or `--no-enable-prefix-caching`),
+VllmConfig with all its __post_init__
 checks, the model class vLLM resolves and its state-shape calculators, and
 `Platform.update_block_size_for_backend` (phase 1 default block, hybrid alignment, the aligned-size check).
 Two things vLLM only learns from a running engine stand in:
@@ -21,7 +23,14 @@ Two things vLLM only learns from a running engine stand in:
 - the speculative config: only `num_speculative_tokens` is read by the state-shape code, so a plain object
   carries it (a real SpeculativeConfig needs a draft model).
 With no model layers instantiated, vLLM's final rounding to every attention layer's kernel block (an lcm over
-the layers) is a no-op.
+the layers) is a no-op, and so is align mode's prefill checkpoint alignment (an lcm over the state layers that
+export checkpoints): no layer the case's platform runs declares one (only GDN with FlashInfer on CUDA does).
+
+What a block costs comes from vLLM's own classes too: the state slots a running request holds are
+`MambaSpec.max_memory_usage_bytes` over the page size, for the spec a state layer builds from the resolved
+config (`MambaBase.get_kv_cache_spec`: mamba_block_size, padded page, cache mode, one block per draft token);
+where prefix-cache hits land is `resolve_kv_cache_block_sizes` and `resolve_cache_hit_alignment_tokens` on an
+attention group and that state group.
 
 `platform: "ascend"` runs vllm-ascend 0.30.0rc2's own code from its source archive (`--ascend-src DIR`):
 `vllm_ascend/patch/platform/patch_mamba_config.py` (the pooled-indexer block rule) is executed as it is,
@@ -209,6 +218,42 @@ def config_only(folder: Path, keys: list[str]) -> dict:
     return {"resolved": resolved_keys(text, keys)}
 
 
+def block_costs(config) -> dict:
+    """What the resolved blocks cost, asked of vLLM's own spec classes (see the module docstring)."""
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.v1.core.kv_cache_utils import resolve_cache_hit_alignment_tokens, resolve_kv_cache_block_sizes
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+    )
+
+    cache, model = config.cache_config, config.model_config
+    attention_spec = MLAAttentionSpec if model.use_mla else FullAttentionSpec
+    attention = attention_spec(block_size=cache.block_size, num_kv_heads=1, head_size=model.get_head_size(),
+                               dtype=model.dtype)
+    groups = [KVCacheGroupSpec(["attention"], attention)]
+    slots = 0
+    if model.is_hybrid:
+        model_cls, _ = ModelRegistry.resolve_model_cls(model.architecture, model_config=model)
+        state = MambaSpec(shapes=model_cls.get_mamba_state_shape_from_config(config),
+                          dtypes=model_cls.get_mamba_state_dtype_from_config(config),
+                          block_size=cache.mamba_block_size, page_size_padded=cache.mamba_page_size_padded,
+                          mamba_cache_mode=cache.mamba_cache_mode,
+                          num_speculative_blocks=config.num_speculative_tokens)
+        groups.append(KVCacheGroupSpec(["state"], state))
+        slots = state.max_memory_usage_bytes(config) // state.page_size_bytes
+    kv_cache = KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=groups)
+    scheduler_block, hash_block = resolve_kv_cache_block_sizes(kv_cache, config)
+    return {"mambaCacheMode": cache.mamba_cache_mode,
+            "mambaBlockSize": cache.mamba_block_size, "maxModelLen": model.max_model_len,
+            "stateSlotsPerRequest": slots,
+            "hitTokens": resolve_cache_hit_alignment_tokens(kv_cache, config, scheduler_block, hash_block)
+            if cache.enable_prefix_caching else None}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ascend-src", type=Path)
@@ -262,7 +307,7 @@ def main() -> int:
                     parallel_config=ParallelConfig(tensor_parallel_size=case["tp"]),
                     cache_config=CacheConfig(block_size=case.get("blockSize"),
                                              cache_dtype="auto" if platform.ascend else kv_cache_dtype,
-                                             enable_prefix_caching=False),
+                                             enable_prefix_caching=case.get("prefixCaching", False)),
                     device_config=DeviceConfig(device="cpu"),
                 )
                 if case.get("specTokens"):
@@ -278,6 +323,7 @@ def main() -> int:
                 platform.update_block_size_for_backend(config)
                 result = {"id": case["id"], "block": config.cache_config.block_size,
                           "paddedStatePage": config.cache_config.mamba_page_size_padded}
+                result.update(block_costs(config))
                 if case.get("measure"):
                     result.update(measure(config),
                                   resolved=resolved_keys(config.model_config.hf_text_config,

@@ -39,6 +39,7 @@ def main() -> None:
             kv = engine.kv_transfer_config
             results.append({"ok": True, "error": "",
                             "block_size": engine.block_size,
+                            "enable_prefix_caching": engine.enable_prefix_caching,
                             "tp": engine.tensor_parallel_size, "dp": engine.data_parallel_size,
                             "dp_local": engine.data_parallel_size_local,
                             "dp_start_rank": engine.data_parallel_start_rank,
