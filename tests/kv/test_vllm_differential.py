@@ -220,9 +220,10 @@ def without(config: dict, keys: list[str]) -> dict:
     return {k: v for k, v in config.items() if k not in keys}
 
 
-def generated(classes: dict, seed: int = SEED) -> list[dict]:
+def generated(classes: dict, seed: int = SEED, only: tuple[str, ...] = ()) -> list[dict]:
+    """Configs of every architecture, or of the `only` ones."""
     rng = random.Random(seed)
-    archs = sorted(GENERATORS)
+    archs = sorted(only or GENERATORS)
     configs = [(GENERATORS[a](rng), []) for a in (archs * (FULL // len(archs) + 1))[:FULL]]
     for arch in archs:  # every key left out alone
         base = GENERATORS[arch](rng)
@@ -384,10 +385,12 @@ def costs(case: dict, row: dict) -> tuple[str, str]:
 
 def test_pdctl_and_vllm_agree_with_prefix_caching_on(classes):
     """The same generator and contract with `--enable-prefix-caching` on both roles, plus what the blocks
-    cost. GLM-5.3-Flash stays at the config level here; its align-mode blocks and costs are checked against
-    vllm-ascend's rule in test_vllm_blocksize.py."""
-    cases = [{**probe_case(c), "id": f"pc-{c['id']}", "prefixCaching": True}
-             for c in generated(classes, PREFIX_CACHING_SEED)]
+    cost, with a second draw of hybrid models only. GLM-5.3-Flash stays at the config level here; its
+    align-mode blocks and costs are checked against vllm-ascend's rule in test_vllm_blocksize.py."""
+    # Every architecture, then as many again of the hybrid ones, where prefix caching changes the state cache.
+    drawn = [(f"pc-{c['id']}", c) for c in generated(classes, PREFIX_CACHING_SEED)]
+    drawn += [(f"pc-hybrid-{c['id']}", c) for c in generated(classes, PREFIX_CACHING_SEED + 1, HYBRID)]
+    cases = [{**probe_case(c), "id": case_id, "prefixCaching": True} for case_id, c in drawn]
     probed = run_probe(cases)
     outcomes = {c["id"]: classify(c, probed[c["id"]]) for c in cases}
     for c in cases:
@@ -397,4 +400,4 @@ def test_pdctl_and_vllm_agree_with_prefix_caching_on(classes):
                              f"(seed {PREFIX_CACHING_SEED})", cases, outcomes)
     align = [c for c in cases if probed[c["id"]].get("mambaCacheMode") == "align"]
     assert {c["config"]["architectures"][0] for c in cases} == set(SUPPORTED_ARCHITECTURES)
-    assert len(align) >= 100 and counts["both approve, same costs"] >= 200 and counts["both refuse"] >= 50
+    assert len(align) >= 300 and counts["both approve, same costs"] >= 300 and counts["both refuse"] >= 50
