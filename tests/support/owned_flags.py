@@ -57,7 +57,8 @@ FREE_ARGS = [["--enforce-eager"], ["--max-num-seqs=8"], ["--gpu-memory-utilizati
              ["--quantization", "ascend"], ["-q", "ascend"], ["--seed", "7"]]
 
 
-# Owned for hybrid models only: the operator renders prefix caching off for them (render/command.py).
+# Owned for hybrid models (the operator renders prefix caching off for them unless
+# spec.<role>.enablePrefixCaching asks, render/command.py) and wherever that field is set; free otherwise.
 HYBRID_OWNED_ARGS = [["--enable-prefix-caching"], ["--no-enable-prefix-caching"], ["--enable-prefix"]]
 
 
