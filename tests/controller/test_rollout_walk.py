@@ -27,13 +27,18 @@ from pd_operator.api.types import ROLES
 from pd_operator.controller.rollout import (
     InstanceState,
     Plan,
+    RoleFigures,
     RoleParams,
+    Rollout,
     available,
     other,
     plan,
     progressed_at,
     serving,
+    step,
 )
+from pd_operator.spec.validate import Resolved
+from support.specs import example, resolve
 
 OLD, NEW = "old-layout", "new-layout"
 SETTINGS = [(mu, ms) for mu in (0, 1, 2) for ms in (0, 1) if mu or ms]
@@ -305,3 +310,81 @@ def test_walk_with_a_readiness_blip_and_partitions_per_role(p: int, d: int, layo
         assert all("maxSurge" in b or "partition" in b for b in blocked), (mu, ms, partition, blocked)
         if not layout_change:
             assert not blocked or ms == 0, (mu, ms, partition, blocked)
+
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+LATER = T0 + timedelta(hours=3)
+"""Far past the deadline the clock tests set (600 s)."""
+
+
+def clock_spec(prefill: dict | None = None, decode: dict | None = None, **rollout: object) -> Resolved:
+    """The 1P1D example with `rollout` on both roles (a 600 s deadline), and per-role extras."""
+    doc = example()
+    for role, extra in (("prefill", prefill), ("decode", decode)):
+        doc["spec"][role]["rollout"] = {"progressDeadlineSeconds": 600, **rollout}
+        doc["spec"][role].update(extra or {})
+    return resolve(doc)
+
+
+def clock_step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], generation: int = 1,
+               instances: dict[str, list[dict]] | None = None, **status: object) -> Rollout:
+    """One step at LATER, the last progress at T0, the figures as the previous status had them and
+    its instances (by default: as now)."""
+    if instances is None:
+        instances = {role: [{"name": resolved.names.instance(role, i), "ready": s.ready}
+                            for i, s in state[role].items()] for role in ROLES}
+    figures = {role: RoleFigures("new-rev", 0, 1) for role in ROLES}
+    previous = {"rolloutProgressTime": T0.strftime("%Y-%m-%dT%H:%M:%SZ"), "observedGeneration": 1,
+                **{role: {"revision": "new-rev", "updatedInstances": 0, "readyInstances": 1,
+                          "instances": instances.get(role, [])} for role in ROLES}, **status}
+    return step(resolved, state, figures, previous, LATER, generation)
+
+
+def old_pair() -> dict[str, dict[int, InstanceState]]:
+    return {role: {0: InstanceState(False, True, OLD)} for role in ROLES}
+
+
+def halted(moving: Rollout) -> set[str]:
+    return {role for role in ROLES if moving.params[role].halted}
+
+
+def test_the_deadline_stops_steps_and_a_new_setting_resumes() -> None:
+    """No progress for 3 h on a 600 s deadline: the rollout stops (no instance leaves). Any spec
+    change (a rollout setting, not only a new template) starts the clock again, as re-applying does."""
+    moving = clock_step(clock_spec(), old_pair())
+    assert halted(moving) == set(ROLES) and not moving.plan.leave
+    resumed = clock_step(clock_spec(maxSurge=1), old_pair(), generation=2)
+    assert resumed.since == LATER and not halted(resumed)
+
+
+def test_the_clock_stops_while_paused() -> None:
+    """Paused 3 h, then resumed: not stopped by the deadline, and the clock counts from the resume."""
+    assert not halted(clock_step(clock_spec(paused=True), old_pair()))
+    paused_then = {"conditions": [{"type": "Progressing", "status": "Unknown", "reason": "RolloutPaused"}]}
+    resumed = clock_step(clock_spec(), old_pair(), **paused_then)
+    assert not halted(resumed) and resumed.since == LATER and resumed.plan.leave
+
+
+def test_the_clock_stops_while_blocked() -> None:
+    """A KV-layout change that the decode's partition holds on the old layout: blocked (saying
+    what to change), not stopped by the deadline."""
+    moving = clock_step(clock_spec(decode={"rollout": {"progressDeadlineSeconds": 600, "partition": 1}}),
+                        old_pair())
+    assert moving.plan.blocked and "partition" in moving.plan.blocked
+    assert not halted(moving)
+
+
+def test_a_surge_instance_ready_or_an_instance_drained_is_progress() -> None:
+    """The figures count the spec's instances only; a surge instance becoming Ready, or an instance
+    that drained and is gone, is progress too."""
+    resolved = clock_spec(maxSurge=1, maxUnavailable=0)
+    surge = {**old_pair(), "prefill": {0: InstanceState(False, True, OLD), 1: InstanceState(True, True, NEW)}}
+    name = resolved.names.instance("prefill", 1)
+    was = {"prefill": [{"name": resolved.names.instance("prefill", 0), "ready": True},
+                       {"name": name, "ready": False}],
+           "decode": [{"name": resolved.names.instance("decode", 0), "ready": True}]}
+    moving = clock_step(resolved, surge, instances=was)
+    assert moving.since == LATER and not halted(moving)
+    assert halted(clock_step(resolved, surge))
+    drained = clock_step(resolved, old_pair(), draining=[{"name": name}])
+    assert drained.since == LATER and not halted(drained)

@@ -100,9 +100,10 @@ REASONS: list[tuple[str, str, str, str]] = [
     (PROGRESSING, "False", ROLLOUT_BLOCKED, "No outdated instance can move while each role keeps "
      "replicas - maxUnavailable serving (a KV-layout change with a role of few instances, or a partition "
      "that leaves new instances no partner of their layout); the message says what to change."),
-    (PROGRESSING, "False", PROGRESS_DEADLINE_EXCEEDED, "No instance was replaced or became Ready on the "
-     "new template within spec.<role>.rollout.progressDeadlineSeconds: the rollout stopped and the others "
-     "keep serving. Fix the template; applying the previous spec again rolls back only what moved."),
+    (PROGRESSING, "False", PROGRESS_DEADLINE_EXCEEDED, "No instance was replaced, drained or became Ready "
+     "within spec.<role>.rollout.progressDeadlineSeconds (the clock stops while paused or blocked): the "
+     "rollout stopped and the others keep serving. Nothing rolls back by itself: fix the template, or "
+     "apply the previous spec again (which moves back only what moved); any spec change resumes."),
     (PROGRESSING, "True", WAITING_FOR_PODS, "Children are applied; pods are not all ready yet."),
     (PROGRESSING, "False", COMPLETE, "Every child is up to date and ready."),
     (PROGRESSING, "False", INVALID_SPEC, "The spec is invalid; fix it to continue."),

@@ -267,9 +267,11 @@ class RolloutSpec(ApiModel):
     paused: bool = False
     """Take no further instance out; those already moving finish."""
     progress_deadline_seconds: int | None = Field(default=None, ge=1, le=7 * 86_400)
-    """Seconds without progress (an instance replaced or Ready on the new template) after which the
-    rollout stops with Progressing=False/ProgressDeadlineExceeded, keeping the rest serving. Unset:
-    the role's `startupTimeoutSeconds` plus its drain bound, the longest a healthy replacement takes."""
+    """Seconds without progress (an instance replaced, drained, or Ready, a surge one too) after which
+    the rollout stops with Progressing=False/ProgressDeadlineExceeded, keeping the rest serving; the
+    clock stops while the rollout is paused or blocked. It rolls nothing back: any spec change resumes
+    it (apply the previous spec again to roll back). Unset: the role's `startupTimeoutSeconds` plus
+    its drain bound, the longest a healthy replacement takes."""
 
     @model_validator(mode="after")
     def _can_move(self) -> RolloutSpec:

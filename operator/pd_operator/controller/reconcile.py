@@ -294,7 +294,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     leaving = {d.get("name") for d in previous.get("draining") or []}
     state = gate.observe(resolved, rendered.revisions, pods, leaving)
     figures = rollout.figures(resolved, rendered.revisions, pods)
-    moving = rollout.step(resolved, state, figures, previous, now)
+    moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"))
     routable = moving.plan.routable(moving.state)
     the_diff = diff(_desired(resolved, rendered, body, moving.plan, routable, boundary), children,
                     meta["uid"])

@@ -30,8 +30,10 @@ The rule, per role (`spec.<role>.rollout`, named as Deployments and StatefulSets
 
 The clock (`step`): the progress deadline counts from the last change of the roles' figures (their
 revision, instances updated, instances Ready; `figures`, computed once per reconcile from the
-revisions of render/workloads.py Templates), kept in status.rolloutProgressTime, as a Deployment's
-progressDeadlineSeconds counts.
+revisions of render/workloads.py Templates) or other progress (`_moved`: an instance Ready, a surge
+one too, or drained; a spec change; the end of a pause or block), kept in
+status.rolloutProgressTime, as a Deployment's progressDeadlineSeconds counts. It stands still while
+the rollout is paused or blocked; a passed deadline stops further steps until something moves.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
 
+from pd_operator.api import conditions as c
 from pd_operator.api.labels import REVISION
 from pd_operator.api.types import ROLES as _ROLES
 from pd_operator.controller import drain
@@ -308,14 +311,16 @@ def figures(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict]) 
 
 
 def progressed_at(previous: datetime | None, figures_then: Figures | None, figures: Figures, active: bool,
-                  now: datetime) -> datetime | None:
-    """When the rollout last progressed: `now` when it starts or its figures (per role: the
-    revision, instances updated, instances ready) changed since the last status, else `previous`;
-    None when no rollout is under way. What the progress deadline counts from (Deployments count
-    the same way)."""
+                  now: datetime, moved: bool = False) -> datetime | None:
+    """When the rollout last progressed: `now` when it starts, its figures (per role: the
+    revision, instances updated, instances ready) changed since the last status, or it `moved`
+    otherwise (an instance became Ready or finished draining, the spec changed, it resumed after
+    being paused or blocked), else `previous`; None when no rollout is under way.
+    What the progress deadline counts from (Deployments count the same way, and restart it on
+    resume: kubernetes pkg/controller/deployment/sync.go @ v1.34, checkPausedConditions)."""
     if not active:
         return None
-    if previous is None or figures_then is None or dict(figures_then) != dict(figures):
+    if moved or previous is None or figures_then is None or dict(figures_then) != dict(figures):
         return now
     return previous
 
@@ -335,10 +340,28 @@ def _parse_time(text: object, now: datetime) -> datetime | None:
         return None
 
 
+def _moved(resolved: Resolved, state: State, previous: dict, generation: int | None) -> bool:
+    """Progress the figures do not show, since the status was written: the spec changed (a new
+    rollout setting resumes a stopped rollout, as a new template does), it was held (paused or
+    blocked: the clock starts again when it moves), an instance became Ready (a surge one too), or
+    one that drained is gone."""
+    if generation is not None and previous.get("observedGeneration") not in (None, generation):
+        return True
+    named = {resolved.names.instance(role, i): s for role in ROLES for i, s in state.get(role, {}).items()}
+    ready_then = {i.get("name") for role in ROLES for i in (previous.get(role) or {}).get("instances") or []
+                  if i.get("ready")}
+    drained = {d.get("name") for d in previous.get("draining") or []} - set(named)
+    held_then = any(cond.get("type") == c.PROGRESSING
+                    and cond.get("reason") in (c.ROLLOUT_PAUSED, c.ROLLOUT_BLOCKED)
+                    for cond in previous.get("conditions") or [])
+    return held_then or bool(drained) or any(s.ready and name not in ready_then for name, s in named.items())
+
+
 def step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], now_figures: Figures,
-         previous: dict, now: datetime) -> Rollout:
+         previous: dict, now: datetime, generation: int | None = None) -> Rollout:
     """The rollout's next step and its clock, from the instances as observed (controller/gate.py
-    observe), their figures and the previous status (`rolloutProgressTime`, the roles' figures)."""
+    observe), their figures, the previous status (`rolloutProgressTime`, the roles' figures and
+    instances, the draining ones, `observedGeneration`) and the spec's `generation`."""
     limits: dict[str, int] = {role: deadline(resolved, role) for role in ROLES}
     # A new template (applying the previous spec again, say) is progress too: as a Deployment's new
     # ReplicaSet restarts its deadline, else a halted rollout could never be rolled back.
@@ -355,9 +378,12 @@ def step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], now_fig
     surge = bool(surplus(params, state))
     active = any(outdated(params, state).values()) or (
         previous.get("rolloutProgressTime") is not None and (starting or surge))
+    free = plan(params, state, resolved.layout_hash)  # what it would do without a deadline
+    waiting = [role for role in ROLES if free.outdated[role]]
+    held = bool(free.blocked) or bool(waiting) and not free.leave and all(params[r].paused for r in waiting)
     since = progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, now_figures, active,
-                          now)
-    halted: set[str] = {role for role in ROLES
-                        if since is not None and (now - since).total_seconds() > limits[role]}
+                          now, not held and _moved(resolved, state, previous, generation))
+    halted: set[str] = {role for role in ROLES if not held  # the clock stops while held
+                        and since is not None and (now - since).total_seconds() > limits[role]}
     chosen = params_of(resolved, halted)
     return Rollout(plan(chosen, state, resolved.layout_hash), state, chosen, since, limits)
