@@ -233,10 +233,26 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "hostPaths values; by default the Ascend driver and tool paths of the A2/A3/A5 presets and /data).",
         "Use an allowed path, or ask the admin to add it (hostPaths.additional)."),
     "HostNetwork": (
-        "warning", "The pods use the host network, so the NetworkPolicy does not isolate them.",
+        "warning", "The pods use the host network (the cluster admin allows it), so the NetworkPolicy does "
+        "not isolate them.",
         "Only use hostNetwork for RDMA setups that need it."),
     "ProxyWithoutApiKey": (
         "warning", "The proxy serves without an API key: every pod its NetworkPolicy admits (the namespace "
         "and spec.proxy.allowFrom) may send requests.",
         "Set spec.proxy.apiKey to a Secret key holding the key clients must send."),
+    "HostNetworkNotAllowed": (
+        "error", "The pods would use the host network, which the cluster admin has not allowed: they would "
+        "see the node's pod traffic and reach other tenants' ports on it (spec/node_access.py).",
+        "Remove hostNetwork, or ask the admin to start the operator with --allow-host-network "
+        "(chart value nodeAccess.hostNetwork)."),
+    "TolerationNotAllowed": (
+        "error", "A toleration would let the pods onto control-plane nodes (a control-plane taint, or no key "
+        "with operator Exists), which the cluster admin has not allowed.",
+        "Tolerate only the NPU nodes' taints, or ask the admin for --allow-control-plane-tolerations "
+        "(chart value nodeAccess.controlPlaneTolerations)."),
+    "HostPathCreationNotAllowed": (
+        "error", "A host mount of type DirectoryOrCreate, FileOrCreate or \"\" would create its path on the "
+        "node, owned by root, which the cluster admin has not allowed.",
+        "Use type File or Directory, or ask the admin for --allow-host-path-creation (chart value "
+        "nodeAccess.hostPathCreation)."),
 }

@@ -55,7 +55,7 @@ def test_example_is_valid_and_resolved():
     ({"spec.prefill.tensorParallelSize": 16}, "NodeTooSmall", "spec.prefill.tensorParallelSize"),
     ({"spec.decode.dataParallelSize": 3, "spec.decode.npusPerNode": 8}, "NodeTooSmall",
      "spec.decode.dataParallelSize"),
-    ({"spec.decode.hostNetwork": True}, "HostNetwork", "spec.decode.hostNetwork"),
+    ({"spec.decode.hostNetwork": True}, "HostNetworkNotAllowed", "spec.decode.hostNetwork"),
     ({"spec.kvTransfer.connector": "MooncakeConnectorV1", "spec.decode.kernelBlockSize": 256},
      "CrossTPBlockSizesUnsupported", "spec.kvTransfer.connector"),
     ({"spec.model.kvCacheDtype": "float16"}, "KVCacheDTypeIncompatible", "spec.model.kvCacheDtype"),

@@ -20,6 +20,8 @@ NAMESPACE_READ = {("", "namespaces", v) for v in ("get", "list", "watch")}
 # The self-signed webhook: patch this release's configuration (rbac.WEBHOOK_RULES).
 WEBHOOK_CONFIG = {("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch")}
 PEERING = ("get", "list", "watch", "patch")
+OPERATOR_ROLE = "pdo-pd-operator"
+"""The operator's own ClusterRole (the release's full name); the users' roles are beside it."""
 
 
 def _triples(rules: list[dict]) -> set[tuple[str, str, str]]:
@@ -62,7 +64,7 @@ def test_chart_rbac_file_equals_the_rules():
 
 def test_cluster_mode_grants_the_rules_cluster_wide():
     docs = rendered("default")
-    role = one(docs, "ClusterRole")
+    role = one(docs, "ClusterRole", OPERATOR_ROLE)
     assert find(docs, "Role") == [] and find(docs, "RoleBinding") == []
     assert _triples(role["rules"]) == OPERATOR | CRD_READ | WEBHOOK_CONFIG
     (named,) = [r for r in role["rules"] if "resourceNames" in r]
@@ -79,23 +81,26 @@ def test_namespaced_mode_grants_the_rules_per_namespace_only():
     bound = sorted(b["metadata"]["namespace"] for b in find(docs, "RoleBinding"))
     assert bound == ["llm-prod", "llm-staging"]
     # What stays cluster-wide is read-only apart from the webhook configuration the operator fills in.
-    assert _triples(one(docs, "ClusterRole")["rules"]) == CRD_READ | NAMESPACE_READ | WEBHOOK_CONFIG
+    operator_role = one(docs, "ClusterRole", OPERATOR_ROLE)
+    assert _triples(operator_role["rules"]) == CRD_READ | NAMESPACE_READ | WEBHOOK_CONFIG
 
 
 def test_no_webhook_means_no_webhook_permission():
-    assert _triples(one(rendered("webhook-off"), "ClusterRole")["rules"]) == OPERATOR | CRD_READ
+    webhook_off = one(rendered("webhook-off"), "ClusterRole", OPERATOR_ROLE)
+    assert _triples(webhook_off["rules"]) == OPERATOR | CRD_READ
     # cert-manager injects the CA itself.
-    assert _triples(one(rendered("cert-manager"), "ClusterRole")["rules"]) == OPERATOR | CRD_READ
+    cert_manager = one(rendered("cert-manager"), "ClusterRole", OPERATOR_ROLE)
+    assert _triples(cert_manager["rules"]) == OPERATOR | CRD_READ
 
 
 def test_peering_permissions_follow_the_mode():
-    cluster = one(rendered("peering"), "ClusterRole")["rules"]
+    cluster = one(rendered("peering"), "ClusterRole", OPERATOR_ROLE)["rules"]
     cluster_peering = {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING}
     assert _triples(cluster) == OPERATOR | CRD_READ | cluster_peering
     docs = rendered("peering-namespaced")
     (role,) = find(docs, "Role")
     assert _triples(role["rules"]) == OPERATOR | {("kopf.dev", "kopfpeerings", v) for v in PEERING}
-    assert _triples(one(docs, "ClusterRole")["rules"]) == CRD_READ | NAMESPACE_READ
+    assert _triples(one(docs, "ClusterRole", OPERATOR_ROLE)["rules"]) == CRD_READ | NAMESPACE_READ
 
 
 # --- the sync tool itself, on a scratch repository ---
@@ -162,5 +167,5 @@ def test_cluster_scoped_rules_stay_in_the_cluster_role_in_namespaced_mode(tmp_pa
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     nodes = {("", "nodes", "get"), ("", "nodes", "list")}
-    assert nodes <= _triples(one(docs, "ClusterRole")["rules"])
+    assert nodes <= _triples(one(docs, "ClusterRole", OPERATOR_ROLE)["rules"])
     assert _triples(one(docs, "Role")["rules"]) == OPERATOR

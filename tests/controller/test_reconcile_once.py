@@ -33,6 +33,9 @@ class MemoryClient:
     def read_config_map_key(self, namespace: str, name: str, key: str) -> str | None:
         return None
 
+    def get_child(self, manifest: dict) -> dict | None:
+        return None  # an empty namespace: nothing holds a child's name
+
     def apply(self, manifest: dict) -> dict:
         self.writes.append(("apply", manifest))
         return copy.deepcopy(manifest)

@@ -35,7 +35,8 @@ def with_weights(path: str) -> dict:
 
 def with_mounts(role: str, *paths: str, generation: str = "A3") -> dict:
     doc = example(HOST_PATH_EXAMPLE)
-    doc["spec"][role]["hostMounts"] = {"generation": generation, "paths": [{"path": p} for p in paths]}
+    doc["spec"][role]["hostMounts"] = {"generation": generation,
+                                     "paths": [{"path": p, "type": "Directory"} for p in paths]}
     return doc
 
 
@@ -101,8 +102,9 @@ def test_a_narrower_list_refuses_the_generation_mounts_it_leaves_out():
 def test_the_default_allows_every_generation_preset_and_the_weights_root():
     for generation, mounts in GENERATION_MOUNTS.items():
         for path, _ in mounts:
-            assert DEFAULT.allows(path), (generation, path)
-    assert DEFAULT.allows(WEIGHTS_ROOT + "/models") and not DEFAULT.allows("/opt/models")
+            assert DEFAULT.allows(path, "default"), (generation, path)
+    assert DEFAULT.allows(WEIGHTS_ROOT + "/models", "default")
+    assert not DEFAULT.allows("/opt/models", "default")
 
 
 def test_the_controller_renders_no_refused_path():
@@ -113,7 +115,7 @@ def test_the_controller_renders_no_refused_path():
     volumes = [v for m in render(ok.resolved) if m["kind"] == "StatefulSet"
                for v in m["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
     assert {v["hostPath"]["path"] for v in volumes} >= {"/data/extra", "/data/models"}
-    assert all(DEFAULT.allows(v["hostPath"]["path"]) for v in volumes)
+    assert all(DEFAULT.allows(v["hostPath"]["path"], "default") for v in volumes)
 
 
 def test_pdctl_validate_takes_the_operators_allow_list(tmp_path, capsys):
@@ -167,7 +169,7 @@ def test_whatever_the_path_an_admitted_one_is_plain_allowed_and_clear_of_protect
     doc = with_mounts("decode", path)
     if validate(doc).ok:
         assert posixpath.normpath(path) == path and not path.startswith("//") and path.strip() == path
-        assert DEFAULT.allows(path)
+        assert DEFAULT.allows(path, "default")
         for protected in PROTECTED:
             assert not (path + "/").startswith(protected + "/"), (path, protected)
             assert not (protected + "/").startswith(path + "/"), (path, protected)

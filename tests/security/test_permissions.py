@@ -4,9 +4,10 @@ no Secrets, no wildcards, no escalation verbs or pod shells, no binding to a bui
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from pd_operator.controller.permissions import RULES
-from support.helm_chart import VALUE_SETS, rendered
+from support.helm_chart import VALUE_SETS, rendered, template
 
 ROLE_KINDS = ("ClusterRole", "Role")
 BINDING_KINDS = ("ClusterRoleBinding", "RoleBinding")
@@ -91,3 +92,33 @@ def test_operator_pod_is_hardened(value_set):
             assert not caps.get("add"), c["name"]
             assert "ALL" in caps.get("drop", []), c["name"]
             assert ctx.get("runAsNonRoot") or pod.get("securityContext", {}).get("runAsNonRoot"), c["name"]
+
+
+def test_the_user_roles_grant_pddeployments_and_scaling_only_aggregated_into_the_built_in_ones():
+    """Who may edit a namespace may create its PDDeployments and scale its PDRoles; who may view it
+    may read both; nothing of the operator's children (docs/security.md)."""
+    docs = rendered("default")
+    cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    roles = {d["metadata"]["name"].rsplit("-", 1)[1]: d for d in cluster_roles
+             if d["metadata"]["name"] in ("pdo-pd-operator-edit", "pdo-pd-operator-view")}
+    assert set(roles) == {"edit", "view"} and len(cluster_roles) == 3  # and the operator's own
+    labels = {name: {k.rsplit("/", 1)[1] for k, v in role["metadata"]["labels"].items()
+                     if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"}
+              for name, role in roles.items()}
+    assert labels == {"edit": {"aggregate-to-edit", "aggregate-to-admin"}, "view": {"aggregate-to-view"}}
+    granted = {name: {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+                      for r in rule["resources"] for v in rule["verbs"]} for name, role in roles.items()}
+    assert {g for g, _, _ in granted["edit"] | granted["view"]} == {"pd.serving.dev"}
+    assert {r for _, r, v in granted["edit"] if v not in ("get", "list", "watch")} == {
+        "pddeployments", "pdroles/scale"}
+    assert {v for _, _, v in granted["view"]} == {"get", "list", "watch"}
+    for role in roles.values():
+        assert rule_problems(role["rules"]) == []
+    assert not [d for d in rendered_with("rbac.userRoles=false") if d["kind"] == "ClusterRole"
+                and d["metadata"]["name"].endswith(("-edit", "-view"))]
+
+
+def rendered_with(*settings: str) -> list[dict]:
+    result = template(*[arg for s in settings for arg in ("--set", s)])
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]

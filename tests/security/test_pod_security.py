@@ -1,8 +1,9 @@
 """Every rendered pod, of every example and of generated valid specs: not privileged, no privilege
-escalation, no added capabilities (every container but the engine drops ALL), seccomp
+escalation, no capabilities (every container drops ALL, the engine's too), seccomp
 RuntimeDefault, no API token unless the pod names a ServiceAccount of its own, the proxy non-root
 on a read-only root, no host PID/IPC, host paths read-only, and the host network only when the spec
-asks for it, which the validator then reports (HostNetwork)."""
+asks for it and the admin allows it (spec/node_access.py), which the validator then reports
+(HostNetwork)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 from pd_operator.render.runnable import validate
+from pd_operator.spec.node_access import NodeAccess
 from support.rendered_pods import pod_specs, validated_render
 from support.renders import VALID_EXAMPLES
 from support.spec_strategies import deployments
 from support.specs import example
-
-ENGINE = "vllm"  # keeps the runtime's default capabilities (render/security.py says why)
 
 
 def pod_problems(name: str, pod: dict) -> list[str]:
@@ -38,7 +38,7 @@ def pod_problems(name: str, pod: dict) -> list[str]:
             out.append(f"{name}/{c['name']}: allowPrivilegeEscalation is not false")
         if (ctx.get("capabilities") or {}).get("add"):
             out.append(f"{name}/{c['name']}: adds capabilities")
-        if c["name"] != ENGINE and (ctx.get("capabilities") or {}).get("drop") != ["ALL"]:
+        if (ctx.get("capabilities") or {}).get("drop") != ["ALL"]:
             out.append(f"{name}/{c['name']}: keeps capabilities")
         if c["name"] == "proxy" and not (ctx.get("runAsNonRoot") and ctx.get("readOnlyRootFilesystem")):
             out.append(f"{name}/{c['name']}: may run as root or write its root file system")
@@ -48,8 +48,11 @@ def pod_problems(name: str, pod: dict) -> list[str]:
     return out
 
 
+HOST_NETWORK_ALLOWED = NodeAccess(host_network=True)
+
+
 def check(doc: dict) -> None:
-    validation, manifests = validated_render(doc)
+    validation, manifests = validated_render(doc, node_access=HOST_NETWORK_ALLOWED)
     asked = {role for role in ("prefill", "decode") if validation.deployment.role(role).host_network}
     warned = {f.path.split(".")[1] for f in validation.warnings if f.code == "HostNetwork"}
     assert warned == asked
@@ -89,12 +92,12 @@ def test_host_network_only_on_request_and_reported(role):
     doc = example(VALID_EXAMPLES[0])
     doc["spec"][role]["hostNetwork"] = True
     check(doc)
-    warnings = validate(doc).warnings
+    warnings = validate(doc, node_access=HOST_NETWORK_ALLOWED).warnings
     assert any(f.code == "HostNetwork" and f.path == f"spec.{role}.hostNetwork" for f in warnings)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(deployments())
 def test_generated_spec_pods_are_unprivileged(doc):
-    assume(validate(doc).ok)
+    assume(validate(doc, node_access=HOST_NETWORK_ALLOWED).ok)
     check(doc)

@@ -4,6 +4,7 @@ workload, with the template's labels and named ports) and the ports each serving
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from pd_operator.render import render
 from pd_operator.render.runnable import validate
@@ -63,7 +64,8 @@ def stranger(pod: Pod, *, name: str | None = None, namespace: str | None = None,
     return Pod(f"{pod.name}-stranger", namespace or pod.namespace, new_labels, pod.ports)
 
 
-def validated_render(doc: dict) -> tuple[Validation, list[dict]]:
-    validation = validate(doc)
+def validated_render(doc: dict, **options: Any) -> tuple[Validation, list[dict]]:
+    """`doc` validated (with the validator's `options`, e.g. an admin's node_access) and rendered."""
+    validation = validate(doc, **options)
     assert validation.ok, [f.line() for f in validation.errors]
     return validation, render(validation.resolved)

@@ -34,8 +34,9 @@ def roles(draw, role: str) -> dict:
     if draw(st.booleans()):
         spec["hostNetwork"] = True
     if draw(st.booleans()):
+        hccn = {"path": "/etc/hccn.conf", "type": "File"}
         spec["hostMounts"] = {"generation": draw(st.sampled_from(["A2", "A3", "A5", "none"])),
-                              "paths": draw(st.sampled_from([[], [{"path": "/etc/hccn.conf"}]]))}
+                              "paths": draw(st.sampled_from([[], [hccn]]))}
     if draw(st.booleans()):
         spec["resources"] = {"requests": {"cpu": "16", "memory": "200Gi"}, "limits": {"memory": "400Gi"}}
     return spec

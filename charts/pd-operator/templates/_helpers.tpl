@@ -118,6 +118,18 @@ present a different CA: that combination is refused here.
 {{- range concat $allowed .Values.hostPaths.additional | uniq }}
 - --allow-host-path={{ . }}
 {{- end }}
+{{- if .Values.nodeAccess.hostNetwork }}
+- --allow-host-network
+{{- end }}
+{{- if .Values.nodeAccess.controlPlaneTolerations }}
+- --allow-control-plane-tolerations
+{{- end }}
+{{- if .Values.nodeAccess.hostPathCreation }}
+- --allow-host-path-creation
+{{- end }}
+{{- if .Values.alwaysPullImages }}
+- --always-pull-images
+{{- end }}
 {{- end }}
 
 {{- define "pd-operator.proxyAdminSecret" -}}

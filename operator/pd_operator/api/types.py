@@ -113,6 +113,16 @@ class ModelSpec(ApiModel):
         return self
 
 
+class ImageUser(ApiModel):
+    """A non-root user for the serving pods' containers. The Ascend driver's device nodes and
+    libraries belong to the HwHiAiUser group, which MindCluster's guides create as uid and gid 1000
+    ("Deploying the hwMindX user", hiascend.com ModelZoo rmtes_00006), hence the defaults."""
+
+    uid: int = Field(default=1000, ge=1, le=2_147_483_647)
+    gid: int = Field(default=1000, ge=0, le=2_147_483_647)
+    """The primary group: the HwHiAiUser group of the nodes, which reads the driver."""
+
+
 class ImageSpec(ApiModel):
     """The serving image: a vllm-ascend release (quay.io/ascend/vllm-ascend) or one built from
     images/vllm-ascend. What it can serve (connectors, model runners, cross-TP runs) follows from its
@@ -128,6 +138,11 @@ class ImageSpec(ApiModel):
     against the installed vllm-ascend when the pod starts."""
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     pull_secrets: list[DNSLabel] = Field(default_factory=list, max_length=16)
+    run_as: ImageUser | None = None
+    """Run every container of the serving pods as this non-root user (runAsNonRoot), not as the image's
+    user (root in the vllm-ascend images). Not yet run on an NPU node: the image must let that user
+    write its home and caches (set HOME through spec.<role>.env if it has none), and the nodes' driver
+    must be readable by its group. Unset: the image's user, with every capability dropped."""
 
 
 class TimeoutSpec(ApiModel):

@@ -123,6 +123,20 @@ class Client:
             raise
         return result
 
+    @needs(*children_needs("get"))
+    def get_child(self, manifest: dict) -> dict | None:
+        """The object of `manifest`'s kind and name as it is now, or None when there is none."""
+        meta = manifest["metadata"]
+        plural = resource_of(manifest)
+        try:
+            path = _path(manifest["apiVersion"], plural, meta["namespace"], meta["name"])
+            found: dict = self._request("get", manifest["apiVersion"], plural, "GET", path)
+        except ApiError as err:
+            if err.status == 404:  # no such object (or the kind is not served: the apply says which)
+                return None
+            raise
+        return found
+
     @needs(("create", GROUP, ROLE_PLURAL))
     def create_role(self, manifest: dict) -> dict:
         """Create a PDRole with its spec.replicas (a create, not an apply: the operator's apply never

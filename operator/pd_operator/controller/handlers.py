@@ -113,7 +113,7 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
         def validate_pdd(*, body: kopf.Body, warnings: list[str], operation: str | None = None,
                          **_: Any) -> None:
             verdict = admission.verdict(dict(body), operation or "CREATE", runner.host_path_policy,
-                                        runner.tools_image)
+                                        runner.tools_image, runner.node_access)
             warnings.extend(verdict.warnings)
             if not verdict.allowed:
                 raise kopf.AdmissionError(verdict.message, code=422)

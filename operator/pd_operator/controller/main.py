@@ -29,6 +29,7 @@ from pd_operator.controller.runner import Runner
 from pd_operator.render import Boundary, policy, runnable
 from pd_operator.render.policy import CHART_DEFAULT
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
+from pd_operator.spec import node_access
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
 
 
@@ -50,6 +51,7 @@ class Options:
     host_path_policy: HostPathPolicy = DEFAULT
     tools_image: str = DEFAULT_TOOLS_IMAGE
     boundary: Boundary = CHART_DEFAULT
+    node_access: node_access.NodeAccess = node_access.DEFAULT
 
 
 def _port(text: str) -> int:
@@ -169,7 +171,8 @@ def run(options: Options, *, stop_flag: threading.Event | None = None,
     client = connect(options.kubeconfig)
     runner = Runner(client, metrics, drift_interval_s=options.drift_interval_s,
                     host_path_policy=options.host_path_policy, tools_image=options.tools_image,
-                    boundary=options.boundary)
+                    boundary=options.boundary,
+                    node_access=options.node_access)
     registry = kopf.OperatorRegistry()
     health = webhook.WebhookHealth() if options.webhook else None
     handlers.register(registry, runner, webhook=health)

@@ -64,39 +64,56 @@ def children_needs(*verbs: str) -> list[Need]:
     return [(verb, group, plural) for verb in verbs for group, plural in CHILDREN]
 
 # Children are applied with server-side apply (PATCH, which creates a missing object and so needs
-# create too), listed by label, watched by kopf for changes and pruned by label (DELETE). No `get`:
-# nothing reads a single child (ConfigMaps aside: the model's config.json).
-CHILD_VERBS = ["list", "watch", "create", "patch", "delete"]
+# create too), listed by label, watched by kopf for changes and pruned by label (DELETE). `get`: before
+# the first apply of a child the operator does not see among its own, it reads that name, and leaves
+# an object it finds there alone unless this PDDeployment owns it (never adopt:
+# controller/reconcile.py).
+CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]
 
-RULES: list[dict] = [
-    # kopf lists, watches and annotates them; the reconcile reads one fresh before acting.
-    {"apiGroups": ["pd.serving.dev"], "resources": ["pddeployments"],
-     "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": ["pd.serving.dev"], "resources": ["pddeployments/status"], "verbs": ["patch"]},
-    # The roles' PDRoles are children (applied, created with their replicas, pruned); the operator
-    # writes their status for the scale subresource.
-    {"apiGroups": ["pd.serving.dev"], "resources": ["pdroles"], "verbs": CHILD_VERBS},
-    {"apiGroups": ["pd.serving.dev"], "resources": ["pdroles/status"], "verbs": ["patch"]},
-    {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": CHILD_VERBS},
-    {"apiGroups": [""], "resources": ["services"], "verbs": CHILD_VERBS},
-    # The proxy's Role grants get/list/watch on its membership ConfigMap: RBAC lets the operator
-    # create it (and bind it) because it holds those verbs itself (render/proxy_access.py).
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", *CHILD_VERBS]},
-    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": CHILD_VERBS},
-    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
-     "verbs": CHILD_VERBS},
-    # Pods are only read for status and deleted for group restarts; the workloads create them.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
-    # The last line of a decode pod's kv-link gate: the figures of a KV link that changed state.
-    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": CHILD_VERBS},
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": CHILD_VERBS},
-    # One PodGroup per instance with spec.scheduling.gang: kube-scheduler's or Volcano's.
-    {"apiGroups": ["scheduling.k8s.io", "scheduling.volcano.sh"], "resources": ["podgroups"],
-     "verbs": CHILD_VERBS},
-    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": CHILD_VERBS},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+CHILD = "Children (applied, listed and watched by label, pruned; get: a name before its first apply)"
+
+
+def _rule(why: str, groups: list[str], resources: list[str], verbs: list[str]) -> tuple[str, dict]:
+    return why, {"apiGroups": groups, "resources": resources, "verbs": verbs}
+
+
+JUSTIFIED: list[tuple[str, dict]] = [
+    _rule("kopf lists, watches and annotates PDDeployments; the reconcile reads one fresh before acting",
+          ["pd.serving.dev"], ["pddeployments"], ["get", "list", "watch", "patch"]),
+    _rule("The status the reconcile computes", ["pd.serving.dev"], ["pddeployments/status"], ["patch"]),
+    _rule(f"{CHILD}: the roles' PDRoles, created with their replicas", ["pd.serving.dev"], ["pdroles"],
+          CHILD_VERBS),
+    _rule("PDRole status, which their scale subresource reads", ["pd.serving.dev"], ["pdroles/status"],
+          ["patch"]),
+    _rule(f"{CHILD}: an instance's StatefulSet, the proxy's Deployment", ["apps"],
+          ["statefulsets", "deployments"], CHILD_VERBS),
+    _rule(f"{CHILD}: the proxy's and the instances' Services", [""], ["services"], CHILD_VERBS),
+    _rule(f"{CHILD}: the serving and membership ConfigMaps; get, list and watch also let the operator "
+          "create the proxy's Role granting them on its one ConfigMap (RBAC escalation check; "
+          "render/proxy_access.py), and get reads a model's config.json", [""], ["configmaps"], CHILD_VERBS),
+    _rule(f"{CHILD}: the proxy's ServiceAccount", [""], ["serviceaccounts"], CHILD_VERBS),
+    _rule(f"{CHILD}: the proxy's Role and RoleBinding on its membership ConfigMap",
+          ["rbac.authorization.k8s.io"], ["roles", "rolebindings"], CHILD_VERBS),
+    _rule("Pods are read for status and deleted for group restarts and rollouts; the workloads create "
+          "them", [""], ["pods"], ["list", "watch", "delete"]),
+    _rule("The last line of a decode pod's kv-link container: the figures of a KV link that changed "
+          "state (until the gate's result is read another way: issue 32)", [""], ["pods/log"], ["get"]),
+    _rule(f"{CHILD}: the KV ports' NetworkPolicy", ["networking.k8s.io"], ["networkpolicies"], CHILD_VERBS),
+    _rule(f"{CHILD}: a PodDisruptionBudget per role", ["policy"], ["poddisruptionbudgets"], CHILD_VERBS),
+    _rule(f"{CHILD}: a PodGroup per instance with spec.scheduling.gang, kube-scheduler's or Volcano's",
+          ["scheduling.k8s.io", "scheduling.volcano.sh"], ["podgroups"], CHILD_VERBS),
+    _rule(f"{CHILD}: an HPA per autoscaled role", ["autoscaling"], ["horizontalpodautoscalers"], CHILD_VERBS),
+    _rule("Events on significant condition changes", [""], ["events"], ["create"]),
 ]
+"""Every rule with why the operator needs it: the chart's files/rbac-rules.yaml carries each reason
+as a comment above its rule (tools/chart_sync.py)."""
+RULES: list[dict] = [rule for _, rule in JUSTIFIED]
+
+
+def why(rule: dict) -> str | None:
+    """The reason for `rule` or for the rule it was split from (same groups, a subset of resources)."""
+    return next((reason for reason, source in JUSTIFIED if source["apiGroups"] == rule["apiGroups"]
+                 and set(rule["resources"]) <= set(source["resources"])), None)
 
 # Only with the self-signed webhook: the operator writes its URL and CA into the configuration the
 # chart created (controller/webhook.py). The chart limits these to that one object (resourceNames).

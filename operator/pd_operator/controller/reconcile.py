@@ -8,9 +8,10 @@ spec/scaling.py) -> the rollout's figures and next step (controller/rollout.py: 
 instances leave, how many surge, its progress clock) -> render those -> gate the proxy (instances
 not Ready or not linked, or leaving) -> plan against the observed children -> hold the instances a
 scale-down removed until they drained, and replace the pods of those the rollout took out once
-drained (controller/drain.py) -> apply what changed (owner reference included, so apply adopts; a
-missing PDRole is created with its count, a changed spec.<role>.replicas forwarded) -> prune what
-the spec no longer wants -> group restarts -> status of the PDRoles and the PDDeployment (written
+drained (controller/drain.py) -> apply what changed (a missing PDRole is created with its count, a
+changed spec.<role>.replicas forwarded; a child not seen among ours is first read by name, and an
+object found there that this PDDeployment does not own is left untouched and named in the status:
+never adopted) -> prune what the spec no longer wants -> group restarts -> status of the PDRoles and the PDDeployment (written
 only when it changed) -> events on significant transitions (controller/events.py).
 """
 
@@ -39,6 +40,8 @@ from pd_operator.render.workloads import Templates
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec import scaling
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
+from pd_operator.spec.node_access import DEFAULT as NO_NODE_ACCESS
+from pd_operator.spec.node_access import NodeAccess
 from pd_operator.spec.validate import Resolved, Validation, with_instances
 
 logger = logging.getLogger(__name__)
@@ -57,6 +60,8 @@ class Outcome:
     replaced: list[str] = field(default_factory=list)
     """Instances whose pods a rollout deleted (after their drain) to recreate them from the new template."""
     replaced_keys: list[tuple[str, int]] = field(default_factory=list)
+    taken: list[dict] = field(default_factory=list)
+    """Objects found under a child's name that this PDDeployment does not own: not applied."""
     ready: bool = False
     kv_compatible: bool = False
     requeue_after: float | None = None
@@ -90,10 +95,25 @@ def _desired(resolved: Resolved, rendered: Templates, body: dict, the_plan: roll
 
 
 def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict], asks: dict[str, pdroles.Ask],
-           outcome: Outcome) -> list[dict]:
-    """Apply (a missing PDRole: create it with its count), forward, prune; the children afterwards."""
+           owner_uid: str, outcome: Outcome) -> list[dict]:
+    """Apply (a missing PDRole: create it with its count), forward, prune; the children afterwards.
+    A child not among `children` (the objects with our labels) may still exist under its name: a
+    same-named object of someone else, which a forced apply would take over (its rules, subjects or
+    data rewritten, an owner reference added so that deleting the PDDeployment deletes it). So it
+    is read first and, unless this PDDeployment owns it (our own write the watch has not shown yet),
+    left as it is (outcome.taken). Between that read and the apply the name could still be taken by
+    a create of another writer; nothing but the API server's own create can close that window, and
+    an apply cannot ask for it."""
     current = {key(c): c for c in children}
     for manifest in the_diff.apply:
+        if key(manifest) not in current:
+            existing = client.get_child(manifest)
+            if existing is not None and not is_owned_by(existing, owner_uid):
+                outcome.taken.append({"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
+                                      **existing})
+                continue
+            if existing is not None:
+                current[key(manifest)] = existing
         if pdroles.is_role(manifest) and key(manifest) not in current:
             ask = asks[manifest["spec"]["role"]]
             applied = client.create_role(pdroles.creation(manifest, ask.requested))
@@ -266,7 +286,8 @@ def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mo
 
 def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: list[dict], pods: list[dict],
               now: datetime | None = None, host_path_policy: HostPathPolicy = DEFAULT,
-              tools_image: str = DEFAULT_TOOLS_IMAGE, boundary: Boundary = CHART_DEFAULT) -> Outcome:
+              tools_image: str = DEFAULT_TOOLS_IMAGE, boundary: Boundary = CHART_DEFAULT,
+              node_access: NodeAccess = NO_NODE_ACCESS) -> Outcome:
     """Bring the children of one PDDeployment to its spec. `children` and `pods` are the objects
     carrying its `pd.serving.dev/deployment` label, as observed. Raises InvalidSpec (after recording
     the findings in the status) when the spec cannot be served, client.ApiError on API failures."""
@@ -274,7 +295,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     meta = body["metadata"]
     ns = meta["namespace"]
     checked = check(manifest_of(body), read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k),
-                    host_path_policy=host_path_policy, tools_image=tools_image)
+                    host_path_policy=host_path_policy, tools_image=tools_image, node_access=node_access)
     validation, rendered = checked.validation, checked.templates
     outcome = Outcome()
     if validation.resolved is not None:
@@ -302,7 +323,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
                      admin_token(boundary, resolved))
     the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)])
     try:
-        children = _apply(client, ns, the_diff, children, asks, outcome)
+        children = _apply(client, ns, the_diff, children, asks, meta["uid"], outcome)
     except NotServed as err:
         _report_not_served(client, body, validation, children, pods, figures, routable, err, now, outcome)
         raise
@@ -317,7 +338,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     if len(remaining) != len(pods):  # the status reports the pods this pass left
         figures = rollout.figures(resolved, rendered.revisions, remaining)
     observed = status_mod.Observed(children=children, pods=remaining, foreign=the_diff.foreign,
-                                   blocked=the_diff.blocked, rollout=moving, restarts=decisions,
+                                   blocked=[*the_diff.blocked, *outcome.taken], rollout=moving,
+                                   restarts=decisions,
                                    links=_kv_links(client, resolved, remaining, previous),
                                    scaling=bounded, draining=[d.status() for d in draining],
                                    routable=routable, figures=figures)

@@ -38,6 +38,8 @@ from pd_operator.render import Boundary
 from pd_operator.render.policy import CHART_DEFAULT
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
 from pd_operator.spec.host_paths import DEFAULT, HostPathPolicy
+from pd_operator.spec.node_access import DEFAULT as NO_NODE_ACCESS
+from pd_operator.spec.node_access import NodeAccess
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ def index_id(resource: str) -> str:
 class Runner:
     def __init__(self, client: Client, metrics: Metrics, *, debounce_s: float = 0.2,
                  drift_interval_s: float = 30.0, host_path_policy: HostPathPolicy = DEFAULT,
-                 tools_image: str = DEFAULT_TOOLS_IMAGE, boundary: Boundary = CHART_DEFAULT) -> None:
+                 tools_image: str = DEFAULT_TOOLS_IMAGE, boundary: Boundary = CHART_DEFAULT,
+                 node_access: NodeAccess = NO_NODE_ACCESS) -> None:
         self.client = client
         self.boundary = boundary
         """Who outside a PDDeployment its NetworkPolicies admit (render/policy.py)."""
@@ -62,6 +65,8 @@ class Runner:
         """The admin's host path allow-list: the reconcile and the webhook validate with it."""
         self.tools_image = tools_image
         """The operator's own image (--tools-image): the rendered pods' tools bundle and proxy."""
+        self.node_access = node_access
+        """The admin's node-access allowances (spec/node_access.py)."""
         self.proxies = ProxyStateReader()
         self.metrics = metrics
         self.debounce_s = debounce_s
@@ -144,7 +149,8 @@ class Runner:
                 seen_failed = set(self._failed.get(key, {}))
                 outcome = await asyncio.to_thread(reconcile, self.client, self.proxies, body, children, pods,
                                                   host_path_policy=self.host_path_policy,
-                                                  tools_image=self.tools_image, boundary=self.boundary)
+                                                  tools_image=self.tools_image, boundary=self.boundary,
+                                                  node_access=self.node_access)
                 self._remember(key, outcome, since)
                 for uid in seen_failed:
                     self._failed.get(key, {}).pop(uid, None)

@@ -63,7 +63,7 @@ def sidecar(ctx: Resolved, role: str) -> dict:
     return {
         "name": CONTAINER[role],
         "image": spec.image.name,
-        "imagePullPolicy": spec.image.pull_policy,
+        "imagePullPolicy": ctx.serving_pull_policy(),
         "command": probe_argv(ctx, role),
         # The probe names its engine after POD_IP; its Mooncake RPC ports stay in the planned range.
         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},

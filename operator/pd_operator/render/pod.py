@@ -70,14 +70,14 @@ def serving_container(ctx: Resolved, role: str, index: int, mounts: list[dict]) 
     return {
         "name": "vllm",
         "image": spec.image.name,
-        "imagePullPolicy": spec.image.pull_policy,
+        "imagePullPolicy": ctx.serving_pull_policy(),
         "command": pod_command(ctx, role, index),
         "env": container_env(ctx, role),
         "ports": container_ports(ctx, role),
         "resources": resources(side.resources, side.npu_resource_name, ctx.shapes[role].npus_per_pod),
         "volumeMounts": mounts,
         **probes(ctx, role),
-        # The device plugin grants the NPUs: no privileged mode, no extra capabilities.
+        # The device plugin grants the NPUs: no privileged mode, no capabilities (render/security.py).
         "securityContext": dict(security.ENGINE),
     }
 
@@ -114,7 +114,7 @@ def pod_template(ctx: Resolved, role: str, index: int) -> dict:
     if placement := affinity(ctx, role, index):
         spec["affinity"] = placement
     spec |= scheduling.pod_spec_fields(ctx, role, index)
-    spec |= security.pod_fields(spec)
+    spec |= security.pod_fields(spec, user=ctx.deployment.spec.image.run_as)
     meta: dict = {"labels": labels(ctx, role, index)}
     if annotations := scheduling.pod_annotations(ctx, role, index):
         meta["annotations"] = annotations

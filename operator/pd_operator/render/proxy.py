@@ -140,7 +140,7 @@ def deployment(ctx: Resolved, admin_token: str | None = None) -> dict:
     container = {
         "name": "proxy",
         "image": ctx.proxy_image(),
-        "imagePullPolicy": spec.image.pull_policy if spec.proxy.image else tools.PULL_POLICY,
+        "imagePullPolicy": ctx.serving_pull_policy() if spec.proxy.image else tools.pull_policy(ctx),
         "command": proxy_argv(ctx),
         **({"env": env} if env else {}),
         "ports": [{"name": "http", "containerPort": spec.proxy.port, "protocol": "TCP"},

@@ -16,6 +16,7 @@ from pd_operator.findings import Finding
 from pd_operator.render import proxy, workloads
 from pd_operator.render.workloads import Templates
 from pd_operator.serving_image import contents
+from pd_operator.spec import node_access
 from pd_operator.spec import validate as spec_validate
 from pd_operator.spec.host_paths import WEIGHTS_ROOT, HostPathPolicy
 from pd_operator.spec.validate import Resolved, Validation
@@ -26,8 +27,22 @@ def add_flags(command: argparse.ArgumentParser) -> None:
     pdctl (`validate`, `render`), so pdctl answers as the operator would with the same values."""
     command.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
                          help="a node path (and what lies under it) PDDeployments may mount (repeatable); "
+                              "{namespace} in it stands for the PDDeployment's namespace "
+                              "(/data/{namespace}); "
                               "default: the Ascend driver and tool paths of the node presets and "
                               f"{WEIGHTS_ROOT}")
+    command.add_argument(node_access.HOST_NETWORK_FLAG, action="store_true",
+                         help="let PDDeployments use the host network (spec/node_access.py says what it "
+                              "gives)")
+    command.add_argument(node_access.TOLERATIONS_FLAG, action="store_true",
+                         help="let PDDeployments tolerate the control plane's taints, or every taint")
+    command.add_argument(node_access.HOST_PATH_CREATION_FLAG, action="store_true",
+                         help="let PDDeployments mount host paths of type DirectoryOrCreate, FileOrCreate "
+                              "or \"\"")
+    command.add_argument(node_access.ALWAYS_PULL_FLAG, action="store_true",
+                         help="every rendered container pulls its image (imagePullPolicy Always), so no pod "
+                              "runs an image a node cached for another tenant without that image's pull "
+                              "secret")
     command.add_argument(contents.TOOLS_IMAGE_FLAG, default=contents.DEFAULT_TOOLS_IMAGE, metavar="IMAGE",
                          help="the operator's own image: serving pods copy the tools bundle from it and "
                               "the proxy runs from it (the chart passes its image; default "
@@ -40,7 +55,11 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
         policy = HostPathPolicy.of(args.allow_host_path)
     except ValueError as err:
         raise ValueError(f"--allow-host-path: {err}") from None
-    return {"host_path_policy": policy, "tools_image": args.tools_image}
+    access = node_access.NodeAccess(host_network=args.allow_host_network,
+                                    control_plane_tolerations=args.allow_control_plane_tolerations,
+                                    host_path_creation=args.allow_host_path_creation,
+                                    always_pull_images=args.always_pull_images)
+    return {"host_path_policy": policy, "tools_image": args.tools_image, "node_access": access}
 
 
 @dataclass(frozen=True)

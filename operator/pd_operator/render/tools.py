@@ -23,7 +23,12 @@ TERMINATION_LOG = "/dev/termination-log"
 """Kubernetes' default terminationMessagePath, rendered so the report's path is visible."""
 SIZE_LIMIT = "64Mi"  # the bundle is about 1 MB of Python source
 PULL_POLICY = "IfNotPresent"
-"""The tools image is versioned with the operator (the chart's appVersion): pulled once per node."""
+"""The tools image is versioned with the operator (the chart's appVersion): pulled once per node,
+unless the admin forces every pull (`--always-pull-images`)."""
+
+
+def pull_policy(ctx: Resolved) -> str:
+    return ctx.node_access.pull_policy(PULL_POLICY)
 
 
 def volume() -> dict:
@@ -39,7 +44,7 @@ def init_container(ctx: Resolved) -> dict:
     return {
         "name": INIT_CONTAINER,
         "image": ctx.tools_image,
-        "imagePullPolicy": PULL_POLICY,
+        "imagePullPolicy": pull_policy(ctx),
         "command": [bundle.COMMAND, bundle.MOUNT],
         "volumeMounts": [{"name": VOLUME, "mountPath": bundle.MOUNT}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
@@ -53,7 +58,7 @@ def report_container(ctx: Resolved) -> dict:
     return {
         "name": REPORT_CONTAINER,
         "image": image.name,
-        "imagePullPolicy": image.pull_policy,
+        "imagePullPolicy": ctx.serving_pull_policy(),
         "command": [*bundle.command(PREFLIGHT), "--report", TERMINATION_LOG],
         "volumeMounts": [mount()],
         "terminationMessagePath": TERMINATION_LOG,

@@ -12,7 +12,10 @@ finding naming the field, by two rules:
 - Only what the cluster admin allows (HostPathPolicy, the chart's `hostPaths` values passed as
   `pd-operator run --allow-host-path`): a path must be an allowed entry or lie under one. The
   default allows the driver and tool paths of the node-generation presets (GENERATION_MOUNTS) and
-  WEIGHTS_ROOT for weights.
+  WEIGHTS_ROOT for weights. An entry may name the PDDeployment's namespace as `{namespace}`
+  (NAMESPACE): with `/data/{namespace}`, a PDDeployment of namespace team-a may mount
+  /data/team-a/models and nothing of /data/team-b, so teams sharing nodes cannot read each other's
+  weights (a namespace is a DNS label: no '/' or '..' can come in with it).
 
 The check is on the path as written: a symlink on the node is followed by the kubelet, so an
 allowed directory must not be writable by the users who create PDDeployments.
@@ -96,6 +99,10 @@ def refusal(path: str) -> tuple[str, str] | None:
     return None
 
 
+NAMESPACE = "{namespace}"
+"""Stands for the PDDeployment's namespace in an allow-list entry."""
+
+
 def default_allowed() -> tuple[str, ...]:
     """Every path of the generation presets, and WEIGHTS_ROOT."""
     paths = {path for mounts in GENERATION_MOUNTS.values() for path, _ in mounts}
@@ -110,7 +117,10 @@ class HostPathPolicy:
     allowed: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        bad = [refused[1] for p in self.allowed if (refused := refusal(p))]
+        # Checked as a namespace would fill it in ("ns" stands for any DNS label).
+        bad = [refused[1] for p in self.allowed if (refused := refusal(p.replace(NAMESPACE, "ns")))]
+        bad += [f"{p} has braces other than {NAMESPACE}" for p in self.allowed
+                if "{" in p.replace(NAMESPACE, "") or "}" in p.replace(NAMESPACE, "")]
         if bad:
             raise ValueError("host path allow-list entries that can never be allowed: " + "; ".join(bad))
 
@@ -121,8 +131,12 @@ class HostPathPolicy:
         given = tuple(dict.fromkeys(paths))
         return cls(given) if given else DEFAULT
 
-    def allows(self, path: str) -> bool:
-        return any(_within(path, root) for root in self.allowed)
+    def allowed_in(self, namespace: str) -> tuple[str, ...]:
+        """The entries with `{namespace}` filled in."""
+        return tuple(root.replace(NAMESPACE, namespace) for root in self.allowed)
+
+    def allows(self, path: str, namespace: str) -> bool:
+        return any(_within(path, root) for root in self.allowed_in(namespace))
 
 
 DEFAULT = HostPathPolicy(default_allowed())
@@ -135,16 +149,16 @@ def mounts(spec: HostMountsSpec) -> list[tuple[str, str]]:
     return list(out.items())
 
 
-def _checked(policy: HostPathPolicy, path: str, field: str) -> list[Finding]:
+def _checked(policy: HostPathPolicy, path: str, field: str, namespace: str) -> list[Finding]:
     refused = refusal(path)
     if refused is not None:
         code, why = refused
         return [Finding(code, "error", field, "", f"{why[:1].upper()}{why[1:]}.")]
-    if not policy.allows(path):
+    if not policy.allows(path, namespace):
         return [Finding("HostPathNotAllowed", "error", field, "",
-                        f"{path} is outside the host paths the cluster admin allows "
-                        f"({', '.join(policy.allowed)}); use one of them, or ask the admin to add it "
-                        "(the pd-operator chart's hostPaths.additional).")]
+                        f"{path} is outside the host paths the cluster admin allows in namespace {namespace} "
+                        f"({', '.join(policy.allowed_in(namespace))}); use one of them, or ask the admin to "
+                        "add it (the pd-operator chart's hostPaths.additional).")]
     return []
 
 
@@ -154,13 +168,13 @@ def findings(dep: PDDeployment, policy: HostPathPolicy = DEFAULT) -> list[Findin
     out = []
     weights = dep.spec.model.weights.host_path
     if weights is not None:
-        out += _checked(policy, weights.path, "spec.model.weights.hostPath.path")
+        out += _checked(policy, weights.path, "spec.model.weights.hostPath.path", dep.namespace)
     for role in ROLES:
         host = dep.role(role).host_mounts
         explicit = {m.path for m in host.paths}
         for path, _ in GENERATION_MOUNTS[host.generation]:
             if path not in explicit:
-                out += _checked(policy, path, f"spec.{role}.hostMounts.generation")
+                out += _checked(policy, path, f"spec.{role}.hostMounts.generation", dep.namespace)
         for i, m in enumerate(host.paths):
-            out += _checked(policy, m.path, f"spec.{role}.hostMounts.paths[{i}].path")
+            out += _checked(policy, m.path, f"spec.{role}.hostMounts.paths[{i}].path", dep.namespace)
     return out

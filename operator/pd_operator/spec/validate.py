@@ -3,7 +3,8 @@
 It never raises on user input. Every problem becomes a Finding with the manifest field path, in
 the order a person would fix them: the document's shape (CRD schema and CEL rules, then the
 pydantic model), then each role's topology, ports, overrides and autoscaling, then the host paths
-the pods would mount (spec/host_paths.py: the admin's allow-list), then the model description and
+the pods would mount (spec/host_paths.py: the admin's allow-list) and the node access they ask for
+(spec/node_access.py: the admin's allowances), then the model description and
 what the serving image can serve (pd_operator.serving_image.capabilities), then KV compatibility of
 the pair.
 """
@@ -32,6 +33,9 @@ from pd_operator.serving_image.capabilities import ImageCapabilities
 from pd_operator.spec import host_paths, scaling
 from pd_operator.spec.host_paths import HostPathPolicy
 from pd_operator.spec.layout import layout_hash
+from pd_operator.spec.node_access import DEFAULT as NO_NODE_ACCESS
+from pd_operator.spec.node_access import NodeAccess
+from pd_operator.spec.node_access import findings as node_access_findings
 from pd_operator.spec.pairing import ConfigMapReader, ManifestError, PairInput, resolve_model, side_of
 from pd_operator.spec.ports import port_findings
 from pd_operator.spec.reserved import (
@@ -68,6 +72,8 @@ class Resolved:
     """The operator's own image (`--tools-image`): the serving pods' init container copies the tools
     bundle from it (serving_image/bundle.py), and the proxy runs from it unless spec.proxy.image says
     otherwise."""
+    node_access: NodeAccess = NO_NODE_ACCESS
+    """The admin's node-access allowances, and whether every container pulls its image."""
 
     def proxy_image(self) -> str:
         return self.deployment.spec.proxy.image or self.tools_image
@@ -94,6 +100,10 @@ class Resolved:
         rollout's, controller/rollout.py)."""
         extra = surge or {}
         return [(role, i) for role in ROLES for i in range(self.role(role).replicas + extra.get(role, 0))]
+
+    def serving_pull_policy(self) -> str:
+        """spec.image.pullPolicy, or Always when the admin forces it (`--always-pull-images`)."""
+        return self.node_access.pull_policy(self.deployment.spec.image.pull_policy)
 
     def pull_secrets(self) -> dict:
         """The pod spec's imagePullSecrets entry, or nothing."""
@@ -212,10 +222,6 @@ def _prefix_caching_findings(dep: PDDeployment, model: ModelKV) -> list[Finding]
 def _role_findings(dep: PDDeployment, role: str) -> tuple[InstanceShape | None, list[Finding]]:
     spec = dep.role(role)
     out = _override_findings(role, spec)
-    if spec.host_network:
-        out.append(Finding("HostNetwork", "warning", f"spec.{role}.hostNetwork", "",
-                           f"{role} pods use the host network, so the NetworkPolicy cannot keep other "
-                           "pods away from their KV ports; use it only for RDMA setups that need it."))
     try:
         plan = instance_shape(spec, f"spec.{role}")
     except TopologyError as err:
@@ -310,7 +316,8 @@ def _image_findings(dep: PDDeployment, model: ModelKV | None) -> list[Finding]:
 
 def spec_rules_only(doc: Any, *, read_config_map: ConfigMapReader | None = None,
                     host_path_policy: HostPathPolicy = host_paths.DEFAULT,
-                    tools_image: str = contents.DEFAULT_TOOLS_IMAGE) -> Validation:
+                    tools_image: str = contents.DEFAULT_TOOLS_IMAGE,
+                    node_access: NodeAccess = NO_NODE_ACCESS) -> Validation:
     """The spec's own rules on one PDDeployment manifest, without the check that the rendered pods
     can run in their images: not the validator. pdctl, the webhook, the controller and the tests call
     render/runnable.py's `validate`, which runs these and then that check (tests/test_layout.py keeps
@@ -319,7 +326,7 @@ def spec_rules_only(doc: Any, *, read_config_map: ConfigMapReader | None = None,
     `host_path_policy` is the cluster admin's allow-list of host paths (`--allow-host-path` of
     pd-operator run and pdctl validate); the built-in default otherwise. `tools_image` is the
     operator's own image (`--tools-image`), which the rendered pods take the tools bundle and the proxy
-    from."""
+    from. `node_access` is what the admin lets PDDeployments take of the nodes (spec/node_access.py)."""
     dep, findings = parse(doc)
     if dep is None:
         return Validation(findings)
@@ -331,6 +338,7 @@ def spec_rules_only(doc: Any, *, read_config_map: ConfigMapReader | None = None,
             shapes[role] = plan
     findings += host_paths.findings(dep, host_path_policy)
     findings += _proxy_findings(dep)
+    findings += node_access_findings(dep, node_access)
     findings += scaling.findings(dep.spec.scaling)
     findings += _name_findings(dep, shapes)
     model, model_findings = resolve_model(dep.spec.model, dep.namespace, read_config_map)
@@ -344,12 +352,12 @@ def spec_rules_only(doc: Any, *, read_config_map: ConfigMapReader | None = None,
                         side_of("decode", dep.spec.decode, model, cache_dtype),
                         connector=dep.spec.kv_transfer.connector)
     findings = [*findings, *report.findings]
-    resolved = _resolved(dep, model, report, shapes, findings, tools_image)
+    resolved = _resolved(dep, model, report, shapes, findings, tools_image, node_access)
     return Validation(findings, dep, model, report, shapes, resolved)
 
 
 def _resolved(dep: PDDeployment, model: ModelKV, report: PairReport, shapes: dict[str, InstanceShape],
-              findings: list[Finding], tools_image: str) -> Resolved | None:
+              findings: list[Finding], tools_image: str, access: NodeAccess) -> Resolved | None:
     prefill, decode = report.prefill_layout, report.decode_layout
     image = capabilities.of_image(dep.spec.image)  # None only beside ImageUnknown, an error finding
     if (not is_compatible(findings) or prefill is None or decode is None or image is None
@@ -357,7 +365,7 @@ def _resolved(dep: PDDeployment, model: ModelKV, report: PairReport, shapes: dic
         return None
     layouts = {"prefill": prefill, "decode": decode}
     return Resolved(dep, model, report, dict(shapes), layouts, layout_hash(dep, model, layouts, image),
-                    Names(dep.name, dep.namespace), image, tools_image)
+                    Names(dep.name, dep.namespace), image, tools_image, access)
 
 
 def with_instances(validation: Validation, instances: Mapping[str, int]) -> Validation:

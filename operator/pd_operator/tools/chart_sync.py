@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from pd_operator.controller.permissions import RULES, WEBHOOK_RULES
+from pd_operator.controller.permissions import RULES, WEBHOOK_RULES, why
 from pd_operator.spec.host_paths import DEFAULT as DEFAULT_HOST_PATHS
 
 CHART = Path("charts/pd-operator")
@@ -83,9 +83,27 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
+def _justified(rules: list[dict]) -> str:
+    """The rules as a YAML list, each under a comment saying why the operator needs it."""
+    out = []
+    for rule in rules:
+        if reason := why(rule):
+            out.append(f"# {reason}.\n")
+        out.append(yaml.dump([rule], Dumper=_NoAliases, sort_keys=False, default_flow_style=None))
+    return "".join(out)
+
+
 def rules_document(rules: Iterable[dict], webhook_rules: Iterable[dict] = WEBHOOK_RULES) -> str:
-    document = {**split_by_scope(rules), "selfSignedWebhook": list(webhook_rules)}
-    body = yaml.dump(document, Dumper=_NoAliases, sort_keys=False, default_flow_style=None)
+    sections = {**split_by_scope(rules), "selfSignedWebhook": list(webhook_rules)}
+    body = ""
+    for name, section in sections.items():
+        if name == "selfSignedWebhook":
+            body += f"{name}:\n# The operator writes its URL and CA into its own webhook configuration.\n"
+            body += yaml.dump(section, Dumper=_NoAliases, sort_keys=False, default_flow_style=None)
+        elif section:
+            body += f"{name}:\n" + _justified(section)
+        else:
+            body += f"{name}: []\n"
     return HEADER + body
 
 
