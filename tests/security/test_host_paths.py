@@ -19,7 +19,7 @@ from pd_operator.controller.main import options_from
 from pd_operator.render import render
 from pd_operator.render.runnable import validate
 from pd_operator.spec.host_paths import DEFAULT, GENERATION_MOUNTS, PROTECTED, WEIGHTS_ROOT, HostPathPolicy
-from support.helm_chart import operator_container, rendered, template
+from support.helm_chart import operator_args, operator_container, rendered, template
 from support.renders import EXAMPLES, VALID_EXAMPLES
 from support.specs import example
 
@@ -141,10 +141,7 @@ def test_the_operator_refuses_to_start_with_a_protected_entry(capsys):
 
 def test_the_chart_passes_its_list_to_the_operator():
     def policy(*settings: str) -> HostPathPolicy:
-        result = template(*[arg for s in settings for arg in ("--set", s)])
-        assert result.returncode == 0, result.stderr
-        args = operator_container([d for d in yaml.safe_load_all(result.stdout) if d])["args"]
-        return options_from(args).host_path_policy
+        return options_from(operator_args(*settings)).host_path_policy
 
     assert options_from(operator_container(rendered("default"))["args"]).host_path_policy == DEFAULT
     added = policy("hostPaths.additional[0]=/mnt/sfs_turbo")

@@ -24,7 +24,7 @@ from pd_operator.spec.host_paths import HostPathPolicy
 from pd_operator.spec.node_access import NodeAccess
 from pd_operator.render.runnable import validate
 from support.controller_fakes import OWNER_UID, desired
-from support.helm_chart import operator_container, template
+from support.helm_chart import operator_args, template
 from support.rendered_pods import pod_specs
 from support.specs import example
 
@@ -190,10 +190,7 @@ def test_a_cached_private_image_is_pulled_again_when_the_admin_forces_it():
 
 def test_the_chart_passes_each_option_to_the_operator():
     def access(*settings: str) -> NodeAccess:
-        result = template(*[arg for s in settings for arg in ("--set", s)])
-        assert result.returncode == 0, result.stderr
-        args = operator_container([d for d in yaml.safe_load_all(result.stdout) if d])["args"]
-        return options_from(args).node_access
+        return options_from(operator_args(*settings)).node_access
 
     assert access() == NodeAccess()
     assert access("nodeAccess.hostNetwork=true") == NodeAccess(host_network=True)

@@ -4,10 +4,9 @@ no Secrets, no wildcards, no escalation verbs or pod shells, no binding to a bui
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from pd_operator.controller.permissions import RULES
-from support.helm_chart import VALUE_SETS, rendered, template
+from support.helm_chart import VALUE_SETS, rendered, template_with
 
 ROLE_KINDS = ("ClusterRole", "Role")
 BINDING_KINDS = ("ClusterRoleBinding", "RoleBinding")
@@ -114,11 +113,5 @@ def test_the_user_roles_grant_pddeployments_and_scaling_only_aggregated_into_the
     assert {v for _, _, v in granted["view"]} == {"get", "list", "watch"}
     for role in roles.values():
         assert rule_problems(role["rules"]) == []
-    assert not [d for d in rendered_with("rbac.userRoles=false") if d["kind"] == "ClusterRole"
+    assert not [d for d in template_with("rbac.userRoles=false") if d["kind"] == "ClusterRole"
                 and d["metadata"]["name"].endswith(("-edit", "-view"))]
-
-
-def rendered_with(*settings: str) -> list[dict]:
-    result = template(*[arg for s in settings for arg in ("--set", s)])
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]

@@ -96,6 +96,18 @@ def operator_deployment(docs: list[dict]) -> dict:
     return one(docs, "Deployment", f"{RELEASE}-pd-operator", NAMESPACE)
 
 
+def template_with(*settings: str) -> list[dict]:
+    """The manifests `helm template` makes with these `--set` settings (it must succeed)."""
+    result = template(*[arg for s in settings for arg in ("--set", s)])
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def operator_args(*settings: str) -> list[str]:
+    """The operator's command-line arguments the chart renders with these `--set` settings."""
+    return list(operator_container(template_with(*settings))["args"])
+
+
 def operator_container(docs: list[dict]) -> dict:
     (container,) = operator_deployment(docs)["spec"]["template"]["spec"]["containers"]
     return container
