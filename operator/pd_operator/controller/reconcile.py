@@ -11,8 +11,9 @@ scale-down removed until they drained, and replace the pods of those the rollout
 drained (controller/drain.py) -> apply what changed (a missing PDRole is created with its count, a
 changed spec.<role>.replicas forwarded; a child not seen among ours is first read by name, and an
 object found there that this PDDeployment does not own is left untouched and named in the status:
-never adopted) -> prune what the spec no longer wants -> group restarts -> status of the PDRoles and the PDDeployment (written
-only when it changed) -> events on significant transitions (controller/events.py).
+never adopted) -> prune what the spec no longer wants -> group restarts -> status of the PDRoles
+and the PDDeployment (written only when it changed) -> events on significant transitions
+(controller/events.py).
 """
 
 from __future__ import annotations
