@@ -47,6 +47,10 @@ NAMESPACE_NAME = "kubernetes.io/metadata.name"
 # The well-known node label, one value per node (k8s.io/api: core/v1/well_known_labels.go
 # LabelHostname @ v0.36.3).
 HOSTNAME = "kubernetes.io/hostname"
+# The taints (and labels) of control-plane nodes: kubeadm's (kubernetes/kubernetes:
+# cmd/kubeadm/app/constants/constants.go LabelNodeRoleControlPlane @ v1.36.3) and the older master one
+# some distributions still set. spec/node_access.py refuses tolerating them unless the admin allows it.
+CONTROL_PLANE_TAINTS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 
 # -- annotations ---------------------------------------------------------------------------------------
 APPLIED_HASH = f"{GROUP}/applied-hash"

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pd_operator.api.labels import CONTROL_PLANE_TAINTS
 from pd_operator.api.types import ROLES, PDDeployment
 from pd_operator.findings import Finding
 
-CONTROL_PLANE_TAINTS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
-"""The taints kubeadm and most distributions put on control-plane nodes."""
 CREATING_TYPES = ("DirectoryOrCreate", "FileOrCreate", "")
 
 HOST_NETWORK_FLAG = "--allow-host-network"
