@@ -113,14 +113,17 @@ class ModelSpec(ApiModel):
         return self
 
 
-class ImageUser(ApiModel):
-    """A non-root user for the serving pods' containers. The Ascend driver's device nodes and
-    libraries belong to the HwHiAiUser group, which MindCluster's guides create as uid and gid 1000
-    ("Deploying the hwMindX user", hiascend.com ModelZoo rmtes_00006), hence the defaults."""
+HWHIAI_ID = 1000
+"""The HwHiAiUser the Ascend driver installs as the owner of its device nodes and libraries, uid and
+gid 1000 in MindCluster's guides ("Deploying the hwMindX user", hiascend.com ModelZoo rmtes_00006,
+which adds a non-root user to that group to use the NPUs)."""
 
-    uid: int = Field(default=1000, ge=1, le=2_147_483_647)
-    gid: int = Field(default=1000, ge=0, le=2_147_483_647)
-    """The primary group: the HwHiAiUser group of the nodes, which reads the driver."""
+
+class ImageUser(ApiModel):
+    """A non-root user for the serving pods' containers."""
+
+    uid: int = Field(default=HWHIAI_ID, ge=1, le=2_147_483_647)
+    gid: int = Field(default=HWHIAI_ID, ge=0, le=2_147_483_647)
 
 
 class ImageSpec(ApiModel):
@@ -138,6 +141,10 @@ class ImageSpec(ApiModel):
     against the installed vllm-ascend when the pod starts."""
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     pull_secrets: list[DNSLabel] = Field(default_factory=list, max_length=16)
+    driver_group: int = Field(default=HWHIAI_ID, ge=0, le=2_147_483_647)
+    """The gid of the nodes' HwHiAiUser group, which owns the driver's device nodes and libraries: every
+    serving pod gets it as a supplemental group, so its containers open the NPUs through that group
+    rather than through a capability (they have none)."""
     run_as: ImageUser | None = None
     """Run every container of the serving pods as this non-root user (runAsNonRoot), not as the image's
     user (root in the vllm-ascend images). Not yet run on an NPU node: the image must let that user

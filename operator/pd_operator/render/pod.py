@@ -114,7 +114,7 @@ def pod_template(ctx: Resolved, role: str, index: int) -> dict:
     if placement := affinity(ctx, role, index):
         spec["affinity"] = placement
     spec |= scheduling.pod_spec_fields(ctx, role, index)
-    spec |= security.pod_fields(spec, user=ctx.deployment.spec.image.run_as)
+    spec |= security.pod_fields(spec, image=ctx.deployment.spec.image)
     meta: dict = {"labels": labels(ctx, role, index)}
     if annotations := scheduling.pod_annotations(ctx, role, index):
         meta["annotations"] = annotations

@@ -16,7 +16,9 @@
   NET_RAW: no sniffing). Mooncake over RDMA would need IPC_LOCK (its Kubernetes guide), which the
   operator does not render. Not yet run on an NPU node: docs/security.md says what was verified where.
 - The engine pods' user: the image's (root in the vllm-ascend images) unless spec.image.runAs
-  names a non-root one, which then runs every container of the pod (runAsNonRoot).
+  names a non-root one, which then runs every container of the pod (runAsNonRoot). Either way the
+  pod has the nodes' HwHiAiUser group (spec.image.driverGroup) as a supplemental group: the driver's
+  device nodes belong to it, and a root without CAP_DAC_OVERRIDE opens them only through it.
 - The proxy and the tools init container run from the operator image as its non-root user (NON_ROOT)
   on a read-only root file system: the proxy needs no file of its own to write, the init container
   writes only the bundle's emptyDir.
@@ -24,7 +26,7 @@
 
 from __future__ import annotations
 
-from pd_operator.api.types import ImageUser
+from pd_operator.api.types import ImageSpec
 
 NON_ROOT = 10001
 """The uid and gid of the operator image's user (images/operator/Dockerfile USER; the chart's
@@ -42,13 +44,16 @@ TOOLS = {**PROXY, "runAsUser": NON_ROOT, "runAsGroup": NON_ROOT}
 """The tools init container of an engine pod, whose pod-level context sets no user."""
 
 
-def pod_fields(pod_spec: dict, *, non_root: bool = False, user: ImageUser | None = None) -> dict:
+def pod_fields(pod_spec: dict, *, non_root: bool = False, image: ImageSpec | None = None) -> dict:
     """The pod-level fields for `pod_spec` (which must already name its serviceAccountName, if any):
-    `non_root` runs it as the operator image's user, `user` as that one."""
+    `non_root` runs it as the operator image's user; `image`, a serving pod's, adds the driver's group
+    and runs it as spec.image.runAs when set."""
     context: dict = {"seccompProfile": {"type": "RuntimeDefault"}}
     if non_root:
         context = {"runAsNonRoot": True, "runAsUser": NON_ROOT, "runAsGroup": NON_ROOT, **context}
-    elif user is not None:
-        context = {"runAsNonRoot": True, "runAsUser": user.uid, "runAsGroup": user.gid, **context}
+    elif image is not None:
+        user = image.run_as
+        context = {**({"runAsNonRoot": True, "runAsUser": user.uid, "runAsGroup": user.gid} if user else {}),
+                   "supplementalGroups": [image.driver_group], **context}
     token = {} if "serviceAccountName" in pod_spec else {"automountServiceAccountToken": False}
     return {**token, "securityContext": context}
