@@ -19,10 +19,10 @@ from pd_operator.controller.admission import verdict
 from pd_operator.controller.main import options_from
 from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.render import render
+from pd_operator.render.runnable import validate
 from pd_operator.spec.host_paths import DEFAULT as DEFAULT_HOST_PATHS
 from pd_operator.spec.host_paths import HostPathPolicy
 from pd_operator.spec.node_access import NodeAccess
-from pd_operator.render.runnable import validate
 from support.controller_fakes import OWNER_UID, desired
 from support.helm_chart import operator_args, template
 from support.rendered_pods import pod_specs
