@@ -416,3 +416,23 @@ def test_each_instance_shows_the_vllm_ascend_its_leader_pod_reported():
     out = status(v, Observed(children=with_status(desired(v)), pods=pods), {}, 3, T0)
     assert {i["name"]: i.get("vllmAscend") for i in out["prefill"]["instances"]} == {
         "glm-flash-prefill-0": None, "glm-flash-prefill-1": "0.30.0rc2 (commit 1a2b3c4), seed change"}
+
+
+def test_a_held_partition_is_not_complete():
+    """Every instance at or above the partition is updated and Ready, instance 0 of each role is
+    held on the old template: Progressing names it (RolloutPartitioned), not Complete."""
+    v = validated(prefill__replicas=2, decode__replicas=2,
+                  prefill__rollout={"partition": 1}, decode__rollout={"partition": 1})
+    assert v.resolved is not None
+    layout = v.resolved.layout_hash
+    state = {role: {0: rollout.InstanceState(False, True, layout),
+                    1: rollout.InstanceState(True, True, layout)} for role in ("prefill", "decode")}
+    pods = pods_of(with_status(desired(v)))
+    figures = rollout.figures(v.resolved, revisions(v), pods)
+    moving = rollout.step(v.resolved, state, figures, {}, datetime(2026, 1, 1, tzinfo=UTC))
+    assert moving.since is None
+    got = {c["type"]: c for c in conditions(v, Observed(children=with_status(desired(v)), pods=pods,
+                                                        rollout=moving), [], 1, T0)}
+    assert (got["Progressing"]["status"], got["Progressing"]["reason"]) == ("False", "RolloutPartitioned")
+    assert "glm-flash-prefill-0" in got["Progressing"]["message"]
+    assert "glm-flash-decode-0" in got["Progressing"]["message"]

@@ -72,9 +72,9 @@ async def _partition(cp: ControlPlane, namespace: str, workdir: pathlib.Path) ->
             _set_rollout(doc, partition=1)
             apply(cp, doc)
             final = await status_until(
-                cp, namespace, "instance 1 of each role updated and Progressing=Complete",
+                cp, namespace, "instance 1 of each role updated and Progressing=RolloutPartitioned",
                 lambda st: all((st.get(r) or {}).get("updatedInstances") == 1 and st[r]["revision"] != old[r]
-                               for r in ROLES) and progressing(st) == ("False", "Complete"))
+                               for r in ROLES) and progressing(st) == ("False", "RolloutPartitioned"))
             await kubelet.routed(INSTANCES["prefill"], INSTANCES["decode"])
             await load.completed_after(load.mark(), 5)
             await load.stop()

@@ -38,6 +38,7 @@ SERVING = "Serving"
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
 ROLLOUT_PAUSED = "RolloutPaused"
 ROLLOUT_BLOCKED = "RolloutBlocked"
+ROLLOUT_PARTITIONED = "RolloutPartitioned"
 PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 WAITING_FOR_PODS = "WaitingForPods"
 COMPLETE = "Complete"
@@ -104,6 +105,9 @@ REASONS: list[tuple[str, str, str, str]] = [
      "within spec.<role>.rollout.progressDeadlineSeconds (the clock stops while paused or blocked): the "
      "rollout stopped and the others keep serving. Nothing rolls back by itself: fix the template, or "
      "apply the previous spec again (which moves back only what moved); any spec change resumes."),
+    (PROGRESSING, "False", ROLLOUT_PARTITIONED, "Every instance at or above spec.<role>.rollout.partition "
+     "runs the current template and is Ready; those below it stay on an older one (a canary): lower the "
+     "partition to move them."),
     (PROGRESSING, "True", WAITING_FOR_PODS, "Children are applied; pods are not all ready yet."),
     (PROGRESSING, "False", COMPLETE, "Every child is up to date and ready."),
     (PROGRESSING, "False", INVALID_SPEC, "The spec is invalid; fix it to continue."),

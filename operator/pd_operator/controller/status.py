@@ -288,9 +288,23 @@ def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> 
         progressing = moving
     elif failing:
         progressing = _Cond(c.PROGRESSING, True, c.WAITING_FOR_PODS, failing[0].message)
+    elif held := _held_by_partition(validation.resolved, observed.rollout):
+        progressing = _Cond(c.PROGRESSING, False, c.ROLLOUT_PARTITIONED,
+                            f"The partition holds {', '.join(held)} on an older template; every instance "
+                            "above it is up to date and ready. Lower spec.<role>.rollout.partition to "
+                            "move them.")
     else:
         progressing = _Cond(c.PROGRESSING, False, c.COMPLETE, "Every child is up to date and ready.")
     return [ready, progressing]
+
+
+def _held_by_partition(resolved: Resolved, moving: Rollout | None) -> list[str]:
+    """Instances below their role's partition not on the current template: a held canary is not
+    Complete."""
+    if moving is None:
+        return []
+    return [resolved.names.instance(role, i) for role in ROLES for i, s in sorted(moving.state[role].items())
+            if i < min(moving.params[role].partition, moving.params[role].replicas) and not s.updated]
 
 
 def _rollout_condition(resolved: Resolved, moving: Rollout | None) -> _Cond | None:
