@@ -66,6 +66,11 @@ class WebhookHealth:
             logger.info("Admission webhook: %s", message)
         self.ok, self.message = True, message
 
+    def pending(self, message: str) -> None:
+        """Not ok yet, and no failure: serving, the configuration not written yet."""
+        logger.info("Admission webhook: %s", message)
+        self.ok, self.message = False, message
+
     def bad(self, message: str) -> None:
         self.failures += 1
         logger.error("Admission webhook: %s", message)
@@ -150,8 +155,10 @@ class WebhookServer(kopf.WebhookServer):
                     async for client_config in super().__call__(fn):
                         attempt = 0
                         if self.configurator:
-                            self.health.good(f"serving at {client_config['url']}; configuring "
-                                             f"ValidatingWebhookConfiguration {self.configurator.name}")
+                            # ok only once the configuration is written (Configurator), so that
+                            # "ok" means the API server calls us.
+                            self.health.pending(f"serving at {client_config['url']}; configuring "
+                                                f"ValidatingWebhookConfiguration {self.configurator.name}")
                             self.configurator.configure(dict(client_config))
                         else:
                             self.health.good(f"serving at {client_config['url']}")
