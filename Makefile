@@ -145,6 +145,7 @@ bench: install tools testcluster upstream
 	$(PY) bench/proxy.py
 	$(PY) bench/proxy_flood.py
 	$(PY) bench/rollout.py
+	$(PY) bench/routing.py
 
 bench-transfer: install
 	$(PY) bench/transfer.py

@@ -272,8 +272,7 @@ class FakeEngine:
         if problems:
             return self._refuse(request_id, f"not a prefill request: {', '.join(problems)}")
         await self._at("answer", body)
-        if self.prefill_s:
-            await asyncio.sleep(self.prefill_s)
+        cached = await self._compute(body)
         self.blocks.add(request_id)
         chat = request.path.endswith("chat/completions")
         choice = ({"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
@@ -282,11 +281,17 @@ class FakeEngine:
             "id": f"cmpl-{request_id}", "object": "chat.completion" if chat else "text_completion",
             "model": MODEL, "choices": [choice],
             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6,
-                      "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}},
+                      "prompt_tokens_details": {"cached_tokens": cached}},
             "kv_transfer_params": {
                 "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2, 3]],
                 "remote_engine_id": self.name, "remote_request_id": request_id, "remote_host": self.host,
                 "remote_port": self.port, "last_token_id": 0}})
+
+    async def _compute(self, body: dict) -> int:
+        """Prefill: compute the prompt; the prompt tokens it found cached."""
+        if self.prefill_s:
+            await asyncio.sleep(self.prefill_s)
+        return CACHED_TOKENS
 
     async def _pulled(self, request: web.Request) -> web.Response:
         """Prefill: decode takes a request's blocks (once)."""

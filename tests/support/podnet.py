@@ -92,13 +92,15 @@ def _ready(pod: dict) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def _port(container: dict, name: str) -> int:
+def pod_port(container: dict, name: str) -> int:
+    """The container's port of that name."""
     (port,) = [p["containerPort"] for p in container.get("ports") or [] if p.get("name") == name]
     return int(port)
 
 
 def _http_port(container: dict) -> int:
-    return _port(container, "http")
+    return pod_port(container, "http")
+
 
 
 def _owner(pod: dict, kind: str) -> str:
@@ -123,12 +125,25 @@ def pod_dns(namespace: str, pods: list[dict], services: list[dict]) -> dict[str,
     return out
 
 
+EngineFactory = Callable[[str, str, dict, dict], FakeEngine]
+"""(instance, role, pod, its serving container) -> the engine to start for it."""
+
+
+def plain_engine(instance: str, role: str, pod: dict, container: dict) -> FakeEngine:
+    """A `FakeEngine` on the pod's IP and `http` port, carrying its kv-layout hash."""
+    return FakeEngine(instance, role, host=pod["status"]["podIP"], port=_http_port(container),
+                      layout=_labels(pod).get(KV_LAYOUT, ""))
+
+
 class Kubelet:
     """Runs what the pods of PDDeployment `deployment` in `namespace` would run (module docstring),
     while inside `async with`."""
 
-    def __init__(self, cp: ControlPlane, namespace: str, deployment: str, workdir: Path) -> None:
+    def __init__(self, cp: ControlPlane, namespace: str, deployment: str, workdir: Path,
+                 engine: EngineFactory | None = None) -> None:
         self.cp, self.namespace, self.deployment = cp, namespace, deployment
+        self.engine_for = engine or plain_engine
+        """Builds the engine an instance's leader pod runs (`plain_engine` unless given)."""
         self._projected: dict[str, float] = {}
         """Proxy pod uid -> when its ConfigMap volumes were last projected."""
         self.workdir = workdir
@@ -306,8 +321,7 @@ class Kubelet:
                 if any(e.name == instance for e in self.engines.values()):
                     raise AssertionError(f"pod {pod['metadata']['name']} of {instance} runs while the "
                                          "engine of its previous pod still does")
-                engine = FakeEngine(instance, role, host=pod["status"]["podIP"],
-                                    port=_http_port(container), layout=_labels(pod).get(KV_LAYOUT, ""))
+                engine = self.engine_for(instance, role, pod, container)
                 await engine.start()
                 self.engines[uid] = engine
                 self.started.append(engine)
@@ -338,8 +352,8 @@ class Kubelet:
         (self.workdir / name).mkdir(parents=True, exist_ok=True)
         process = ProxyProcess([sys.executable, str(POD_DNS), str(self.hosts), *argv], ip,
                                _http_port(container), self.workdir / name / "proxy.log",
-                               _port(container, ADMIN_PORT_NAME), env=api_env(self.cp.port),
-                               metrics_port=_port(container, METRICS_PORT_NAME))
+                               pod_port(container, ADMIN_PORT_NAME), env=api_env(self.cp.port),
+                               metrics_port=pod_port(container, METRICS_PORT_NAME))
         await process.start()
         self.proxies[uid] = process
 
