@@ -72,6 +72,16 @@ def test_cluster_mode_grants_the_rules_cluster_wide():
     assert named["resourceNames"] == [one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"]]
 
 
+def test_no_role_of_the_chart_reads_pod_logs():
+    """The operator reads the KV-link gate's result on its probe port (issue 32), so neither its own
+    ClusterRole nor a namespaced Role of any value set grants pods/log."""
+    for values in ("default", "namespaced"):
+        for role in [*find(rendered(values), "ClusterRole"), *find(rendered(values), "Role")]:
+            assert not any(resource == "pods/log" for _, resource, _ in _triples(role["rules"])), \
+                (values, role["metadata"]["name"])
+    assert not any(resource == "pods/log" for _, resource, _ in OPERATOR)
+
+
 def test_namespaced_mode_grants_the_rules_per_namespace_only():
     docs = rendered("namespaced")
     roles = find(docs, "Role")

@@ -4,9 +4,7 @@ figures of the gate round that changed it (read only on a change)."""
 
 from __future__ import annotations
 
-import json
-
-from pd_operator.controller.links import link_status, parse_round
+from pd_operator.controller.links import link_status
 from pd_operator.render import render
 from support.controller_fakes import (
     desired,
@@ -21,7 +19,7 @@ from support.renders import proxy_membership
 
 
 def _round(ok: bool, *prefills: int) -> dict:
-    """A gate round as `pd-kv-probe gate` prints it (one JSON object per line)."""
+    """A gate round as `pd-kv-probe gate` serves it in its state (transfer/gate_state.py)."""
     return {"ok": ok, "errors": [], "at": 0.0, "peers": [
         {"peer": f"glm-flash-prefill-{p}-0.glm-flash-prefill-{p}.default.svc:8090", "ok": ok,
          "latencyMs": 2.5 + p, "gbps": 1.5, "bytes": 1, "entries": 1,
@@ -57,12 +55,6 @@ def test_a_decode_pod_not_created_yet_is_not_routed_to():
     v = validated()
     pods = [p for p in pods_of(desired(v)) if "decode" not in p["metadata"]["name"]]
     assert routed_names(gated(v, pods), "decode") == []
-
-
-def test_parse_round_takes_the_last_round_line():
-    line = json.dumps(_round(True, 0))
-    assert parse_round(f"noise\n{line}\n") == _round(True, 0)
-    assert parse_round("pd-kv-probe: bad input\n") is None and parse_round(None) is None
 
 
 def test_link_status_reads_the_figures_only_when_a_link_changes():

@@ -58,9 +58,6 @@ class MemoryClient:
     def post_event(self, owner: dict, type_: str, reason: str, message: str) -> None:
         self.writes.append(("event", reason))
 
-    def read_pod_log(self, namespace: str, name: str, container: str, lines: int = 1) -> str | None:
-        return None
-
     def delete(self, obj: dict) -> None:
         raise AssertionError("nothing to prune on a first reconcile")
 

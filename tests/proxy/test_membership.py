@@ -65,11 +65,15 @@ def test_unknown_keys_are_ignored_so_an_older_proxy_reads_a_newer_document():
 
 def test_the_state_answer_round_trips_and_a_malformed_one_names_the_field():
     state = ProxyState("abc", {"d-prefill-0": UpstreamLoad("prefill", 2, 1),
-                               "d-decode-0": UpstreamLoad("decode", 3, 0)})
+                               "d-decode-0": UpstreamLoad("decode", 3, 0, member=False)})
     answer = state_document(state)
-    assert answer["upstreams"]["d-prefill-0"] == {"role": "prefill", "inflight": 2, "awaitingDecode": 1}
+    assert answer["upstreams"]["d-prefill-0"] == {"role": "prefill", "inflight": 2, "awaitingDecode": 1,
+                                                  "member": True}
     assert parse_state(json.loads(json.dumps(answer))) == state
     assert parse_state({"version": None, "upstreams": {}}) == ProxyState(None, {})
+    # an answer without `member` (an older proxy) reads as a member: a drain waits rather than guesses
+    older = {"version": "v", "upstreams": {"x": {"role": "decode", "inflight": 0, "awaitingDecode": 0}}}
+    assert parse_state(older).upstreams["x"].member
     for bad, message in (
             ([], "the state is an object"),
             ({"version": 3, "upstreams": {}}, "version: a string or null"),
@@ -79,7 +83,10 @@ def test_the_state_answer_round_trips_and_a_malformed_one_names_the_field():
             ({"version": "v", "upstreams": {"x": {"role": "decode", "inflight": -1, "awaitingDecode": 0}}},
              "upstreams.x.inflight: a count"),
             ({"version": "v", "upstreams": {"x": {"role": "decode", "inflight": 0}}},
-             "upstreams.x.awaitingDecode: a count")):
+             "upstreams.x.awaitingDecode: a count"),
+            ({"version": "v", "upstreams": {"x": {"role": "decode", "inflight": 0, "awaitingDecode": 0,
+                                                  "member": "yes"}}},
+             "upstreams.x.member: true or false")):
         with pytest.raises(ValueError, match=message):
             parse_state(bad)
 
@@ -150,8 +157,8 @@ def test_counts_outlive_membership_until_the_departed_instance_is_idle():
         b.update(parse_document(document([P0], [D0])))
         assert b.members("decode") == (D0,) and {b.pick("decode", set()) for _ in range(3)} == {D0}
         state = b.state()
-        assert state.upstreams["d-decode-1"] == UpstreamLoad("decode", 1, 0)
-        assert state.upstreams["d-prefill-1"] == UpstreamLoad("prefill", 0, 1)
+        assert state.upstreams["d-decode-1"] == UpstreamLoad("decode", 1, 0, member=False)
+        assert state.upstreams["d-prefill-1"] == UpstreamLoad("prefill", 0, 1, member=False)
     assert "d-decode-1" not in b.state().upstreams
     waiting.done()
     waiting.done()  # idempotent

@@ -230,8 +230,9 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
     from pd_operator.proxy.membership import KEY, MOUNT_DIR, document
     from pd_operator.render.proxy import membership_data
     from pd_operator.spec.ports import PROBE_PORT
+    from pd_operator.transfer.gate_state import Targets
     from pd_operator.transfer.probe import parser
-    from pd_operator.transfer.probe_gate import membership_peers, prefill_peers
+    from pd_operator.transfer.probe_gate import prefill_peers, read_membership
 
     def gate_peers(sts: dict, pairing: dict) -> list[str]:
         sidecar = sts["spec"]["template"]["spec"]["containers"][1]
@@ -240,8 +241,10 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
         args = parser().parse_args([a.replace(MOUNT_DIR, str(tmp_path)) for a in sidecar["command"][2:]])
         if args.membership:
             assert MOUNT_DIR in {m["mountPath"] for m in sidecar["volumeMounts"]}
-            return membership_peers(args.membership)
-        return prefill_peers(pairing)
+            targets = Targets(layout=args.layout)
+            targets.file_read(read_membership(args.membership), 0.0)
+            return list(targets.members().values())
+        return list(prefill_peers(pairing).values())
 
     for path in VALID_EXAMPLES:
         doc = example(path)

@@ -2,8 +2,9 @@
 rendered `kv-link` command of a decode pod run on loopback, each with its own Mooncake engine. The
 decode gate goes ready once it pulled and verified the prefill's test KV; the prefill probe is
 stopped and the gate goes not ready; the operator's pure gate (controller/gate.py, links.py),
-given the pods with the kv-link readiness the kubelet would report, takes the decode instance out of
-the proxy's upstreams and says why in DecodeReady and status.kvLinks.
+given the pods with the kv-link readiness the kubelet would report and the gate's state as the
+operator reads it on the probe port, takes the decode instance out of the proxy's upstreams and says
+why in DecodeReady and status.kvLinks.
 
 What stands in for the cluster: the rendered ConfigMap's files at a temporary mount path, the tools
 bundle where the init container puts it (pd_operator.serving_image.bundle), POD_IP
@@ -15,76 +16,28 @@ GET of the rendered readinessProbe path standing in for the kubelet.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 import urllib.error
 import urllib.request
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from pd_operator.controller import links
+from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.controller.status import Observed, conditions, status
 from pd_operator.names import Names
 from pd_operator.proxy.membership import parse_document
 from pd_operator.render import render
-from pd_operator.render.command import CONFIG_DIR
 from pd_operator.render.proxy import membership_document
-from pd_operator.serving_image import bundle
 from support.cluster import pick_port, wait_for
 from support.controller_fakes import desired, link_down, pods_of, routable_of, validated, with_figures
+from support.kv_probe import Sidecar, kubelet_ready
 from support.renders import config_map_data, role_of, serving_sets
 from support.specs import example
 
 pytestmark = pytest.mark.transfer
 
-VENV_BIN = Path(sys.executable).parent
 GATE_TIMEOUT = 120.0  # generous upper bound for a state change on a loaded machine
-
-
-class Sidecar:
-    """One sidecar command of a rendered pod, running, with its stdout lines collected."""
-
-    def __init__(self, cont: dict, mounted: Path, port: int, extra: list[str] | None = None) -> None:
-        tools = mounted / "pd-tools"  # where the init container would have put the tools bundle
-        if not tools.exists():
-            bundle.write(tools)
-        command = [arg.replace(CONFIG_DIR, str(mounted)).replace(bundle.MOUNT, str(tools))
-                   for arg in cont["command"]]
-        command[command.index("--port") + 1] = str(port)
-        if "--every" in command:
-            command[command.index("--every") + 1] = "1"
-        env = {**os.environ, "PATH": f"{VENV_BIN}:/usr/bin:/bin", "MC_TCP_BIND_ADDRESS": "127.0.0.1",
-               "MC_LOG_LEVEL": "ERROR",
-               **{e["name"]: e["value"] for e in cont["env"] if "value" in e}, "POD_IP": "127.0.0.1"}
-        self.proc = subprocess.Popen([*command, *(extra or [])], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
-        self.lines: list[str] = []
-        threading.Thread(target=self._collect, daemon=True).start()
-
-    def _collect(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-
-
-def kubelet_ready(cont: dict, port: int) -> bool:
-    """The rendered readinessProbe (httpGet) as the kubelet runs it: 2xx is ready."""
-    probe = cont["readinessProbe"]["httpGet"]
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe['path']}", timeout=10) as answer:
-            return 200 <= answer.status < 300
-    except urllib.error.HTTPError:
-        return False
-    except OSError:
-        return False
 
 
 def decoder_hosts(validation, pods: list[dict]) -> list[str]:
@@ -122,7 +75,7 @@ def test_decode_is_routed_only_over_a_working_kv_link(tmp_path):
         names = Names("glm-flash", "default")
 
         wait_for("the decode gate to go ready", lambda: kubelet_ready(gate_cont, gate_port), GATE_TIMEOUT)
-        last = links.parse_round("".join(gate.lines))
+        last = ProxyStateReader().gate("127.0.0.1", gate_port).round  # as the operator reads it
         assert last is not None and last["ok"]
         (pair,) = last["peers"]
         assert pair["errors"] == [] and pair["bytes"] > 0 and pair["gbps"] > 0

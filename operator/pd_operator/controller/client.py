@@ -60,8 +60,8 @@ class Client:
 
     def _request(self, verb: str, api_version: str, plural: str, method: str, path: str, *,
                  query: list[tuple[str, str]] | None = None, body: Any = None,
-                 content_type: str = "application/json", text: bool = False) -> Any:
-        """The JSON answer (`text`: the body as a string)."""
+                 content_type: str = "application/json") -> Any:
+        """The JSON answer."""
         allowed = current_needs()
         need = (verb, api_group(api_version), plural)
         if need not in allowed:
@@ -69,7 +69,7 @@ class Client:
         try:
             method, url, headers, payload, _ = self.api.param_serialize(
                 method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-                header_params={"Content-Type": content_type, "Accept": "*/*" if text else "application/json"})
+                header_params={"Content-Type": content_type, "Accept": "application/json"})
             response = self.api.call_api(method, url, headers, payload, _request_timeout=TIMEOUT_S)
             response.read()
         except kubernetes.client.ApiException as err:
@@ -79,8 +79,6 @@ class Client:
         data = response.data.decode() if response.data else ""
         if not 200 <= response.status < 300:
             raise ApiError(response.status, _message(data, f"{method} {path}: HTTP {response.status}"))
-        if text:
-            return data
         return json.loads(data) if data else None
 
     # -- PDDeployments ------------------------------------------------------------------------------
@@ -223,20 +221,6 @@ class Client:
         self._request("patch", api_version, "validatingwebhookconfigurations", "PATCH",
                       f"/apis/{api_version}/validatingwebhookconfigurations/{configuration}",
                       body={"webhooks": webhooks}, content_type="application/merge-patch+json")
-
-    @needs(("get", "", "pods/log"))
-    def read_pod_log(self, namespace: str, name: str, container: str, lines: int = 1) -> str | None:
-        """The last `lines` lines a container printed (served by the kubelet through the API
-        server), or None when the pod or the container's log does not exist (yet)."""
-        try:
-            data: str = self._request(
-                "get", "v1", "pods/log", "GET", _path("v1", "pods", namespace, name, "log"),
-                query=[("container", container), ("tailLines", str(lines))], text=True)
-        except ApiError as err:
-            if err.status in (400, 404):
-                return None
-            raise
-        return data
 
     # -- events ---------------------------------------------------------------------------------------
 

@@ -9,13 +9,18 @@ passed: vllm-project/vllm-ascend: vllm_ascend/distributed/kv_transfer/kv_p2p/moo
 
 1. The membership ConfigMap is rendered without the instance (render/proxy.py), and the instance's
    StatefulSet, headless Service and PodGroup are kept although the spec no longer wants them.
-2. They are deleted when every live proxy pod answers its state (membership.STATE_PATH) with the
-   version the operator wrote (so no new request can reach the instance) and carries nothing more
-   on it: decode, no request in flight; prefill, none in flight and none awaiting decode's pull. Or
-   when the role's bound has passed since the drain began: decode spec.scaling.drain.decodeSeconds,
-   prefill spec.kvTransfer.timeouts.abortRequestSeconds (after which prefill has freed the blocks
-   anyway). A proxy pod whose state cannot be read holds the drain until the bound: unknown is not
-   idle.
+2. They are deleted when every live proxy pod answers its state (membership.STATE_PATH) with a
+   membership that no longer lists the instance (so no new request can reach it; not necessarily
+   the newest version: a proxy a later change has not reached yet has still let it go) and carries
+   nothing more on it: decode, no request in flight; prefill, none in flight and none awaiting
+   decode's pull. A prefill instance waits besides for every live decode pod's KV-link gate to
+   report a membership without it (transfer/gate_state.py: the operator pushes the membership to
+   the gates, whose mounted file follows up to a minute late): a gate that still links a deleted
+   prefill fails its rounds, and its decode instance would leave the proxy. Or when the role's
+   bound has passed since the drain began: decode spec.scaling.drain.decodeSeconds, prefill
+   spec.kvTransfer.timeouts.abortRequestSeconds (after which prefill has freed the blocks anyway). A
+   proxy pod or gate whose state cannot be read holds the drain until the bound: unknown is not
+   idle (nothing listening there is nothing to wait for: no process runs to route or link).
 
 The drain's start is kept in status.draining (`since`), the one record that survives an operator
 restart; a lost status restarts the clock, which only waits longer. A drained instance is deleted
@@ -34,10 +39,11 @@ from pd_operator.controller.diff import is_owned_by
 from pd_operator.controller.pods import is_terminating, label
 from pd_operator.proxy.membership import ProxyState
 from pd_operator.spec.validate import Resolved
+from pd_operator.transfer.gate_state import GateState
 
 RECHECK_S = 2.0
-"""How soon the reconcile looks again while an instance drains (proxies re-read their membership
-when the kubelet updates the mounted file, which takes up to a minute)."""
+"""How soon the reconcile looks again while an instance drains (proxies learn a membership through
+the API watch, gates from the operator's push; each reconcile pushes again to a gate behind)."""
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 Instance = tuple[RoleName, int]
@@ -50,6 +56,15 @@ class ProxyRead:
 
     pod: str
     state: ProxyState | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class GateRead:
+    """One live decode pod's KV-link gate answer (after the operator's push), or why there is none."""
+
+    pod: str
+    state: GateState | None
     error: str = ""
 
 
@@ -114,37 +129,50 @@ def _since(previous: Iterable[dict], name: str, now: datetime) -> datetime:
     return now
 
 
-def _load(name: str, role: str, read: ProxyRead, version: str) -> str | None:
+def _load(name: str, role: str, read: ProxyRead) -> str | None:
     """What `read` says still holds instance `name` (None: nothing)."""
     if read.state is None:
         return f"proxy pod {read.pod}'s state cannot be read ({read.error})"
-    if read.state.version != version:
-        return (f"proxy pod {read.pod} routes by membership {read.state.version or 'none'}, "
-                f"not yet {version}")
+    if read.state.version is None:  # it loads a membership next, which may still list the instance
+        return f"proxy pod {read.pod} has loaded no membership yet"
     load = read.state.upstreams.get(name)
     if load is None:
         return None
-    held = [f"{load.inflight} in flight"] if load.inflight else []
+    held = [f"routes by membership {read.state.version}, which lists it"] if load.member else []
+    held += [f"{load.inflight} in flight"] if load.inflight else []
     if role == "prefill" and load.awaiting_decode:
         held.append(f"{load.awaiting_decode} awaiting decode's KV pull")
     return f"{' and '.join(held)} through proxy pod {read.pod}" if held else None
 
 
+def _linked(name: str, read: GateRead) -> str | None:
+    """Whether the gate of `read` may still check prefill instance `name` (None: it will not)."""
+    if read.state is None:
+        return f"decode pod {read.pod}'s KV-link gate cannot be read ({read.error})"
+    if name in read.state.members:
+        return (f"decode pod {read.pod}'s KV-link gate links it "
+                f"(membership {read.state.version or 'none: its configuration'})")
+    return None
+
+
 def drains(resolved: Resolved, leaving: dict[Instance, str], previous: Iterable[dict],
-           reads: list[ProxyRead] | None, version: str, now: datetime) -> list[Drain]:
+           reads: list[ProxyRead] | None, gates: list[GateRead], now: datetime) -> list[Drain]:
     """The drain of every departing instance. `reads` is None when no proxy routes to the instances
-    (spec.proxy.enabled false): nothing of ours sends them requests, so they go at once. `version`
-    is the membership version just written."""
+    (spec.proxy.enabled false): nothing of ours sends them requests. `gates`: every live decode
+    pod's gate (held only by prefill instances)."""
     previous = list(previous)
     out = []
     for (role, index), name in sorted(leaving.items()):
         since = _since(previous, name, now)
         deadline = since + bound(resolved, role)
         waits: list[str] = []
-        if reads is not None and now < deadline:
-            waits = [w for read in reads if (w := _load(name, role, read, version))]
+        if now < deadline:
+            waits = [w for read in reads or [] if (w := _load(name, role, read))]
+            if role == "prefill":
+                waits += [w for read in gates if (w := _linked(name, read))]
+        could_hold = reads is not None or (role == "prefill" and bool(gates))
         out.append(Drain(name, role, index, since, deadline, tuple(waits),
-                         timed_out=reads is not None and now >= deadline))
+                         timed_out=now >= deadline and could_hold))
     return out
 
 

@@ -1,13 +1,14 @@
 """The KV-link gate as the operator sees it. Pure: the caller passes the pods and what it read.
 
 Every decode pod runs `pd-kv-probe gate` (render/kv_probe.py) in its `kv-link` container, whose
-readinessProbe passes only while the gate's last round pulled and verified the test KV of every
-prefill instance. So the verdict travels the way Kubernetes already carries readiness: the kubelet
-probes the container and writes `containerStatuses[kv-link].ready`, and the operator reads it from
-the pods it watches anyway. The operator dials no serving pod (it may run outside the pod network,
-and the NetworkPolicy need not admit it). The figures of a link (latency, Gbps) are the gate's last
-round, which it prints as one JSON line; the operator reads that line through the API server
-(`pods/log`, tailLines 1) only when a link changes state, so a steady deployment costs no request.
+readinessProbe passes only while the gate is linked to every prefill instance it may be paired with
+(transfer/gate_state.py: after its first linked round, until FAILURE_THRESHOLD rounds in a row fail).
+So the verdict travels the way Kubernetes already carries readiness: the kubelet probes the container
+and writes `containerStatuses[kv-link].ready`, and the operator reads it from the pods it watches
+anyway. The figures of a link (latency, Gbps) are the gate's last round, which the gate serves on its
+probe port with its state; the operator reads them there (controller/proxy_state.py, bounded) only
+when a link changes state, or takes them from its own membership push of that reconcile, so a steady
+deployment costs no request. (No pod log is read: the operator needs no `pods/log` permission.)
 
 A decode instance is linked when every one of its pods exists and has a ready `kv-link`; the
 proxy routes only to linked decode instances (controller/gate.py) and DecodeReady says which
@@ -16,7 +17,6 @@ are not.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 
 from pd_operator.api.types import KVLinkStatus
@@ -27,33 +27,22 @@ from pd_operator.spec.validate import Resolved
 LINK_CONTAINER = CONTAINER["decode"]
 
 RoundReader = Callable[[str], "dict | None"]
-"""pod name -> the gate's last round (parsed), or None when it cannot be read. The reconcile passes
-one that reads the pod's log through the API; link_status calls it only for changed links."""
+"""pod name -> the gate's last round, or None when it cannot be read. The reconcile passes one that
+reads the gate's state on its probe port; link_status calls it only for changed links."""
 
 
-def _gated(pod: dict) -> bool:
+def gated(pod: dict) -> bool:
+    """The pod runs the KV-link gate."""
     containers = (pod.get("spec") or {}).get("containers") or []
     return any(c.get("name") == LINK_CONTAINER for c in containers)
 
 
 def link_ready(pod: dict) -> bool:
     """The pod's kv-link container is ready (a pod rendered without the gate counts as linked)."""
-    if not _gated(pod):
+    if not gated(pod):
         return True
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return any(c.get("name") == LINK_CONTAINER and c.get("ready") is True for c in statuses)
-
-
-def parse_round(log_tail: str | None) -> dict | None:
-    """The gate's last round from the tail of its log (one JSON object per line)."""
-    for line in reversed((log_tail or "").strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and isinstance(value.get("peers"), list):
-            return value
-    return None
 
 
 def _leader(pods: list[dict]) -> dict | None:
@@ -61,7 +50,7 @@ def _leader(pods: list[dict]) -> dict | None:
 
 
 def _number(value: object) -> float | None:
-    """A figure of the gate's round, if it is a number (the round is read from a pod's log)."""
+    """A figure of the gate's round, if it is a number (the round comes from the tenant's image)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -91,7 +80,7 @@ def link_status(resolved: Resolved, pods: list[dict], previous: list[dict], read
             out += [before[(decode, prefill)] for _, prefill in pairs]
             continue
         leader = _leader(members)
-        last = read(leader["metadata"]["name"]) if leader is not None and _gated(leader) else None
+        last = read(leader["metadata"]["name"]) if leader is not None and gated(leader) else None
         by_peer = {str(r.get("peer", "")).rsplit(":", 1)[0]: r for r in (last or {}).get("peers", [])}
         for p, prefill in pairs:
             out.append(_entry(decode, prefill, linked, by_peer.get(names.pod_host("prefill", p, 0))))

@@ -96,8 +96,6 @@ JUSTIFIED: list[tuple[str, dict]] = [
           ["rbac.authorization.k8s.io"], ["roles", "rolebindings"], CHILD_VERBS),
     _rule("Pods are read for status and deleted for group restarts and rollouts; the workloads create "
           "them", [""], ["pods"], ["list", "watch", "delete"]),
-    _rule("The last line of a decode pod's kv-link container: the figures of a KV link that changed "
-          "state (until the gate's result is read another way: issue 32)", [""], ["pods/log"], ["get"]),
     _rule(f"{CHILD}: the KV ports' NetworkPolicy", ["networking.k8s.io"], ["networkpolicies"], CHILD_VERBS),
     _rule(f"{CHILD}: a PodDisruptionBudget per role", ["policy"], ["poddisruptionbudgets"], CHILD_VERBS),
     _rule(f"{CHILD}: a PodGroup per instance with spec.scheduling.gang, kube-scheduler's or Volcano's",

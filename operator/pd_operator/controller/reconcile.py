@@ -28,14 +28,14 @@ from pd_operator.api.labels import INSTANCE, REVISION, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.controller import drain, events, gate, links, pdroles, restarts, rollout
 from pd_operator.controller import status as status_mod
-from pd_operator.controller.client import ApiError, Client, NotServed
+from pd_operator.controller.client import Client, NotServed
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
 from pd_operator.render import Boundary, Routable, render, workloads
 from pd_operator.render.policy import CHART_DEFAULT, admin_token
 from pd_operator.render.proxy import COMPONENT as PROXY
-from pd_operator.render.proxy import membership_version
+from pd_operator.render.proxy import membership_document
 from pd_operator.render.runnable import check
 from pd_operator.render.workloads import Templates
 from pd_operator.serving_image.contents import DEFAULT_TOOLS_IMAGE
@@ -134,19 +134,25 @@ def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict],
     return list(current.values())
 
 
+def _live(pods: list[dict], role: str) -> dict[str, str]:
+    """The running, not terminating pods of `role` with an address, by name -> IP (a pod not running
+    yet loads the current membership when it starts), decode pods only with a KV-link gate."""
+    out = {}
+    for pod in pods:
+        st = pod.get("status") or {}
+        if label(pod, ROLE) == role and not is_terminating(pod) and st.get("podIP") \
+                and st.get("phase") == "Running" and (role != "decode" or links.gated(pod)):
+            out[pod["metadata"]["name"]] = st["podIP"]
+    return out
+
+
 def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict], token: str | None
                   ) -> list[drain.ProxyRead] | None:
     """Every live proxy pod's state (None: no proxy routes to the instances)."""
     proxy = resolved.deployment.spec.proxy
     if not proxy.enabled:
         return None
-    targets = {}
-    for pod in pods:
-        ip = (pod.get("status") or {}).get("podIP")
-        if label(pod, ROLE) != PROXY or is_terminating(pod) or not ip \
-                or (pod.get("status") or {}).get("phase") != "Running":
-            continue  # a proxy pod not running yet loads the current membership when it starts
-        targets[pod["metadata"]["name"]] = (ip, proxy.admin_port)
+    targets = {name: (ip, proxy.admin_port) for name, ip in _live(pods, PROXY).items()}
     reads = []
     for name, read in proxies.read_all(targets, token).items():
         if isinstance(read, ProxyUnreachable):
@@ -157,19 +163,50 @@ def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict
     return reads
 
 
-def _drains(proxies: ProxyStateReader, resolved: Resolved, body: dict, routable: Routable,
-            children: list[dict], pods: list[dict], the_plan: rollout.Plan, now: datetime,
-            token: str | None) -> list[drain.Drain]:
-    """The drain of every instance a scale-down removed or the rollout takes out (see
-    controller/drain.py); `token`: what the proxies' admin port wants."""
-    leaving = drain.departing(children, body["metadata"]["uid"], the_plan.instances)
-    leaving |= {(role, index): resolved.names.instance(role, index) for role, index in the_plan.leave
-                if role in ROLES}
+def _push_gates(proxies: ProxyStateReader, pods: list[dict], document: dict) -> list[drain.GateRead]:
+    """Hand every live decode pod's KV-link gate the membership `document`; their answers."""
+    reads = []
+    for name, answer in proxies.push_all(_live(pods, "decode"), document).items():
+        if isinstance(answer, ProxyUnreachable):
+            if not answer.refused:  # refused: no gate process listens there, so it links nothing
+                reads.append(drain.GateRead(name, None, str(answer)))
+        else:
+            reads.append(drain.GateRead(name, answer))
+    return reads
+
+
+def _drains(proxies: ProxyStateReader, resolved: Resolved, body: dict, leaving: dict[drain.Instance, str],
+            pods: list[dict], gates: list[drain.GateRead], now: datetime, token: str | None
+            ) -> list[drain.Drain]:
+    """The drain of every instance in `leaving` (see controller/drain.py); `gates`: the decode pods'
+    gates after this reconcile's push; `token`: what the proxies' admin port wants."""
     if not leaving:
         return []
     previous = (body.get("status") or {}).get("draining") or []
-    return drain.drains(resolved, leaving, previous, _read_proxies(proxies, resolved, pods, token),
-                        membership_version(resolved, routable), now)
+    reads = _read_proxies(proxies, resolved, pods, token)
+    return drain.drains(resolved, leaving, previous, reads, gates, now)
+
+
+def _leaving(resolved: Resolved, body: dict, children: list[dict], the_plan: rollout.Plan
+             ) -> dict[drain.Instance, str]:
+    """Every instance a scale-down removed or the rollout takes out."""
+    leaving = drain.departing(children, body["metadata"]["uid"], the_plan.instances)
+    leaving |= {(role, index): resolved.names.instance(role, index) for role, index in the_plan.leave
+                if role in ROLES}
+    return leaving
+
+
+def _gates(proxies: ProxyStateReader, resolved: Resolved, the_diff: Diff, leaving: dict[drain.Instance, str],
+           pods: list[dict], routable: Routable) -> list[drain.GateRead]:
+    """Push the membership to the decode pods' gates when it changed or a prefill instance drains
+    (their mounted file follows up to a minute late; each reconcile of a drain pushes again to a
+    gate still behind). Nothing otherwise: a steady deployment dials no pod."""
+    document = membership_document(resolved, routable)
+    changed = any(m["kind"] == "ConfigMap" and m["metadata"]["name"] == resolved.names.proxy_membership
+                  for m in the_diff.apply)
+    if not changed and not any(role == "prefill" for role, _ in leaving):
+        return []
+    return _push_gates(proxies, pods, document)
 
 
 def _replace(client: Client, body: dict, resolved: Resolved, revisions: Mapping[str, str],
@@ -234,14 +271,23 @@ def _report_not_served(client: Client, body: dict, validation: Validation, child
     _write_status(client, body, validation, observed, now, outcome)
 
 
-def _kv_links(client: Client, resolved: Resolved, pods: list[dict], previous: dict) -> list[dict]:
+def _kv_links(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict], previous: dict,
+              gates: list[drain.GateRead]) -> list[dict]:
+    """status.kvLinks: the figures of a link that changed state from its gate's last round (this
+    reconcile's push answer, else read from the gate's probe port)."""
     namespace, name = resolved.deployment.namespace, resolved.deployment.name
+    answered = {g.pod: g.state for g in gates if g.state is not None}
+    addresses = _live(pods, "decode")
 
     def read(pod: str) -> dict | None:
+        if pod in answered:
+            return answered[pod].round
+        if pod not in addresses:
+            return None
         try:
-            return links.parse_round(client.read_pod_log(namespace, pod, links.LINK_CONTAINER))
-        except ApiError as err:  # the figures only; the link state comes from the pod's readiness
-            logger.info("Cannot read the KV-link round of %s/%s: %s", namespace, pod, err,
+            return proxies.gate(addresses[pod]).round
+        except ProxyUnreachable as err:  # the figures only; the link state comes from the pod's readiness
+            logger.info("Cannot read the KV-link gate of %s/%s: %s", namespace, pod, err,
                         extra={"object": f"{namespace}/{name}"})
             return None
 
@@ -320,8 +366,9 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     routable = moving.plan.routable(moving.state)
     the_diff = diff(_desired(resolved, rendered, body, moving.plan, routable, boundary), children,
                     meta["uid"])
-    drains = _drains(proxies, resolved, body, routable, children, pods, moving.plan, now,
-                     admin_token(boundary, resolved))
+    departing = _leaving(resolved, body, children, moving.plan)
+    gates = _gates(proxies, resolved, the_diff, departing, pods, routable)
+    drains = _drains(proxies, resolved, body, departing, pods, gates, now, admin_token(boundary, resolved))
     the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)])
     try:
         children = _apply(client, ns, the_diff, children, asks, meta["uid"], outcome)
@@ -341,7 +388,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     observed = status_mod.Observed(children=children, pods=remaining, foreign=the_diff.foreign,
                                    blocked=[*the_diff.blocked, *outcome.taken], rollout=moving,
                                    restarts=decisions,
-                                   links=_kv_links(client, resolved, remaining, previous),
+                                   links=_kv_links(proxies, resolved, remaining, previous, gates),
                                    scaling=bounded, draining=[d.status() for d in draining],
                                    routable=routable, figures=figures)
     _write_role_statuses(client, resolved, observed, bounded, meta["uid"], now, outcome)

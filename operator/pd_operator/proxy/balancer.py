@@ -109,8 +109,9 @@ class Balancer:
         return Awaiting(self, load)
 
     def state(self) -> ProxyState:
+        members = self.membership.names() if self.membership else {}
         return ProxyState(self.version, {
-            name: UpstreamLoad(load.role, load.inflight, load.awaiting_decode)
+            name: UpstreamLoad(load.role, load.inflight, load.awaiting_decode, name in members)
             for name, load in self._loads.items()})
 
     def _load(self, name: str, role: str) -> _Load:

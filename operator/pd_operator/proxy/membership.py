@@ -173,6 +173,9 @@ class UpstreamLoad:
     awaiting_decode: int
     """Prefill only: requests whose prefill finished there and whose decode has not yet sent its
     first byte (decode pulls the KV before its first token; until then the blocks are needed)."""
+    member: bool = True
+    """Listed by the membership the proxy routes by (false: a former member still carrying requests;
+    an answer without the field reads as a member, which only holds a drain longer)."""
 
 
 @dataclass(frozen=True)
@@ -180,14 +183,15 @@ class ProxyState:
     version: str | None
     """The membership version the proxy routes by (None: it has loaded none)."""
     upstreams: dict[str, UpstreamLoad]
-    """Every member, and every former member that still carries requests, by instance name."""
+    """Every member, and every former member that still carries requests, by instance name: an
+    instance absent from it is neither routed to nor carrying anything through this proxy."""
 
 
 def state_document(state: ProxyState) -> dict:
     """The proxy's answer at STATE_PATH."""
     return {"version": state.version,
             "upstreams": {name: {"role": load.role, "inflight": load.inflight,
-                                 "awaitingDecode": load.awaiting_decode}
+                                 "awaitingDecode": load.awaiting_decode, "member": load.member}
                           for name, load in sorted(state.upstreams.items())}}
 
 
@@ -216,5 +220,9 @@ def parse_state(obj: Any) -> ProxyState:
         role = load.get("role")
         if role not in ROLES:
             raise ValueError(f"{path}.role: one of {', '.join(ROLES)}, not {role!r}")
-        out[name] = UpstreamLoad(role, _count(load, "inflight", path), _count(load, "awaitingDecode", path))
+        member = load.get("member", True)
+        if not isinstance(member, bool):
+            raise ValueError(f"{path}.member: true or false, not {member!r}")
+        out[name] = UpstreamLoad(role, _count(load, "inflight", path), _count(load, "awaitingDecode", path),
+                                 member)
     return ProxyState(version, out)

@@ -16,6 +16,12 @@ reads the proxy's membership ConfigMap (render/proxy.py), which lists a prefill 
 its pods are Ready, so a decode instance links exactly the prefill instances it can be paired with:
 those on its own KV layout (`--layout`; a rollout that changes the layout lists both for a while).
 Without the proxy (spec.proxy.enabled false) the gate links every prefill instance of the spec.
+
+The mounted file follows the ConfigMap up to about a minute late, so the operator also pushes each
+membership to the gate's probe port and reads back what it applied (transfer/gate_state.py): the port
+the NetworkPolicy admits the operator's namespace to (render/policy.py). The gate reports unready only
+after gate_state.FAILURE_THRESHOLD failed rounds in a row, so the readinessProbe takes its answer at
+once (failureThreshold 1).
 """
 
 from __future__ import annotations
@@ -40,9 +46,10 @@ def probe_argv(ctx: Resolved, role: str) -> list[str]:
     common = ["--config", serving_config.PAIRING_PATH, "--port", str(PROBE_PORT)]
     if role == "prefill":
         return [*bundle.command(PROBE), "serve", *common]
-    members = (["--membership", f"{MOUNT_DIR}/{KEY}", "--layout", ctx.layout_hash]
-               if _gated_by_membership(ctx, role) else [])
-    return [*bundle.command(PROBE), "gate", *common, *members, "--every", str(GATE_PERIOD)]
+    members = ["--membership", f"{MOUNT_DIR}/{KEY}"] if _gated_by_membership(ctx, role) else []
+    # --layout also without the proxy: the operator pushes the membership to every gate.
+    return [*bundle.command(PROBE), "gate", *common, *members, "--layout", ctx.layout_hash,
+            "--every", str(GATE_PERIOD)]
 
 
 def volumes(ctx: Resolved, role: str) -> list[dict]:
@@ -53,7 +60,7 @@ def volumes(ctx: Resolved, role: str) -> list[dict]:
 def readiness(role: str) -> dict:
     if role == "prefill":
         return {"tcpSocket": {"port": PORT_NAME}, "periodSeconds": 10}
-    # One failed round takes the instance out of routing; the next good one brings it back.
+    # The gate's verdict already counts failed rounds (gate_state.FAILURE_THRESHOLD).
     return {"httpGet": {"path": PROBE_READY_PATH, "port": PORT_NAME}, "periodSeconds": 10,
             "failureThreshold": 1}
 

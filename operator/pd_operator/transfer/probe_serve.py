@@ -67,19 +67,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 Route = Callable[[], tuple[int, bytes]]
+REQUEST_TIMEOUT_S = 10.0
+Post = Callable[[bytes], tuple[int, bytes]]
+"""A POST route: the request body (at most its `max_body` bytes) -> (status, JSON body)."""
 
 
-def json_server(host: str, port: int, routes: dict[str, Route]) -> ThreadingHTTPServer:
-    """An HTTP server answering GET on `routes` with (status, JSON body)."""
+def json_server(host: str, port: int, routes: dict[str, Route], posts: dict[str, Post] | None = None,
+                max_body: int = 0) -> ThreadingHTTPServer:
+    """An HTTP server answering GET on `routes` and POST on `posts` with (status, JSON body). A POST
+    body over `max_body` bytes, or without a length, is refused unread."""
+    post_routes = posts or {}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            status, payload = routes.get(self.path, lambda: (404, b'{"error": "not found"}'))()
+        timeout = REQUEST_TIMEOUT_S  # a client that stalls mid-request loses its connection
+
+        def _answer(self, status: int, payload: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self._answer(*routes.get(self.path, lambda: (404, b'{"error": "not found"}'))())
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            route = post_routes.get(self.path)
+            if route is None:
+                return self._answer(404, b'{"error": "not found"}')
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                length = -1
+            if not 0 <= length <= max_body:
+                return self._answer(413, json.dumps(
+                    {"error": f"a body of Content-Length at most {max_body} bytes"}).encode())
+            self._answer(*route(self.rfile.read(length)))
 
         def log_message(self, *_: Any) -> None:  # readiness probes would flood the log
             pass
