@@ -22,6 +22,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from pd_operator.api.conditions import KV_COMPATIBLE, READY
 from pd_operator.api.labels import INSTANCE, REVISION, ROLE
@@ -46,6 +47,7 @@ from pd_operator.spec.node_access import NodeAccess
 from pd_operator.spec.validate import Resolved, Validation, with_instances
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class InvalidSpec(Exception):
@@ -153,26 +155,19 @@ def _read_proxies(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict
     if not proxy.enabled:
         return None
     targets = {name: (ip, proxy.admin_port) for name, ip in _live(pods, PROXY).items()}
-    reads = []
-    for name, read in proxies.read_all(targets, token).items():
-        if isinstance(read, ProxyUnreachable):
-            if not read.refused:  # refused: no proxy process listens there, so it carries nothing
-                reads.append(drain.ProxyRead(name, None, str(read)))
-        else:
-            reads.append(drain.ProxyRead(name, read))
-    return reads
+    return [drain.ProxyRead(*heard) for heard in _heard(proxies.read_all(targets, token))]
 
 
 def _push_gates(proxies: ProxyStateReader, pods: list[dict], document: dict) -> list[drain.GateRead]:
     """Hand every live decode pod's KV-link gate the membership `document`; their answers."""
-    reads = []
-    for name, answer in proxies.push_all(_live(pods, "decode"), document).items():
-        if isinstance(answer, ProxyUnreachable):
-            if not answer.refused:  # refused: no gate process listens there, so it links nothing
-                reads.append(drain.GateRead(name, None, str(answer)))
-        else:
-            reads.append(drain.GateRead(name, answer))
-    return reads
+    return [drain.GateRead(*heard) for heard in _heard(proxies.push_all(_live(pods, "decode"), document))]
+
+
+def _heard(answers: Mapping[str, T | ProxyUnreachable]) -> list[tuple[str, T | None, str]]:
+    """(pod, its answer or None, why none) for every pod dialled but those that refused the
+    connection: no proxy or gate process listens there, so it routes, carries and links nothing."""
+    return [(name, None, str(a)) if isinstance(a, ProxyUnreachable) else (name, a, "")
+            for name, a in answers.items() if not (isinstance(a, ProxyUnreachable) and a.refused)]
 
 
 def _drains(proxies: ProxyStateReader, resolved: Resolved, body: dict, leaving: dict[drain.Instance, str],
