@@ -156,11 +156,16 @@ def check_proxy(validation: Validation, manifests: list[dict]) -> None:
     assert mount["mountPath"] == MOUNT_DIR and "subPath" not in mount  # a subPath is never updated
     (volume,) = [v for v in proxy["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == names.proxy_membership
+    routing = dep.spec.proxy.routing
+    assert flag(cont["command"], "--prefix-routing") == routing.prefix
     routed = proxy_membership(manifests)
     for role in ("prefill", "decode"):
+        # Prefix routing hashes a prefill's prompts in its resolved prefix-cache block, and only there.
+        block = (validation.resolved.prefix_hit_tokens(role)
+                 if role == "prefill" and routing.prefix != "off" else None)
         assert routed.role(role) == tuple(
             Upstream(names.instance(role, i), f"http://{names.pod_host(role, i, 0)}:{dep.spec.serving_port}",
-                     validation.resolved.layout_hash)
+                     validation.resolved.layout_hash, block, routing.prefill_cache_blocks if block else None)
             for i in range(dep.role(role).replicas))
 
 

@@ -416,6 +416,35 @@ class ProxyLimits(ApiModel):
         return self
 
 
+PrefixRoutingMode = Literal["off", "approximate"]
+"""spec.proxy.routing.prefix, and pd-proxy's --prefix-routing (pd_operator.proxy.prefix_routing)."""
+
+
+@cel("!has(self.prefillCacheBlocks) || !has(self.prefix) || self.prefix != 'off'",
+     "spec.proxy.routing.prefillCacheBlocks is read only with prefix routing on: unset it, or set prefix")
+class ProxyRouting(ApiModel):
+    """How the proxy chooses a prefill instance (decode is always chosen by load)."""
+
+    prefix: PrefixRoutingMode = "approximate"
+    """`approximate`: each request goes to the prefill expected to compute the fewest tokens for it:
+    the prompt less the prefix that prefill holds, plus what it is computing already. The proxy
+    remembers what it routed where, in blocks of the prefill's engine block
+    (status.kvLayout.prefillPrefixHitTokens), within prefillCacheBlocks. Only prompts given as token
+    ids are routed by prefix; text and chat requests, and every request when prefill does not cache
+    prefixes, go by load. `off`: the prefill with the fewest requests in flight."""
+    prefill_cache_blocks: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Prefix-cache blocks one prefill instance's KV cache holds (vLLM logs it at start-up: the GPU
+    KV cache size in tokens over the block size); what the proxy remembers per prefill in approximate
+    mode, the least recently routed going first. Unset: 65536 blocks."""
+
+    @model_validator(mode="after")
+    def _blocks_need_prefix_routing(self) -> ProxyRouting:
+        if self.prefill_cache_blocks is not None and self.prefix == "off":
+            raise ValueError("spec.proxy.routing.prefillCacheBlocks is read only with prefix routing on: "
+                             "unset it, or set prefix")
+        return self
+
+
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the PDDeployment's namespace."""
 
@@ -504,6 +533,7 @@ class ProxySpec(ApiModel):
     limits: ProxyLimits = Field(default_factory=ProxyLimits)
     resources: Resources = Field(default_factory=Resources)
     """Merged over the defaults per key: requests cpu 500m and memory 256Mi, limits memory 1Gi."""
+    routing: ProxyRouting = Field(default_factory=ProxyRouting)
 
     @model_validator(mode="after")
     def _three_ports(self) -> ProxySpec:

@@ -10,6 +10,11 @@ answer. Without it "fewest in flight" would send most first attempts to a dead i
 carries nothing, until the operator takes it out of the membership (its pods go not Ready, the
 kubelet projects the new file: up to a minute or more), each costing a retry or a connect timeout.
 A resting member is still picked when no other is left to try.
+
+Prefill by prefix (proxy/prefix_routing.py): with a prefix routing mode on and a request whose token
+ids are known, the prefill member is the one with the least prompt tokens to compute, its own
+(the prompt less the prefix it is expected to hold) plus those of the prefills in flight there;
+otherwise, and for decode always, the one with the fewest requests in flight.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 
 from pd_operator.api.types import ROLES
 from pd_operator.proxy.membership import Membership, ProxyState, Upstream, UpstreamLoad
+from pd_operator.proxy.prefix_routing import DEFAULT_MODE, Mode, PrefixRouter, Prompt
 
 COOLDOWN_S = 2.0
 MAX_COOLDOWN_S = 30.0
@@ -31,6 +37,8 @@ class _Load:
     role: str
     inflight: int = 0
     awaiting_decode: int = 0
+    pending_tokens: int = 0
+    """Prefill: prompt tokens it is expected to compute for the calls in flight there."""
     failures: int = 0
     """Failed calls in a row."""
     rests_until: float = 0.0
@@ -40,8 +48,9 @@ class _Load:
 
 
 class Balancer:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, prefix: Mode = DEFAULT_MODE) -> None:
         self.membership: Membership | None = None
+        self.prefix = PrefixRouter(prefix)
         self._loads: dict[str, _Load] = {}
         self._turn = dict.fromkeys(ROLES, 0)
         self._clock = clock
@@ -57,6 +66,7 @@ class Balancer:
 
     def update(self, membership: Membership) -> None:
         self.membership = membership
+        self.prefix.update(membership)
         for name, role in membership.names().items():
             self._loads.setdefault(name, _Load(role))
         self._drop_idle()
@@ -65,30 +75,45 @@ class Balancer:
         """Every member of `role`, paired or not."""
         return self.membership.role(role) if self.membership else ()
 
-    def pick(self, role: str, tried: set[str], layout: str | None = None) -> Upstream | None:
-        """The member of `role` (on `layout` when given) with the fewest requests in flight,
-        preferring members not yet `tried` for this request and, among those, members not resting;
-        ties go round robin. None: the role has no such member."""
+    def pick(self, role: str, tried: set[str], layout: str | None = None,
+             prompt: Prompt | None = None) -> Upstream | None:
+        """The member of `role` (on `layout` when given) that costs least, preferring members not yet
+        `tried` for this request and, among those, members not resting; ties go round robin. None:
+        the role has no such member. The cost: a prefill's prompt tokens to compute with `prompt`
+        (module doc), then the requests in flight."""
         members = self.members(role, layout)
         fresh = [u for u in members if u.name not in tried] or list(members)
         if not fresh:
             return None
         now = self._clock()
         fresh = [u for u in fresh if self._load(u.name, role).rests_until <= now] or fresh
+        if role == "prefill" and prompt is not None:
+            hits = self.prefix.hit_tokens(prompt, fresh)
+            tokens = {u.name: len(prompt) - hits[u.name] + self._loads[u.name].pending_tokens for u in fresh}
+            cheapest = min(tokens.values())
+            fresh = [u for u in fresh if tokens[u.name] == cheapest]
         least = min(self._load(u.name, role).inflight for u in fresh)
         tied = [u for u in fresh if self._loads[u.name].inflight == least]
         self._turn[role] += 1
         return tied[self._turn[role] % len(tied)]
 
     @contextmanager
-    def serving(self, upstream: Upstream, role: str) -> Iterator[None]:
-        """Count a call to `upstream` as in flight for the duration of the block."""
+    def serving(self, upstream: Upstream, role: str, prompt: Prompt | None = None) -> Iterator[None]:
+        """Count a call to `upstream` as in flight for the duration of the block; a prefill of
+        `prompt` also counts the tokens it is expected to compute there, and (approximate mode)
+        leaves its blocks recorded there."""
         load = self._load(upstream.name, role)
+        tokens = 0
+        if role == "prefill" and prompt is not None:
+            tokens = len(prompt) - self.prefix.hit_tokens(prompt, [upstream])[upstream.name]
+            self.prefix.routed(upstream, prompt)
         load.inflight += 1
+        load.pending_tokens += tokens
         try:
             yield
         finally:
             load.inflight -= 1
+            load.pending_tokens -= tokens
             self._drop_idle()
 
     def failed(self, upstream: Upstream, role: str) -> None:

@@ -16,6 +16,14 @@ malformed as a whole, and the proxy keeps the membership it had.
 Each upstream carries the kv-layout hash its pods run (spec/layout.py): during a rollout that
 changes the layout, old and new instances are members at once, and the proxy pairs a prefill only
 with a decode of the same layout (balancer.py).
+
+Prefix routing (proxy/prefix_routing.py) reads three more fields of a prefill entry, each optional:
+`blockTokens`, the tokens of one prefix-cache block on that member's layout (the engine block the
+operator resolved: spec/validate.py `Resolved.prefix_hit_tokens`; absent when that layout does not
+cache prefixes, and the member is then chosen by load alone: the proxy never guesses a block);
+`cacheBlocks`, how many such blocks its KV cache holds (spec.proxy.routing.prefillCacheBlocks; the
+approximate mode's bound); and `events`, the vLLM KV-events publishers of its DP ranks in rank order
+(`tcp://<pod host>:<port>`, precise mode), each at one of that instance's pods.
 """
 
 from __future__ import annotations
@@ -46,14 +54,32 @@ class Upstream:
     layout: str = ""
     """The kv-layout hash of its pods; prefill and decode pair only when equal (empty pairs with empty:
     a document without layouts)."""
+    block_tokens: int | None = None
+    """Tokens per prefix-cache block on its layout (None: route it by load alone)."""
+    cache_blocks: int | None = None
+    """Prefix-cache blocks its KV cache holds (None: the proxy's default bound)."""
+    events: tuple[str, ...] = ()
+    """Its DP ranks' KV-events publishers, `tcp://host:port`, in rank order."""
 
 
-def _entries(upstreams: list[Upstream]) -> list[dict[str, str]]:
-    return [{"name": u.name, "url": u.url.rstrip("/"), **({"layout": u.layout} if u.layout else {})}
-            for u in sorted(upstreams, key=lambda u: u.name)]
+def _entry(u: Upstream) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": u.name, "url": u.url.rstrip("/")}
+    if u.layout:
+        out["layout"] = u.layout
+    if u.block_tokens is not None:
+        out["blockTokens"] = u.block_tokens
+    if u.cache_blocks is not None:
+        out["cacheBlocks"] = u.cache_blocks
+    if u.events:
+        out["events"] = list(u.events)
+    return out
 
 
-def _version(lists: dict[str, list[dict[str, str]]]) -> str:
+def _entries(upstreams: list[Upstream]) -> list[dict[str, Any]]:
+    return [_entry(u) for u in sorted(upstreams, key=lambda u: u.name)]
+
+
+def _version(lists: dict[str, list[dict[str, Any]]]) -> str:
     text = json.dumps(lists, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:VERSION_CHARS]
 
@@ -108,6 +134,15 @@ class InstanceAddresses:
         want = instance_url(self.names, role, int(index), self.port)
         if upstream.url != want:
             raise ValueError(f"{path}.url: {upstream.name} serves at {want}, not {upstream.url!r}")
+        for i, endpoint in enumerate(upstream.events):
+            if not self._at_pod(role, int(index), urlsplit(endpoint).hostname or ""):
+                raise ValueError(f"{path}.events[{i}]: {endpoint!r} is not at a pod of {upstream.name}")
+
+    def _at_pod(self, role: str, index: int, host: str) -> bool:
+        """Whether `host` is the DNS name (Names.pod_host) of one of the pods of instance `index`."""
+        ordinal = host.split(".", 1)[0].removeprefix(f"{self.names.instance(role, index)}-")
+        return (re.fullmatch(r"0|[1-9][0-9]{0,3}", ordinal) is not None
+                and host == self.names.pod_host(role, index, int(ordinal)))
 
 
 def _upstream(obj: Any, path: str) -> Upstream:
@@ -121,7 +156,26 @@ def _upstream(obj: Any, path: str) -> Upstream:
     layout = obj.get("layout", "")
     if not isinstance(layout, str):
         raise ValueError(f"{path}.layout: a string, not {layout!r}")
-    return Upstream(name, url.rstrip("/"), layout)
+    events = obj.get("events", [])
+    if not isinstance(events, list) or not all(isinstance(e, str) and _tcp(e) for e in events):
+        raise ValueError(f"{path}.events: a list of tcp://host:port endpoints, not {events!r}")
+    return Upstream(name, url.rstrip("/"), layout, _positive(obj, "blockTokens", path),
+                    _positive(obj, "cacheBlocks", path), tuple(events))
+
+
+def _positive(obj: dict, key: str, path: str) -> int | None:
+    value = obj.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{path}.{key}: a count (int >= 1), not {value!r}")
+    return value
+
+
+def _tcp(endpoint: str) -> bool:
+    parts = urlsplit(endpoint)
+    try:
+        return parts.scheme == "tcp" and bool(parts.hostname) and parts.port is not None
+    except ValueError:  # a port out of range
+        return False
 
 
 def _http(url: str) -> bool:

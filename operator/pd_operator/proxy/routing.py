@@ -56,6 +56,8 @@ from pd_operator.proxy.answers import (
 from pd_operator.proxy.balancer import Awaiting, Balancer
 from pd_operator.proxy.membership import Upstream
 from pd_operator.proxy.metrics import ProxyMetrics, Timing
+from pd_operator.proxy.prefix_routing import Prompt
+from pd_operator.proxy.prompt_tokens import prompt_tokens
 from pd_operator.proxy.protocol import (
     EventFramer,
     cached_tokens,
@@ -127,9 +129,10 @@ class Router:
         headers = engine_headers(client_id or str(uuid.uuid4()), self.api_key)
         decode = Tries(self.attempts)
         timing = Timing(path, arrived)
+        prompt = self.balancer.prefix.prompt(prompt_tokens(path, body))
         prefills = 0
         while True:
-            prefilled = await self._prefill(path, body, headers)
+            prefilled = await self._prefill(path, body, headers, prompt)
             if isinstance(prefilled, web.Response):
                 return prefilled
             prefills += 1
@@ -148,7 +151,7 @@ class Router:
             finally:
                 awaiting.done()
 
-    async def _prefill(self, path: str, body: dict, headers: dict[str, str]
+    async def _prefill(self, path: str, body: dict, headers: dict[str, str], prompt: Prompt | None
                        ) -> tuple[Upstream, dict] | web.Response:
         timeout = aiohttp.ClientTimeout(sock_connect=self.connect_timeout,
                                         sock_read=self.limits.answer_timeout_seconds)
@@ -163,7 +166,7 @@ class Router:
             return upstream, answer
         # An answer that is not a JSON object with KV parameters is that instance's failure too:
         # try another.
-        return await self._with_retries("prefill", call, (*UPSTREAM_ERRORS, ValueError))
+        return await self._with_retries("prefill", call, (*UPSTREAM_ERRORS, ValueError), prompt=prompt)
 
     async def _decode(self, request: web.Request, path: str, body: dict, headers: dict[str, str],
                       cached: int, awaiting: Awaiting, tries: Tries, layout: str, timing: Timing
@@ -221,7 +224,7 @@ class Router:
 
     async def _with_retries(self, role: str, call: Callable[[Upstream], Awaitable[Result | ErrorAnswer]],
                             retry_on: tuple[type[Exception], ...], tries: Tries | None = None,
-                            layout: str | None = None) -> Result | web.Response:
+                            layout: str | None = None, prompt: Prompt | None = None) -> Result | web.Response:
         """Run `call` on members of `role` until it gives a result or a 4xx, while `tries` (by default
         `self.attempts` for this call alone) has attempts left. Each attempt goes to a member not
         tried yet (once every member was, after a doubling delay) and counts as in flight on it; a
@@ -231,7 +234,7 @@ class Router:
         tries = tries or Tries(self.attempts)
         last = error(503, f"no {role} instance to route to", "no_upstream")
         while not tries.spent:
-            upstream = self.balancer.pick(role, tries.members, layout)
+            upstream = self.balancer.pick(role, tries.members, layout, prompt)
             if upstream is None:
                 break
             if upstream.name in tries.members:  # every member failed once: back off
@@ -241,7 +244,7 @@ class Router:
             if tries.count > 1:
                 self.metrics.retries.labels(role).inc()
             again: Reprefill | None = None
-            with self.balancer.serving(upstream, role):
+            with self.balancer.serving(upstream, role, prompt):
                 try:
                     result = await call(upstream)
                 except retry_on as err:

@@ -83,6 +83,7 @@ from pd_operator.proxy.membership import (
     state_document,
 )
 from pd_operator.proxy.metrics import METRICS_PATH, ProxyMetrics
+from pd_operator.proxy.prefix_routing import DEFAULT_MODE, MODES, Mode
 from pd_operator.proxy.routing import Router, engine_headers
 from pd_operator.proxy.watch import SERVICE_ACCOUNT_DIR, ConfigMapWatch, configmap_watch
 
@@ -104,7 +105,7 @@ class Proxy:
     def __init__(self, membership: Path, limits: ProxyLimits | None = None, *, retry_delay: float = 0.2,
                  poll_interval: float = 1.0, connect_timeout: float = 10.0, open_files: int = 1 << 20,
                  api_key: str | None = None, addresses: InstanceAddresses | None = None,
-                 admin_token: str | None = None) -> None:
+                 admin_token: str | None = None, prefix_routing: Mode = DEFAULT_MODE) -> None:
         self.path = membership
         self.addresses = addresses
         """The only upstreams a membership may name (None: any)."""
@@ -115,7 +116,7 @@ class Proxy:
         self.api_key = api_key or None
         self._key_digest = _digest(api_key)
         self._admin_digest = _digest(admin_token)
-        self.balancer = Balancer()
+        self.balancer = Balancer(prefix=prefix_routing)
         self.metrics = ProxyMetrics(self.balancer.state)
         self.router = Router(self.balancer, self.limits, lambda: self.session, retry_delay=retry_delay,
                              connect_timeout=connect_timeout, api_key=self.api_key, metrics=self.metrics)
@@ -318,6 +319,8 @@ class Proxy:
                                                  timeout=timeout) as resp:
                         if resp.status >= 400:
                             failures.append(f"{upstream.name}: HTTP {resp.status}")
+                        elif role == "prefill":
+                            self.balancer.prefix.forget(upstream)
                 except UPSTREAM_ERRORS as err:
                     log.warning("%s on %s failed: %s", RESET_PATH, upstream.name, why(err))
                     failures.append(f"{upstream.name}: {type(err).__name__}")
@@ -431,6 +434,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-delay", type=float, default=0.2,
                    help="seconds before retrying a member that already failed (doubles each time)")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between membership reads")
+    p.add_argument("--prefix-routing", choices=MODES, default=DEFAULT_MODE,
+                   help="choose prefill by the prompt prefix it is expected to hold, and load "
+                        "(pd_operator.proxy.prefix_routing); off: by load alone")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     options.add_to(p)
     return p
@@ -452,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).addFilter(WithoutRequestData())
     proxy = Proxy(args.membership, limits, retry_delay=args.retry_delay, poll_interval=args.poll_interval,
                   open_files=raise_open_file_limit(), api_key=os.environ.get(options.API_KEY_ENV),
-                  addresses=addresses, admin_token=os.environ.get(options.ADMIN_TOKEN_ENV))
+                  addresses=addresses, admin_token=os.environ.get(options.ADMIN_TOKEN_ENV),
+                  prefix_routing=args.prefix_routing)
     proxy.watch = configmap_watch(args.membership_configmap, KEY, args.service_account_dir, proxy.apply)
     asyncio.run(serve(proxy, args.host, args.port, args.admin_port, args.metrics_port))
     return 0

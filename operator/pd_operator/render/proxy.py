@@ -36,9 +36,16 @@ VOLUME = "membership"
 
 def upstream(ctx: Resolved, role: str, index: int, layout: str) -> Upstream:
     """An instance as the proxy reaches it: its leader pod's stable DNS name and serving port, and the
-    KV layout its pods run."""
-    return Upstream(ctx.names.instance(role, index),
-                    instance_url(ctx.names, role, index, ctx.deployment.spec.serving_port), layout)
+    KV layout its pods run; a prefill's also what prefix routing needs (proxy/prefix_routing.py)."""
+    url = instance_url(ctx.names, role, index, ctx.deployment.spec.serving_port)
+    routing = ctx.deployment.spec.proxy.routing
+    if role != "prefill" or routing.prefix == "off":
+        return Upstream(ctx.names.instance(role, index), url, layout)
+    # The block is known for the wanted layout only: an instance of another (a rollout's old one) is
+    # routed by load, never by a guessed block.
+    block = ctx.prefix_hit_tokens(role) if layout == ctx.layout_hash else None
+    return Upstream(ctx.names.instance(role, index), url, layout, block,
+                    routing.prefill_cache_blocks if block else None)
 
 
 Routable = dict[str, dict[int, str]]
@@ -103,7 +110,7 @@ def proxy_argv(ctx: Resolved) -> list[str]:
             "--port", str(proxy.port), "--admin-port", str(proxy.admin_port),
             "--metrics-port", str(proxy.metrics_port), "--deployment", ctx.deployment.name,
             "--namespace", ctx.deployment.namespace, "--serving-port", str(spec.serving_port),
-            *options.argv(proxy.limits)]
+            "--prefix-routing", proxy.routing.prefix, *options.argv(proxy.limits)]
 
 
 def service(ctx: Resolved) -> dict:

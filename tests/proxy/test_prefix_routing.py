@@ -1,0 +1,198 @@
+"""Prefill chosen by expected cached prefix and load, decode by load (proxy/prefix_routing.py,
+balancer.py), and the token ids a request carries (proxy/prompt_tokens.py). Pure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from pd_operator.names import Names
+from pd_operator.proxy.balancer import Balancer
+from pd_operator.proxy.membership import InstanceAddresses, Membership, Upstream, document, parse_document
+from pd_operator.proxy.prefix_routing import DEFAULT_CACHE_BLOCKS, MODES, PrefixRouter
+from pd_operator.proxy.prompt_tokens import PromptTokens, prompt_tokens
+
+BLOCK = 16
+
+
+def prefill(i: int, block: int | None = BLOCK, layout: str = "L", cache: int | None = None) -> Upstream:
+    return Upstream(f"d-prefill-{i}", f"http://p{i}:8000", layout, block, cache)
+
+
+def decode(i: int, layout: str = "L") -> Upstream:
+    return Upstream(f"d-decode-{i}", f"http://d{i}:8000", layout)
+
+
+def membership(prefills: list[Upstream], decodes: list[Upstream]) -> Membership:
+    return parse_document(document(prefills, decodes))
+
+
+def balancer(prefills: list[Upstream], decodes: list[Upstream] | None = None, mode: str = "approximate"
+             ) -> Balancer:
+    b = Balancer(prefix=mode)  # type: ignore[arg-type]
+    b.update(membership(prefills, decodes if decodes is not None else [decode(0)]))
+    return b
+
+
+def prompt_of(b: Balancer, tokens: list[int], salt: str = ""):
+    prompt = b.prefix.prompt(PromptTokens(tuple(tokens), salt))
+    assert prompt is not None
+    return prompt
+
+
+def route(b: Balancer, tokens: list[int], salt: str = "") -> str:
+    """Pick a prefill for `tokens` and serve it there at once (nothing stays in flight)."""
+    prompt = prompt_of(b, tokens, salt)
+    chosen = b.pick("prefill", set(), prompt=prompt)
+    assert chosen is not None
+    with b.serving(chosen, "prefill", prompt):
+        pass
+    return chosen.name
+
+
+def test_a_prompt_goes_back_to_the_prefill_that_computed_its_prefix():
+    b = balancer([prefill(0), prefill(1), prefill(2)])
+    doc_a, doc_b = [1] * 64, [2] * 64
+    first_a = route(b, doc_a + [10] * 5)
+    first_b = route(b, doc_b + [11] * 5)
+    assert first_a != first_b  # nothing held yet: the cheapest is a tie, broken round robin
+    for turn in range(6):
+        assert route(b, doc_a + [20 + turn] * 30) == first_a
+        assert route(b, doc_b + [40 + turn] * 30) == first_b
+
+
+def test_a_busy_holder_loses_once_its_queue_costs_more_than_recomputing_the_prefix():
+    b = balancer([prefill(0), prefill(1)])
+    shared = list(range(160))  # 10 blocks
+    holder = route(b, shared)
+    other = "d-prefill-1" if holder == "d-prefill-0" else "d-prefill-0"
+    members = {u.name: u for u in b.listed("prefill")}
+    # A long prefill in flight on the holder: 100 uncached tokens, less than recomputing 160.
+    with b.serving(members[holder], "prefill", prompt_of(b, [7] * 100)):
+        assert route(b, shared + [1] * 8) == holder
+        # Another in flight there: 200 tokens queued, more than the 160 the other would recompute.
+        with b.serving(members[holder], "prefill", prompt_of(b, [8] * 100)):
+            assert route(b, shared + [2] * 8) == other
+    assert b.state().upstreams[holder].inflight == 0
+    assert b._loads[holder].pending_tokens == 0
+
+
+def test_decode_and_requests_without_token_ids_go_by_load():
+    b = balancer([prefill(0), prefill(1)], [decode(0), decode(1)])
+    route(b, [5] * 64)
+    held = {u.name: u for u in b.listed("prefill")}
+    # A request without token ids: the fewest in flight, whatever is held.
+    busy = held[route(b, [5] * 64)]
+    with b.serving(busy, "prefill"):
+        chosen = b.pick("prefill", set())
+        assert chosen is not None and chosen.name != busy.name
+    d0 = b.listed("decode")[0]
+    with b.serving(d0, "decode"):
+        chosen = b.pick("decode", set(), prompt=prompt_of(b, [5] * 64))
+        assert chosen is not None and chosen.name == "d-decode-1"
+
+
+def test_off_is_mains_least_loaded_round_robin():
+    b = balancer([prefill(0), prefill(1), prefill(2)], mode="off")
+    assert b.prefix.prompt(PromptTokens((1, 2, 3))) is None
+    picks = [b.pick("prefill", set()).name for _ in range(6)]  # type: ignore[union-attr]
+    assert sorted(picks) == sorted(["d-prefill-0", "d-prefill-1", "d-prefill-2"] * 2)
+    assert b.prefix.index.size() == 0
+    with pytest.raises(ValueError, match="not one of"):
+        PrefixRouter("exact")  # type: ignore[arg-type]
+    assert MODES == ("off", "approximate")
+
+
+def test_a_member_without_a_block_is_never_scored_by_prefix():
+    b = balancer([prefill(0, block=None), prefill(1, block=None)])
+    tokens = [3] * 64
+    route(b, tokens)
+    assert b.prefix.index.size() == 0
+    hits = b.prefix.hit_tokens(prompt_of(b, tokens), b.listed("prefill"))
+    assert hits == {"d-prefill-0": 0, "d-prefill-1": 0}
+
+
+def test_salts_keep_prefixes_apart():
+    b = balancer([prefill(0), prefill(1)])
+    tokens = [9] * 64
+    holder = route(b, tokens, salt="tenant-a")
+    hits = b.prefix.hit_tokens(prompt_of(b, tokens, "tenant-b"), b.listed("prefill"))
+    assert set(hits.values()) == {0}
+    hits = b.prefix.hit_tokens(prompt_of(b, tokens, "tenant-a"), b.listed("prefill"))
+    assert hits[holder] == 64
+
+
+def test_capacity_comes_from_the_membership_and_departure_forgets():
+    b = balancer([prefill(0, cache=3), prefill(1)])
+    assert b.prefix.index.capacity("d-prefill-0") == 3
+    assert b.prefix.index.capacity("d-prefill-1") == DEFAULT_CACHE_BLOCKS
+    p0 = b.listed("prefill")[0]
+    with b.serving(p0, "prefill", prompt_of(b, list(range(160)))):
+        pass
+    assert b.prefix.index.size("d-prefill-0") == 3
+    # Instance 0 leaves: what the index held for it goes with it.
+    b.update(membership([prefill(1)], [decode(0)]))
+    assert b.prefix.index.size("d-prefill-0") == 0
+    # A member whose layout's block changes (a rollout re-listing it) starts empty.
+    with b.serving(b.listed("prefill")[0], "prefill", prompt_of(b, list(range(64)))):
+        pass
+    assert b.prefix.index.size("d-prefill-1") == 4
+    b.update(membership([prefill(1, block=32, layout="M")], [decode(0, "M")]))
+    assert b.prefix.index.size() == 0
+    b.prefix.forget(b.listed("prefill")[0])  # a reset prefix cache
+
+
+def test_two_layouts_at_once_each_hashed_at_its_own_block():
+    old, new = prefill(0, block=640, layout="old"), prefill(1, block=1152, layout="new")
+    b = balancer([old, new], [decode(0, "old"), decode(1, "new")])
+    tokens = list(range(2304))
+    prompt = prompt_of(b, tokens)
+    with b.serving(old, "prefill", prompt):
+        pass
+    with b.serving(new, "prefill", prompt):
+        pass
+    hits = b.prefix.hit_tokens(prompt_of(b, tokens), [old, new])
+    assert hits == {"d-prefill-0": 1920, "d-prefill-1": 2304}  # 3 x 640, 2 x 1152
+    # Prompt keys were computed once per block size.
+    assert sorted(prompt._keys) == [640, 1152]
+
+
+@pytest.mark.parametrize(("path", "body", "want"), [
+    ("/v1/completions", {"prompt": [1, 2, 3]}, PromptTokens((1, 2, 3))),
+    ("/v1/completions", {"prompt": [[1, 2, 3]], "cache_salt": "s"}, PromptTokens((1, 2, 3), "s")),
+    ("/v1/completions", {"prompt": [[1, 2], [3]]}, None),  # a batch: no single prefix
+    ("/v1/completions", {"prompt": "text"}, None),
+    ("/v1/completions", {"prompt": ["text"]}, None),
+    ("/v1/completions", {"prompt": []}, None),
+    ("/v1/completions", {"prompt": [1, True]}, None),
+    ("/v1/completions", {"prompt": [1, -1]}, None),
+    ("/v1/completions", {"prompt": [1, 2], "cache_salt": 5}, PromptTokens((1, 2))),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, None),
+])
+def test_token_ids_come_from_a_completion_prompt_of_ids(path, body, want):
+    assert prompt_tokens(path, body) == want
+
+
+def test_the_membership_carries_each_prefills_block_capacity_and_publishers():
+    names = Names("d", "ns")
+    entry = Upstream("d-prefill-1", "http://d-prefill-1-0.d-prefill-1.ns.svc:8000", "L", 640, 4096,
+                     ("tcp://d-prefill-1-0.d-prefill-1.ns.svc:5557", "tcp://d-prefill-1-1.d-prefill-1.ns.svc:5558"))
+    doc = json.loads(json.dumps(document([entry], [])))
+    assert doc["prefill"][0] == {"name": "d-prefill-1", "url": entry.url, "layout": "L", "blockTokens": 640,
+                                 "cacheBlocks": 4096, "events": list(entry.events)}
+    assert parse_document(doc, InstanceAddresses(names, 8000)).prefill == (entry,)
+    # Each field is part of the version: a new block is a new document.
+    assert document([entry], [])["version"] != document([replace(entry, block_tokens=1152)], [])["version"]
+    for key, bad in (("blockTokens", 0), ("blockTokens", "640"), ("cacheBlocks", True), ("events", "tcp://x:1"),
+                     ("events", ["http://x:1"]), ("events", ["tcp://x"]), ("events", ["tcp://x:99999"])):
+        broken = {**doc, "prefill": [{**doc["prefill"][0], key: bad}]}
+        with pytest.raises(ValueError, match=rf"prefill\[0\]\.{key}"):
+            parse_document(broken)
+    # A publisher must be one of the instance's own pods: not another instance's, not another host.
+    for endpoint in ("tcp://d-prefill-0-0.d-prefill-0.ns.svc:5557", "tcp://evil.example:5557",
+                     "tcp://d-prefill-1-x.d-prefill-1.ns.svc:5557", "tcp://d-prefill-1-0.d-prefill-1.other.svc:5557"):
+        moved = document([replace(entry, events=(endpoint,))], [])
+        with pytest.raises(ValueError, match=r"prefill\[0\]\.events\[0\]"):
+            parse_document(moved, InstanceAddresses(names, 8000))
