@@ -13,6 +13,7 @@ import pytest
 
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
 from pd_operator.proxy.membership import ProxyState, UpstreamLoad
+from pd_operator.transfer.gate_state import GateState
 from support.cluster import pick_port
 from support.misbehaving import FLOOD_BYTES, Misbehaving
 
@@ -101,3 +102,36 @@ def test_read_all_reports_each_pod_apart():
     assert {name: (type(r).__name__, getattr(r, "refused", None)) for name, r in got.items()} == {
         "flood": ("ProxyUnreachable", False), "drip": ("ProxyUnreachable", False),
         "silent": ("ProxyUnreachable", False), "refused": ("ProxyUnreachable", True)}
+
+
+GATE = (b'{"version": "aaaaaaaaaaaa", "source": "operator", "members": ["d-prefill-0"], "ready": true, '
+        b'"failures": 0, "round": null}')
+
+
+def test_a_push_to_misbehaving_gates_reports_each_apart_within_the_same_bounds():
+    """A decode pod's gate runs the tenant's image too: the push has the reader's cap and total
+    deadline (issue 32)."""
+    ports = {mode: pick_port() for mode in ("answer", "flood", "drip", "silent", "nested")}
+    refused = pick_port()
+    servers = [Misbehaving(HOST, port, mode, body=GATE, interval=0.05) for mode, port in ports.items()]
+    for server in servers:
+        server.__enter__()
+    try:
+        document = {"version": "aaaaaaaaaaaa", "prefill": [], "decode": []}
+        got = {name: _push(port, document) for name, port in {**ports, "refused": refused}.items()}
+    finally:
+        for server in servers:
+            server.__exit__(None, None, None)
+    answer = got.pop("answer")
+    assert isinstance(answer, GateState) and answer.members == ("d-prefill-0",) and answer.ready
+    assert {name: (type(r).__name__, getattr(r, "refused", None)) for name, r in got.items()} == {
+        "flood": ("ProxyUnreachable", False), "drip": ("ProxyUnreachable", False),
+        "silent": ("ProxyUnreachable", False), "nested": ("ProxyUnreachable", False),
+        "refused": ("ProxyUnreachable", True)}
+
+
+def _push(port: int, document: dict) -> GateState | ProxyUnreachable:
+    try:
+        return _reader().push(HOST, document, port)
+    except ProxyUnreachable as err:
+        return err
