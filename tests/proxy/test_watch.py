@@ -75,7 +75,7 @@ class Setup:
         else:
             self.cp.api("PATCH", f"{path}/{self.name}", {"data": cm["data"]},
                         content_type="application/merge-patch+json")
-        return proxy.membership_version(self.ctx, ROUTABLE[i])
+        return str(proxy.membership_document(self.ctx, ROUTABLE[i])["version"])
 
     def project_file(self, i: int) -> str:
         """Write membership ROUTABLE[i] as the mounted file; its version."""

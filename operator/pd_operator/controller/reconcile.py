@@ -18,6 +18,7 @@ and the PDDeployment (written only when it changed) -> events on significant tra
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from pd_operator.controller.client import Client, NotServed
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
+from pd_operator.proxy.membership import KEY
 from pd_operator.render import Boundary, Routable, render, workloads
 from pd_operator.render.policy import CHART_DEFAULT, admin_token
 from pd_operator.render.proxy import COMPONENT as PROXY
@@ -191,16 +193,18 @@ def _leaving(resolved: Resolved, body: dict, children: list[dict], the_plan: rol
     return leaving
 
 
-def _gates(proxies: ProxyStateReader, resolved: Resolved, the_diff: Diff, leaving: dict[drain.Instance, str],
-           pods: list[dict], routable: Routable) -> list[drain.GateRead]:
+def _gates(proxies: ProxyStateReader, resolved: Resolved, desired: list[dict], the_diff: Diff,
+           leaving: dict[drain.Instance, str], pods: list[dict], routable: Routable) -> list[drain.GateRead]:
     """Push the membership to the decode pods' gates when it changed or a prefill instance drains
     (their mounted file follows up to a minute late; each reconcile of a drain pushes again to a
-    gate still behind). Nothing otherwise: a steady deployment dials no pod."""
-    document = membership_document(resolved, routable)
-    changed = any(m["kind"] == "ConfigMap" and m["metadata"]["name"] == resolved.names.proxy_membership
-                  for m in the_diff.apply)
+    gate still behind). Nothing otherwise: a steady deployment dials no pod. The document is the
+    rendered membership ConfigMap's (without the proxy, none is rendered: the routable set's)."""
+    name = resolved.names.proxy_membership
+    changed = any(m["kind"] == "ConfigMap" and m["metadata"]["name"] == name for m in the_diff.apply)
     if not changed and not any(role == "prefill" for role, _ in leaving):
         return []
+    rendered = next((m for m in desired if m["kind"] == "ConfigMap" and m["metadata"]["name"] == name), None)
+    document = json.loads(rendered["data"][KEY]) if rendered else membership_document(resolved, routable)
     return _push_gates(proxies, pods, document)
 
 
@@ -359,10 +363,10 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     figures = rollout.figures(resolved, rendered.revisions, pods)
     moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"))
     routable = moving.plan.routable(moving.state)
-    the_diff = diff(_desired(resolved, rendered, body, moving.plan, routable, boundary), children,
-                    meta["uid"])
+    desired = _desired(resolved, rendered, body, moving.plan, routable, boundary)
+    the_diff = diff(desired, children, meta["uid"])
     departing = _leaving(resolved, body, children, moving.plan)
-    gates = _gates(proxies, resolved, the_diff, departing, pods, routable)
+    gates = _gates(proxies, resolved, desired, the_diff, departing, pods, routable)
     drains = _drains(proxies, resolved, body, departing, pods, gates, now, admin_token(boundary, resolved))
     the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)])
     try:

@@ -65,12 +65,6 @@ def membership_document(ctx: Resolved, routable: Routable | None = None) -> dict
     return membership.document(*lists)
 
 
-def membership_version(ctx: Resolved, routable: Routable | None = None) -> str:
-    """The version of the membership document listing `routable`: what the proxy pods report back
-    once they route by it (controller/drain.py)."""
-    return str(membership_document(ctx, routable)["version"])
-
-
 def membership_config_map(ctx: Resolved, routable: Routable | None = None) -> dict:
     """The ConfigMap the proxy reads its membership from."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
