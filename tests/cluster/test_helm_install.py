@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from pd_operator.api.types import GROUP, PLURAL, VERSION
+from pd_operator.controller.handlers import OWNED
 from pd_operator.controller.webhook import WEBHOOK_NAME
 from pd_operator.render.runnable import validate
 from support.cluster import ControlPlane, wait_for
@@ -108,5 +109,12 @@ def test_helm_install_serves_every_example(control_plane, namespace, release, tm
     mine = cp.audit.events(audit_start, user=release.user)
     assert any(e.verb == "patch" and e.resource == "statefulsets" for e in mine), "no audit of the operator"
     assert all(e.decision for e in mine)
+    # It lists and watches only its own children and pods (by label): no tenant's ConfigMap reaches it.
+    owned = {plural for _, _, plural in OWNED}
+    reads = [e for e in mine if e.verb in ("list", "watch") and e.resource in owned]
+    assert {e.resource for e in reads} >= {"configmaps", "pods", "statefulsets"}, reads
+    uris = [str(e.raw.get("requestURI", "")) for e in reads]
+    unfiltered = [uri for uri in uris if "labelSelector=" not in uri]
+    assert not unfiltered, unfiltered
     forbidden = [str(e) for e in cp.audit.forbidden(audit_start, user=release.user)]
     assert not forbidden, forbidden

@@ -23,6 +23,9 @@ from pd_operator.controller.webhook import WEBHOOK_ID, WebhookHealth
 from pd_operator.render.kinds import CHILD_RESOURCES
 
 RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
+OWNED: list[tuple[str, str, str]] = [*CHILD_RESOURCES, ("", "v1", "pods")]
+"""(group, version, plural) of what the operator creates or its workloads do: watched and indexed
+only where labelled with a PDDeployment (DEPLOYMENT)."""
 
 
 def _retry_delay(retry: int) -> float:
@@ -38,6 +41,17 @@ async def _reconcile_for_kopf(runner: Runner, namespace: str, name: str, trigger
         if err.temporary:
             raise kopf.TemporaryError(str(err), delay=_retry_delay(retry)) from None
         raise kopf.PermanentError(str(err)) from None
+
+
+def watch_only_ours(settings: kopf.OperatorSettings) -> None:
+    """Ask the API server for labelled objects only when listing and watching OWNED kinds: RBAC
+    cannot limit a list to our objects, so without the selector every ConfigMap, Pod, Role and
+    Service of the cluster would reach the operator's memory and the handlers' filter would drop
+    them there (kopf sends `labelSelector` from settings.watching.label_selectors, kopf 1.45
+    _cogs/clients/watching.py)."""
+    owned = {(group, plural) for group, _, plural in OWNED}
+    selector = DEPLOYMENT  # the label's key alone: "has the label"
+    settings.watching.label_selectors[lambda resource: (resource.group, resource.plural) in owned] = selector
 
 
 def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: WebhookHealth | None) -> None:
@@ -64,10 +78,9 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
         memo["drift"].cancel()
         await runner.close()
 
-    owned = [*CHILD_RESOURCES, ("", "v1", "pods")]
     # Index names: the plural, with its group where two kinds share one (the two PodGroups).
-    shared = {plural for _, _, plural in owned if sum(p == plural for _, _, p in owned) > 1}
-    plurals = [f"{plural}.{group}" if plural in shared else plural for group, _, plural in owned]
+    shared = {plural for _, _, plural in OWNED if sum(p == plural for _, _, p in OWNED) > 1}
+    plurals = [f"{plural}.{group}" if plural in shared else plural for group, _, plural in OWNED]
 
     def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
         return {(namespace, labels[DEPLOYMENT]): copy.deepcopy(dict(body))}
@@ -98,7 +111,7 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
                                        "metadata": {"name": body.metadata.name}})
         runner.poke(*owner)
 
-    for (group, version, plural), name in zip(owned, plurals, strict=True):
+    for (group, version, plural), name in zip(OWNED, plurals, strict=True):
         only_ours = {DEPLOYMENT: kopf.PRESENT}
         kopf.index(group, version, plural, labels=only_ours, registry=registry, id=index_id(name))(by_owner)
         kopf.on.event(group, version, plural, labels=only_ours, registry=registry,

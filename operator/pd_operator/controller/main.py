@@ -147,6 +147,7 @@ def settings_for(options: Options, workdir: pathlib.Path, client: Client | None 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.enabled = False  # the reconcile posts its own events, only on transitions
+    handlers.watch_only_ours(settings)
     if options.peering:
         # kopf pauses every peer while another of the same priority is alive (kopf 1.45
         # peering.py), so equal replicas would all stand still: a random priority per process

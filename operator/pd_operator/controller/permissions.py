@@ -113,8 +113,10 @@ def why(rule: dict) -> str | None:
     return next((reason for reason, source in JUSTIFIED if source["apiGroups"] == rule["apiGroups"]
                  and set(rule["resources"]) <= set(source["resources"])), None)
 
-# Only with the self-signed webhook: the operator writes its URL and CA into the configuration the
-# chart created (controller/webhook.py). The chart limits these to that one object (resourceNames).
+# Only with the self-signed webhook (controller/webhook.py). The chart limits these to that one object
+# (resourceNames).
+WEBHOOK_REASON = ("Only with the self-signed webhook: the operator writes its URL and CA into its own "
+                  "webhook configuration (the chart limits the rule to that object by name)")
 WEBHOOK_RULES: list[dict] = [
     {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
      "verbs": ["patch"]},

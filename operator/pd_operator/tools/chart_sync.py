@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from pd_operator.controller.permissions import RULES, WEBHOOK_RULES, why
+from pd_operator.controller.permissions import RULES, WEBHOOK_REASON, WEBHOOK_RULES, why
 from pd_operator.spec.host_paths import DEFAULT as DEFAULT_HOST_PATHS
 
 CHART = Path("charts/pd-operator")
@@ -98,7 +98,7 @@ def rules_document(rules: Iterable[dict], webhook_rules: Iterable[dict] = WEBHOO
     body = ""
     for name, section in sections.items():
         if name == "selfSignedWebhook":
-            body += f"{name}:\n# The operator writes its URL and CA into its own webhook configuration.\n"
+            body += f"{name}:\n# {WEBHOOK_REASON}.\n"
             body += yaml.dump(section, Dumper=_NoAliases, sort_keys=False, default_flow_style=None)
         elif section:
             body += f"{name}:\n" + _justified(section)

@@ -173,6 +173,21 @@ def adapter_rules() -> str:
     return "```yaml\n" + serving_metrics.adapter_rules().rstrip("\n") + "\n```"
 
 
+def rbac_table() -> str:
+    """The operator's own rules, each with its reason (controller/permissions.py; the chart carries
+    the same reasons as comments)."""
+    from pd_operator.controller.permissions import JUSTIFIED, WEBHOOK_REASON, WEBHOOK_RULES
+
+    def cells(rule: dict) -> str:
+        groups = ", ".join(f"`{g}`" if g else "core" for g in rule["apiGroups"])
+        return " | ".join([groups, ", ".join(rule["resources"]), ", ".join(rule["verbs"])])
+
+    rows = ["| API group | resources | verbs | why |", "|---|---|---|---|"]
+    rows += [f"| {cells(rule)} | {_cell(why)} |" for why, rule in JUSTIFIED]
+    rows += [f"| {cells(rule)} | {_cell(WEBHOOK_REASON)} |" for rule in WEBHOOK_RULES]
+    return "\n".join(rows)
+
+
 # Each generated table: what builds it, and the file (relative to the repository root) that holds it.
 TABLES: dict[str, tuple[Callable[[], str], Path]] = {
     "findings": (findings_table, Path("docs/status.md")),
@@ -181,6 +196,7 @@ TABLES: dict[str, tuple[Callable[[], str], Path]] = {
     "images": (images_table, Path("docs/images.md")),
     "autoscaling": (autoscaling_table, Path("docs/scaling.md")),
     "adapter-rules": (adapter_rules, Path("docs/scaling.md")),
+    "rbac": (rbac_table, Path("docs/security.md")),
 }
 
 
