@@ -5,7 +5,6 @@ in-memory API client."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -18,48 +17,10 @@ from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.render import proxy as render_proxy
 from pd_operator.render import workloads
 from pd_operator.spec import validate as validate_mod
-from support.controller_fakes import pods_of, with_status
+from support.controller_fakes import MemoryClient, pods_of, with_status
 from support.specs import EXAMPLES
 
 UID = "0b1c2d3e-0000-4000-8000-000000000002"
-
-
-class MemoryClient:
-    """The API as the reconcile uses it: writes are answered with what was sent and recorded."""
-
-    def __init__(self) -> None:
-        self.writes: list[tuple[str, Any]] = []
-
-    def read_config_map_key(self, namespace: str, name: str, key: str) -> str | None:
-        return None
-
-    def get_child(self, manifest: dict) -> dict | None:
-        return None  # an empty namespace: nothing holds a child's name
-
-    def apply(self, manifest: dict) -> dict:
-        self.writes.append(("apply", manifest))
-        return copy.deepcopy(manifest)
-
-    def create_role(self, manifest: dict) -> dict:
-        self.writes.append(("create", manifest))
-        return copy.deepcopy(manifest)
-
-    def forward_replicas(self, namespace: str, name: str, patch: dict) -> dict:
-        raise AssertionError("a new PDRole is created with its count, not forwarded")
-
-    def patch_role_status(self, namespace: str, name: str, status: dict) -> dict:
-        self.writes.append(("role-status", name))
-        return {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDRole",
-                "metadata": {"name": name, "namespace": namespace}, "status": status}
-
-    def patch_status(self, namespace: str, name: str, status: dict) -> None:
-        self.writes.append(("status", status))
-
-    def post_event(self, owner: dict, type_: str, reason: str, message: str) -> None:
-        self.writes.append(("event", reason))
-
-    def delete(self, obj: dict) -> None:
-        raise AssertionError("nothing to prune on a first reconcile")
 
 
 def _body(example: str) -> dict:

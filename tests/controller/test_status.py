@@ -53,7 +53,8 @@ def test_nothing_running_yet():
                    "DecodeReady": ("False", "InstancesNotReady"), "ProxyReady": ("False", "ProxyNotReady"),
                    "Ready": ("False", "InstancesNotReady"), "Progressing": ("True", "WaitingForPods"),
                    "Degraded": ("False", "AsExpected"), "GangScheduling": ("True", "SinglePodInstances"),
-                   "ScalingLimited": ("False", "WithinBounds")}
+                   "ScalingLimited": ("False", "WithinBounds"),
+                   "ToolsCurrent": ("True", "OperatorTools")}
 
 
 def test_everything_ready_is_ready_and_complete():

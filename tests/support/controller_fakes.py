@@ -1,6 +1,6 @@
 """Builders for the pure controller tests: validated examples, rendered children, fake pods, each
 role's revision and the rollout figures as the reconcile has them, and the gate's render with what
-its proxy routes to."""
+its proxy routes to; MemoryClient, the API as the reconcile uses it, in memory."""
 
 from __future__ import annotations
 
@@ -142,3 +142,44 @@ def gated_only_the_membership(v: Validation, out: list[dict]) -> None:
                 if not (m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy"))]
     assert others(out) == others(render(v.resolved))
     assert proxy_deployment(out)["spec"]["replicas"] == 1
+
+
+class MemoryClient:
+    """The API as the reconcile uses it: writes are answered with what was sent and recorded."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, Any]] = []
+
+    def read_config_map_key(self, namespace: str, name: str, key: str) -> str | None:
+        return None
+
+    def get_child(self, manifest: dict) -> dict | None:
+        return None  # an empty namespace: nothing holds a child's name
+
+    def apply(self, manifest: dict) -> dict:
+        self.writes.append(("apply", manifest))
+        return copy.deepcopy(manifest)
+
+    def create_role(self, manifest: dict) -> dict:
+        self.writes.append(("create", manifest))
+        return copy.deepcopy(manifest)
+
+    def forward_replicas(self, namespace: str, name: str, patch: dict) -> dict:
+        raise AssertionError("a new PDRole is created with its count, not forwarded")
+
+    def patch_role_status(self, namespace: str, name: str, status: dict) -> dict:
+        self.writes.append(("role-status", name))
+        return {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDRole",
+                "metadata": {"name": name, "namespace": namespace}, "status": status}
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+        self.writes.append(("status", status))
+
+    def post_event(self, owner: dict, type_: str, reason: str, message: str) -> None:
+        self.writes.append(("event", reason))
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        self.writes.append(("delete-pod", name))
+
+    def delete(self, obj: dict) -> None:
+        raise AssertionError("nothing to prune on a first reconcile")

@@ -19,8 +19,9 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 GANG_SCHEDULING = "GangScheduling"
 SCALING_LIMITED = "ScalingLimited"
+TOOLS_CURRENT = "ToolsCurrent"
 TYPES = (KV_COMPATIBLE, PREFILL_READY, DECODE_READY, PROXY_READY, READY, PROGRESSING, DEGRADED,
-         GANG_SCHEDULING, SCALING_LIMITED)
+         GANG_SCHEDULING, SCALING_LIMITED, TOOLS_CURRENT)
 
 # -- condition reasons ---------------------------------------------------------------------------------
 COMPATIBLE = "Compatible"
@@ -57,6 +58,8 @@ WITHIN_BOUNDS = "WithinBounds"
 # Why a role runs another count than its PDRole asks for (spec/scaling.py: Hold.bound).
 MIN_REPLICAS = "MinReplicas"
 MAX_REPLICAS = "MaxReplicas"
+OPERATOR_TOOLS = "OperatorTools"
+OLDER_TOOLS = "OlderTools"
 MIN_RATIO = "MinPrefillPerDecode"
 MAX_RATIO = "MaxPrefillPerDecode"
 
@@ -120,6 +123,12 @@ REASONS: list[tuple[str, str, str, str]] = [
     (DEGRADED, "True", FOREIGN_CHILD, "An object carries this PDDeployment's labels but is not owned by "
      "it; it is left alone."),
     (DEGRADED, "False", AS_EXPECTED, "Nothing is degraded."),
+    (TOOLS_CURRENT, "True", OPERATOR_TOOLS, "Every instance runs the tools (pd-preflight, the KV-link "
+     "probe) of the operator's own image (`--tools-image`)."),
+    (TOOLS_CURRENT, "False", OLDER_TOOLS, "Instances run the tools of an older operator image, which an "
+     "operator upgrade keeps so that it restarts no engine (status.<role>.instances[].tools names them): "
+     "they take the new tools with their role's next template change, or at once with "
+     "spec.image.toolsUpdate: WithOperator."),
     (GANG_SCHEDULING, "True", POD_GROUPS, "Each instance is one PodGroup of all its pods "
      "(spec.scheduling.gang): the scheduler binds all of an instance's pods or none."),
     (GANG_SCHEDULING, "True", SINGLE_POD_INSTANCES,

@@ -126,6 +126,10 @@ class ImageUser(ApiModel):
     gid: int = Field(default=HWHIAI_ID, ge=0, le=2_147_483_647)
 
 
+WITH_OPERATOR: Final = "WithOperator"
+"""spec.image.toolsUpdate: the serving pods take a new operator image's tools at once."""
+
+
 class ImageSpec(ApiModel):
     """The serving image: a vllm-ascend release (quay.io/ascend/vllm-ascend) or one built from
     images/vllm-ascend. What it can serve (connectors, model runners, cross-TP runs) follows from its
@@ -145,6 +149,11 @@ class ImageSpec(ApiModel):
     """The gid of the nodes' HwHiAiUser group, which owns the driver's device nodes and libraries: every
     serving pod gets it as a supplemental group, so its containers open the NPUs through that group
     rather than through a capability (they have none)."""
+    tools_update: Literal["WithNextChange", "WithOperator"] = "WithNextChange"
+    """When the serving pods take the tools (pd-preflight, the KV-link probe) of a newly installed
+    operator image: `WithNextChange`, with the role's next pod-template change, so an operator upgrade
+    restarts no engine by itself (status.<role>.instances[].tools and the ToolsCurrent condition name
+    the instances on older tools); `WithOperator`, at once, through each role's rollout."""
     run_as: ImageUser | None = None
     """Run every container of the serving pods as this non-root user (runAsNonRoot), not as the image's
     user (root in the vllm-ascend images). Not yet run on an NPU node: the image must let that user
@@ -723,6 +732,9 @@ class InstanceStatus(ApiModel):
     """The pod-template revision its pods run (label pd.serving.dev/revision); `mixed` while its pods
     are being replaced, empty when it has none."""
     ready: bool
+    tools: str | None = None
+    """The operator image whose tools its leader pod runs (its `pd-tools` init container): older than
+    the operator's own until the instance's next template change (spec.image.toolsUpdate)."""
     vllm_ascend: str | None = None
     """The vllm-ascend its leader pod's image has, as the pod's `pd-image-report` init container
     found it: version, build commit, whether it has the seed change (vllm-ascend PR #16755). Unset

@@ -35,7 +35,7 @@ from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
 from pd_operator.proxy.membership import KEY
-from pd_operator.render import Boundary, Routable, render, workloads
+from pd_operator.render import Boundary, Routable, render, tools, workloads
 from pd_operator.render.policy import CHART_DEFAULT, admin_token
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_document
@@ -85,6 +85,21 @@ def manifest_of(body: dict) -> dict:
 
 def _names(objs: list[dict]) -> list[str]:
     return [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
+
+
+def _running_tools(children: list[dict]) -> dict[str, list[tuple[str, str]]]:
+    """Per role, the (tools image, revision) of each instance's StatefulSet as it is now."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for obj in children:
+        if obj.get("kind") != "StatefulSet":
+            continue
+        template = (obj.get("spec") or {}).get("template") or {}
+        revision = ((template.get("metadata") or {}).get("labels") or {}).get(REVISION)
+        image = next((c.get("image") for c in (template.get("spec") or {}).get("initContainers") or []
+                      if c.get("name") == tools.INIT_CONTAINER), None)
+        if revision and image:
+            out.setdefault(label(obj, ROLE) or "", []).append((image, revision))
+    return out
 
 
 def _now() -> datetime:
@@ -357,6 +372,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
         observed = status_mod.Observed(children=children, pods=pods)
         _write_status(client, body, validation, observed, now, outcome)
         raise InvalidSpec(" ".join(f.line() for f in validation.errors))
+    rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children))
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
     state = gate.observe(resolved, rendered.revisions, pods, leaving)

@@ -106,8 +106,7 @@ def image_report(pods: list[dict]) -> str | None:
     has) reported of its image (serving_image/installed.py `read_report`); None: nothing yet."""
     if not pods:
         return None
-    leader = min(pods, key=lambda p: int(i) if (i := label(p, POD_INDEX) or "").isdigit() else 0)
-    for status in (leader.get("status") or {}).get("initContainerStatuses") or []:
+    for status in (_leader(pods).get("status") or {}).get("initContainerStatuses") or []:
         if status.get("name") == tools.REPORT_CONTAINER:
             for state in (status.get("state"), status.get("lastState")):
                 found = read_report(((state or {}).get("terminated") or {}).get("message"))
@@ -116,13 +115,41 @@ def image_report(pods: list[dict]) -> str | None:
     return None
 
 
+def _leader(pods: list[dict]) -> dict:
+    """The pod of the lowest ordinal."""
+    return min(pods, key=lambda p: int(i) if (i := label(p, POD_INDEX) or "").isdigit() else 0)
+
+
+def tools_of(pods: list[dict]) -> str | None:
+    """The operator image the instance's leader pod takes its tools from (its pd-tools init container)."""
+    if not pods:
+        return None
+    containers = (_leader(pods).get("spec") or {}).get("initContainers") or []
+    return next((c.get("image") for c in containers if c.get("name") == tools.INIT_CONTAINER), None)
+
+
 def instance_statuses(resolved: Resolved, role: str, pods: list[dict]) -> list[InstanceStatus]:
-    """Every instance of the role with pods: its revision, whether it is Ready, and the vllm-ascend
-    its image reported."""
+    """Every instance of the role with pods: its revision, whether it is Ready, the tools it runs and
+    the vllm-ascend its image reported."""
     expected = resolved.shapes[role].pods
     return [InstanceStatus(name=resolved.names.instance(role, index), revision=revision_of(members),
-                           ready=instance_ready(members, expected), vllm_ascend=image_report(members))
+                           ready=instance_ready(members, expected), tools=tools_of(members),
+                           vllm_ascend=image_report(members))
             for (of_role, index), members in sorted(by_instance(pods).items()) if of_role == role]
+
+
+def _tools_condition(resolved: Resolved, observed: Observed) -> _Cond:
+    older = sorted(f"{resolved.names.instance(role, index)} ({image})"
+                   for (role, index), members in by_instance(observed.pods).items()
+                   if (image := tools_of(members)) is not None and image != resolved.tools_image)
+    if not older:
+        return _Cond(c.TOOLS_CURRENT, True, c.OPERATOR_TOOLS,
+                     f"Every instance runs the tools of the operator's image {resolved.tools_image}.")
+    return _Cond(c.TOOLS_CURRENT, False, c.OLDER_TOOLS,
+                 f"{', '.join(older)} run the tools of an older operator image than "
+                 f"{resolved.tools_image}: kept so that the operator's upgrade restarts no engine. They "
+                 "take the new tools with their role's next template change; set "
+                 "spec.image.toolsUpdate: WithOperator to roll them now.")
 
 
 def _kv_condition(validation: Validation) -> _Cond:
@@ -352,7 +379,7 @@ def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
     # GangScheduling states are advice.
     blocking = [gang] if observed.unserved is not None and gang.reason == c.GANG_UNAVAILABLE else []
     return [kv, *parts, *_summary(validation, [*blocking, *parts], observed), _degraded(observed), gang,
-            _scaling_condition(resolved, observed)]
+            _scaling_condition(resolved, observed), _tools_condition(resolved, observed)]
 
 
 def _status_word(ok: bool | None) -> Literal["True", "False", "Unknown"]:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from pd_operator.api.labels import REVISION
-from pd_operator.api.types import ROLES
+from pd_operator.api.types import ROLES, WITH_OPERATOR
 from pd_operator.render.labels import metadata, selector
 from pd_operator.render.pod import pod_template
 from pd_operator.spec.validate import Resolved
@@ -53,6 +54,8 @@ class Templates:
     """Per role: instance 0's pod template, its revision label included. Shared: copy before editing."""
     revisions: Mapping[str, str]
     """Per role: the hash of that template (without the label)."""
+    tools: Mapping[str, str]
+    """Per role: the operator image its template takes the tools from (with_running_tools)."""
 
 
 def revision(template: dict) -> str:
@@ -69,7 +72,34 @@ def templates(ctx: Resolved) -> Templates:
         revisions[role] = revision(template)
         template["metadata"]["labels"][REVISION] = revisions[role]
         leaders[role] = template
-    return Templates(leaders, revisions)
+    return Templates(leaders, revisions, {role: ctx.tools_image for role in ROLES})
+
+
+def with_running_tools(ctx: Resolved, rendered: Templates,
+                       running: Mapping[str, Sequence[tuple[str, str]]]) -> Templates:
+    """Keep a role on the tools its instances run when nothing else of its template changed, so a new
+    operator image (`--tools-image`) restarts no engine by itself: it reaches a role with its next
+    template change, or at once with spec.image.toolsUpdate: WithOperator.
+
+    `running`: per role, the (tools image, revision) of each of its instances' StatefulSets. An older
+    tools image is kept when the template rendered with it is exactly a running revision; among
+    several, the one most instances run."""
+    if ctx.deployment.spec.image.tools_update == WITH_OPERATOR:
+        return rendered
+    leaders, revisions, tools = dict(rendered.leaders), dict(rendered.revisions), dict(rendered.tools)
+    for role in ROLES:
+        counted = Counter(running.get(role, ()))
+        if counted[(tools[role], revisions[role])]:
+            continue  # an instance already runs the current template
+        for (image, running_revision), _ in counted.most_common():
+            if image == tools[role]:
+                continue
+            template = pod_template(replace(ctx, tools_image=image), role, 0)
+            if revision(template) == running_revision:
+                template["metadata"]["labels"][REVISION] = running_revision
+                leaders[role], revisions[role], tools[role] = template, running_revision, image
+                break
+    return Templates(leaders, revisions, tools)
 
 
 def stateful_set(ctx: Resolved, role: str, index: int, rendered: Templates) -> dict:
@@ -78,7 +108,7 @@ def stateful_set(ctx: Resolved, role: str, index: int, rendered: Templates) -> d
     if index == 0:
         template = json.loads(json.dumps(rendered.leaders[role]))
     else:
-        template = pod_template(ctx, role, index)
+        template = pod_template(replace(ctx, tools_image=rendered.tools[role]), role, index)
         template["metadata"]["labels"][REVISION] = rendered.revisions[role]
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": metadata(ctx, name, role, index),
