@@ -15,7 +15,7 @@ from pd_operator.api.labels import REVISION, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.controller import reconcile as reconcile_mod
 from pd_operator.controller.proxy_state import ProxyStateReader
-from pd_operator.render import tools, workloads
+from pd_operator.render import serving_config, tools, workloads
 from pd_operator.render.runnable import validate
 from pd_operator.spec.validate import Resolved
 from support.controller_fakes import MemoryClient, pods_of, with_status
@@ -46,6 +46,11 @@ def _running(ctx: Resolved, rendered: workloads.Templates) -> dict[str, list[tup
     return {role: [(ctx.tools_image, rendered.revisions[role])] * 2 for role in ROLES}
 
 
+def _config(ctx: Resolved) -> dict[str, str]:
+    """The serving ConfigMap's data as `ctx` renders it: unchanged by the operator's upgrade."""
+    return dict(serving_config.config_map(ctx)["data"])
+
+
 def _tools_image(stateful_set: dict) -> str:
     (init,) = [c for c in stateful_set["spec"]["template"]["spec"]["initContainers"]
                if c["name"] == tools.INIT_CONTAINER]
@@ -58,7 +63,7 @@ def test_a_new_tools_image_alone_keeps_every_engine_template():
     after = _resolved(_doc(), NEW)
     fresh = workloads.templates(after)
     assert fresh.revisions != running.revisions, "the tools image is part of the template"
-    kept = workloads.with_running_tools(after, fresh, _running(before, running))
+    kept = workloads.with_running_tools(after, fresh, _running(before, running), _config(after))
     assert kept.revisions == running.revisions
     for role in ROLES:
         for index in range(2):
@@ -71,7 +76,8 @@ def test_the_opt_in_rolls_the_new_tools():
     before = _resolved(_doc(toolsUpdate="WithOperator"), OLD)
     running = workloads.templates(before)
     after = _resolved(_doc(toolsUpdate="WithOperator"), NEW)
-    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running))
+    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running),
+                                        _config(after))
     assert all(kept.revisions[role] != running.revisions[role] for role in ROLES)
     assert all(_tools_image(workloads.stateful_set(after, role, 1, kept)) == NEW for role in ROLES)
 
@@ -82,11 +88,22 @@ def test_the_next_template_change_brings_the_new_tools():
     changed = _doc()
     changed["spec"]["decode"]["env"] = [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
     after = _resolved(changed, NEW)
-    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running))
+    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running),
+                                        _config(after))
     assert kept.revisions["prefill"] == running.revisions["prefill"]
     assert _tools_image(workloads.stateful_set(after, "prefill", 0, kept)) == OLD
     assert kept.revisions["decode"] != running.revisions["decode"]
     assert _tools_image(workloads.stateful_set(after, "decode", 0, kept)) == NEW
+
+
+def test_older_tools_never_read_a_config_this_operator_writes_differently():
+    before = _resolved(_doc(), OLD)
+    running = workloads.templates(before)
+    after = _resolved(_doc(), NEW)
+    fresh = workloads.templates(after)
+    changed = _config(after) | {"pairing.json": "{}"}  # as an older operator wrote it, say
+    assert workloads.with_running_tools(after, fresh, _running(before, running), changed) == fresh
+    assert workloads.with_running_tools(after, fresh, _running(before, running), None) == fresh
 
 
 def _pods(children: list[dict]) -> list[dict]:

@@ -102,6 +102,13 @@ def _running_tools(children: list[dict]) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def _serving_config(resolved: Resolved, children: list[dict]) -> dict[str, str] | None:
+    """The data of the serving ConfigMap as it is now (None: there is none)."""
+    name = resolved.names.serving_config
+    return next((obj.get("data") or {} for obj in children
+                 if obj.get("kind") == "ConfigMap" and obj["metadata"]["name"] == name), None)
+
+
 def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
@@ -372,7 +379,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
         observed = status_mod.Observed(children=children, pods=pods)
         _write_status(client, body, validation, observed, now, outcome)
         raise InvalidSpec(" ".join(f.line() for f in validation.errors))
-    rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children))
+    rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children),
+                                            _serving_config(resolved, children))
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
     state = gate.observe(resolved, rendered.revisions, pods, leaving)

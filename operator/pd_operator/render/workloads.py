@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from pd_operator.api.labels import REVISION
 from pd_operator.api.types import ROLES, WITH_OPERATOR
+from pd_operator.render import serving_config
 from pd_operator.render.labels import metadata, selector
 from pd_operator.render.pod import pod_template
 from pd_operator.spec.validate import Resolved
@@ -75,16 +76,21 @@ def templates(ctx: Resolved) -> Templates:
     return Templates(leaders, revisions, {role: ctx.tools_image for role in ROLES})
 
 
-def with_running_tools(ctx: Resolved, rendered: Templates,
-                       running: Mapping[str, Sequence[tuple[str, str]]]) -> Templates:
-    """Keep a role on the tools its instances run when nothing else of its template changed, so a new
+def with_running_tools(ctx: Resolved, rendered: Templates, running: Mapping[str, Sequence[tuple[str, str]]],
+                       running_config: Mapping[str, str] | None) -> Templates:
+    """Keep a role on the tools its instances run when nothing else they read changed, so a new
     operator image (`--tools-image`) restarts no engine by itself: it reaches a role with its next
     template change, or at once with spec.image.toolsUpdate: WithOperator.
 
-    `running`: per role, the (tools image, revision) of each of its instances' StatefulSets. An older
-    tools image is kept when the template rendered with it is exactly a running revision; among
-    several, the one most instances run."""
-    if ctx.deployment.spec.image.tools_update == WITH_OPERATOR:
+    `running`: per role, the (tools image, revision) of each of its instances' StatefulSets;
+    `running_config`: the data of the serving ConfigMap as it is now. An older tools image is kept
+    when the template rendered with it is exactly a running revision and the serving config is
+    unchanged (older tools need not read a config this operator writes differently); among several,
+    the one most instances run."""
+    if ctx.deployment.spec.image.tools_update == WITH_OPERATOR or not any(
+            image != ctx.tools_image for role in ROLES for image, _ in running.get(role, ())):
+        return rendered
+    if running_config != serving_config.config_map(ctx)["data"]:
         return rendered
     leaders, revisions, tools = dict(rendered.leaders), dict(rendered.revisions), dict(rendered.tools)
     for role in ROLES:
