@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = {name: ROOT / "images" / name / "Dockerfile" for name in ("operator", "vllm-ascend")}
 PINNED_TAG = re.compile(r"^v?\d+\.\d+\.\d+")  # a full version, not a floating `3.11` or `latest`
 PINNED_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!-]+$")
-# The serving image's vllm-ascend checkout: fetched at VLLM_ASCEND_REF and checked against
-# VLLM_ASCEND_COMMIT in the same RUN, so it is pinned by commit rather than by a COPY.
+# The serving image's vllm-ascend checkout: fetched by VLLM_ASCEND_COMMIT (its hash) and checked in the
+# same RUN, so it is pinned by commit rather than by a COPY.
 FETCHED_CHECKOUT = "/vllm-workspace/vllm-ascend"
 
 
@@ -84,9 +84,15 @@ def copies(path: Path) -> list[tuple[list[str], str]]:
     return out
 
 
-def pip_requirements(path: Path) -> list[str]:
-    """Every argument of every `pip install` that is not an option."""
-    reqs = []
+# Options of `pip install` that take a value.
+VALUED_OPTIONS = {"--extra-index-url", "--index-url", "-i", "--only-binary", "--no-binary", "-r",
+                  "--requirement", "-c", "--constraint", "--find-links", "-f"}
+PYPI = "https://pypi.org/simple"
+
+
+def pip_installs(path: Path) -> list[list[str]]:
+    """The words after `pip install` of every pip install the Dockerfile runs."""
+    out = []
     for keyword, rest in instructions(path):
         if keyword != "RUN":
             continue
@@ -94,12 +100,44 @@ def pip_requirements(path: Path) -> list[str]:
             words = shlex.split(command)
             for i in range(len(words) - 1):
                 if words[i].endswith("pip") and words[i + 1] == "install":
-                    options = set(words[i + 2:])
-                    assert not {"-r", "-c", "--requirement", "--constraint"} & options, command
-                    values = {words[j + 1] for j in range(i + 2, len(words) - 1)
-                              if words[j] in ("--extra-index-url", "--index-url")}
-                    reqs += [w for w in words[i + 2:] if not w.startswith("-") and w not in values]
+                    out.append(words[i + 2:])
+    return out
+
+
+def option_values(words: list[str], *names: str) -> list[str]:
+    return [words[j + 1] for j in range(len(words) - 1) if words[j] in names]
+
+
+def pip_requirements(path: Path) -> list[str]:
+    """Every argument of every `pip install` that is neither an option nor an option's value."""
+    reqs = []
+    for words in pip_installs(path):
+        values = {words[j + 1] for j in range(len(words) - 1) if words[j] in VALUED_OPTIONS}
+        reqs += [w for w in words if not w.startswith("-") and w not in values]
     return reqs
+
+
+def lock_files(path: Path) -> list[Path]:
+    """The requirement files its pip installs read (`-r`), as the repository has them: each is COPY'd
+    from the repository, so the path in the image maps back by its file name."""
+    copied = {Path(dest.rstrip("/")) / Path(src).name if dest.endswith("/") else Path(dest): ROOT / src
+              for sources, dest in copies(path) for src in sources}
+    return [copied[Path(name)] for words in pip_installs(path)
+            for name in option_values(words, "-r", "--requirement")]
+
+
+def locked(lock: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of every requirement of a pip-compile --generate-hashes file."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for entry in re.split(r"\n(?=\S)", lock.read_text()):
+        line = entry.split("#", 1)[0].replace("\\\n", " ").strip()
+        if not line or line.startswith("-"):
+            continue
+        words = line.split()
+        req = Requirement(words[0])
+        (version,) = (spec.version for spec in req.specifier if spec.operator == "==")
+        out[canonicalize_name(req.name)] = (version, [w.removeprefix("--hash=") for w in words[1:]])
+    return out
 
 
 @pytest.mark.parametrize("image", list(IMAGES))
@@ -123,51 +161,84 @@ def global_args(path: Path) -> dict[str, str]:
     return out
 
 
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
 @pytest.mark.parametrize("image", list(IMAGES))
-def test_every_base_image_is_pinned_by_version(image):
-    """A base set by a build argument is pinned by the argument's default (the tier passes a local one)."""
+def test_every_base_image_is_pinned_by_digest(image):
+    """A tag can be pushed again, a digest cannot. A base set by a build argument is pinned by the
+    argument's default (the images tier passes the local base by its digest); the serving image's
+    digest has no default: build.sh requires it (test_build_script_takes_a_reviewed_commit_and_digest)."""
     args = global_args(IMAGES[image])
     names: set[str] = set()
     bases = []
     for stage in stages(IMAGES[image]):
         words = args_of(stage[0][1])
         if words[0] not in names:  # FROM an earlier stage is pinned by that stage's FROM
-            bases.append(re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m[1] or m[2]], words[0]))
+            bases.append(words[0])
         if len(words) == 3:
             names.add(words[2])
     assert bases
-    for base in bases:
-        assert "$" not in base, f"{image}: FROM {base} uses an argument without a default"
-        name, _, tag = base.partition("@")[0].rpartition(":")
+    for written in bases:
+        base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m[1] or m[2]], written)
+        reference, _, digest = base.partition("@")
+        name, _, tag = reference.rpartition(":")
         assert name and "/" not in tag, f"{image}: FROM {base} has no tag"
         assert tag != "latest" and PINNED_TAG.match(tag), f"{image}: FROM {base} is a floating tag"
+        if image == "vllm-ascend":
+            assert written.endswith("@${VLLM_ASCEND_BASE_DIGEST}") and digest == "", written
+        else:
+            assert DIGEST.match(digest), f"{image}: FROM {base} is not pinned by digest"
 
 
 @pytest.mark.parametrize("image", list(IMAGES))
-def test_every_pip_install_is_pinned(image):
+def test_every_pip_install_is_pinned_and_from_pypi_alone(image):
+    """Each pip install takes PyPI alone (or no index), and each requirement is pinned: by ==, by
+    the COPY of a local path, or by hash in a lock file (--require-hashes)."""
+    installs = pip_installs(IMAGES[image])
+    assert installs
+    for words in installs:
+        assert not option_values(words, "--extra-index-url", "--find-links", "-f"), words
+        assert option_values(words, "--index-url", "-i") == [PYPI] or "--no-index" in words, words
+        if option_values(words, "-r", "--requirement"):
+            assert "--require-hashes" in words and "--only-binary" in words, words
+    text = IMAGES[image].read_text()
+    assert "PIP_EXTRA_INDEX_URL" not in text and "PIP_INDEX_URL" not in text
     reqs = pip_requirements(IMAGES[image])
-    assert reqs
     destinations = [dest.rstrip("/") for _, dest in copies(IMAGES[image])]
     for req in reqs:
         if req == FETCHED_CHECKOUT and image == "vllm-ascend":
-            continue  # pinned by commit: test_serving_image_builds_vllm_ascend_from_the_seed_ref
+            continue  # pinned by commit: test_serving_image_builds_vllm_ascend_from_a_reviewed_commit
         if req.startswith("/"):
             # A local path is pinned by the COPY that put it there.
             assert any(req == d or req.startswith(d + "/") or d.startswith(req + "/")
                        for d in destinations), req
         else:
             assert PINNED_REQUIREMENT.match(req), f"{image}: pip install {req} is not pinned with =="
+    for lock in lock_files(IMAGES[image]):
+        entries = locked(lock)
+        assert entries, lock
+        for name, (version, hashes) in entries.items():
+            assert hashes and all(DIGEST.match(h) for h in hashes), f"{lock.name}: {name}=={version} unhashed"
 
 
 def test_operator_image_installs_exactly_the_operators_runtime_dependencies():
+    """requirements.in pins pyproject's runtime dependencies (base and `operator` extra), and its lock
+    pins each at that version, with every transitive dependency; build.in what builds the wheel."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["operator"]]
-    pinned = {canonicalize_name(Requirement(r).name): Requirement(r)
-              for r in pip_requirements(IMAGES["operator"]) if not r.startswith("/")}
+    pinned = {canonicalize_name((req := Requirement(line)).name): req
+              for line in (ROOT / "images/operator/requirements.in").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
     assert set(pinned) == {canonicalize_name(r.name) for r in wanted}
+    runtime, build = (locked(ROOT / f"images/operator/{name}.lock") for name in ("requirements", "build"))
     for req in wanted:
         (version,) = (s.version for s in pinned[canonicalize_name(req.name)].specifier)
         assert req.specifier.contains(version), f"{req.name}=={version} violates pyproject's {req.specifier}"
+        assert runtime[canonicalize_name(req.name)][0] == version, f"{req.name}: the lock is stale (lock.sh)"
+    assert {"setuptools", "wheel"} <= set(build) and not {"setuptools", "wheel", "pip"} & set(runtime)
+    assert sorted(lock_files(IMAGES["operator"])) == sorted(
+        ROOT / f"images/operator/{name}.lock" for name in ("requirements", "build"))
 
 
 # Base dependencies the serving image gets from vLLM itself (vllm's own requirements).
@@ -194,12 +265,20 @@ def test_operator_image_runs_as_non_root():
 
 
 def test_operator_image_final_stage_has_no_build_tools():
-    """Only the build stage's venv reaches the final stage, after pip and setuptools left it."""
+    """Only the build stage's venv reaches the final stage, after pip, setuptools and wheel left it; the
+    final stage removes the base image's own (and the copies ensurepip keeps) and installs nothing."""
     build, final = stages(IMAGES["operator"])
-    assert not [rest for keyword, rest in final if keyword == "RUN" and "pip" in rest]
+    final_runs = [rest for keyword, rest in final if keyword == "RUN"]
+    assert not [run for run in final_runs if "pip install" in run]
+    assert any("python3 -m pip uninstall -y -q pip setuptools wheel" in run
+               and "ensurepip" in run and "/usr/share/python-wheels" in run for run in final_runs)
+    # That RUN comes before PATH names the venv, so `python3` is the base image's.
+    uninstall = next(i for i, (k, rest) in enumerate(final) if k == "RUN" and "pip uninstall" in rest)
+    path_set = next(i for i, (k, rest) in enumerate(final) if k == "ENV" and "PATH=" in rest)
+    assert uninstall < path_set
     assert [args_of(rest) for keyword, rest in final if keyword == "COPY"] == [
         ["--from=build", "/opt/pd-operator", "/opt/pd-operator"]]
-    assert any("pip uninstall -y -q pip setuptools" in rest for keyword, rest in build if keyword == "RUN")
+    assert any("pip uninstall -y -q pip setuptools wheel" in rest for k, rest in build if k == "RUN")
     env = " ".join(rest for keyword, rest in final if keyword == "ENV")
     assert "PATH=/opt/pd-operator/bin:" in env and "PYTHONDONTWRITEBYTECODE=1" in env
 
@@ -212,7 +291,7 @@ def test_the_hosts_ca_bundle_never_lands_in_a_layer(image):
         assert not mentions or (keyword == "RUN" and "--mount=type=secret,id=cacert" in rest), (keyword, rest)
     if image == "operator":  # the images tier builds it where PyPI needs the host's CA
         for keyword, rest in instructions(IMAGES[image]):
-            if keyword == "RUN" and "pip install" in rest:
+            if keyword == "RUN" and "pip install" in rest and "--no-index" not in rest:
                 assert rest.startswith("--mount=type=secret,id=cacert "), rest
                 assert "export PIP_CERT=/run/secrets/cacert" in rest, rest
 
@@ -231,7 +310,10 @@ def serving_run_steps() -> list[str]:
 
 
 def test_serving_image_is_a_known_vllm_ascend_release_and_installs_the_pod_commands():
-    (base,) = [args_of(rest)[0] for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "FROM"]
+    (written,) = [args_of(rest)[0] for keyword, rest in instructions(IMAGES["vllm-ascend"])
+                  if keyword == "FROM"]
+    base = written.replace("${VLLM_ASCEND_BASE}", global_args(IMAGES["vllm-ascend"])["VLLM_ASCEND_BASE"])
+    base = base.removesuffix("@${VLLM_ASCEND_BASE_DIGEST}")
     assert base.startswith("quay.io/ascend/vllm-ascend:v")
     assert release_of_tag(base) == list(RELEASES)[-1], "the base is the newest release the operator knows"
     steps = instructions(IMAGES["vllm-ascend"])
@@ -245,41 +327,62 @@ def test_serving_image_is_a_known_vllm_ascend_release_and_installs_the_pod_comma
     # package and aiohttp) right after the package is installed. The pods do not run it from here.
     assert {canonicalize_name(Requirement(r).name)
             for r in project["optional-dependencies"]["proxy"]} == PROXY_FROM_VLLM
-    (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_REF" not in r]
+    (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_COMMIT" not in r]
     assert install.index("--no-deps /opt/pd-operator") < install.index("pd-proxy --help")
     env = " ".join(rest for keyword, rest in steps if keyword == "ENV")
     assert "VLLM_USE_V2_MODEL_RUNNER" not in env, "the runner is rendered per model, not fixed in the image"
 
 
-def test_serving_image_builds_vllm_ascend_from_the_seed_ref():
+def test_serving_image_builds_vllm_ascend_from_a_reviewed_commit():
+    """No moving ref at build time: the commit is a required argument, fetched by its hash; vllm-ascend
+    is built with no index (nothing resolved from one) and no extra index anywhere."""
     args = build_args(IMAGES["vllm-ascend"])
-    assert args["VLLM_ASCEND_REF"] == f"refs/pull/{SEED_PULL_REQUEST}/head"
+    assert "VLLM_ASCEND_REF" not in args
     assert args["VLLM_ASCEND_REPO"] == "https://github.com/vllm-project/vllm-ascend.git"
-    assert args["VLLM_ASCEND_COMMIT"] == "", "no commit is written down: build.sh resolves it"
-    (build,) = [r for r in serving_run_steps() if "VLLM_ASCEND_REF" in r]
+    assert args["VLLM_ASCEND_COMMIT"] == "", "no commit is written down: whoever builds names a reviewed one"
+    (build,) = [r for r in serving_run_steps() if "VLLM_ASCEND_COMMIT" in r]
     order = [build.index(step) for step in (
-        'test -n "${VLLM_ASCEND_COMMIT}"',
-        'git fetch -q --depth 1 "${VLLM_ASCEND_REPO}" "${VLLM_ASCEND_REF}"',
+        "printf '%s' \"${VLLM_ASCEND_COMMIT}\" | grep -Eqx '[0-9a-f]{40}'",
+        'git fetch -q --depth 1 "${VLLM_ASCEND_REPO}" "${VLLM_ASCEND_COMMIT}"',
         '[ "${fetched}" = "${VLLM_ASCEND_COMMIT}" ]',
         f"python3 -m pd_operator.serving_image.installed {FETCHED_CHECKOUT} --require-seed",
-        f"pip install --no-cache-dir -e {FETCHED_CHECKOUT}",
+        f"pip install --no-cache-dir --no-index --no-deps --no-build-isolation -e {FETCHED_CHECKOUT}",
         "python3 -m pd_operator.serving_image.installed --installed --require-seed",
         f'echo "${{VLLM_ASCEND_COMMIT}}" > {COMMIT_FILE}')]
-    assert order == sorted(order), "fetch, verify the commit, check the seed, build, check again, record"
-    (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_REF" not in r]
-    assert "pip install --no-cache-dir --no-deps /opt/pd-operator" in install, \
+    assert order == sorted(order), "check the form, fetch by hash, verify, check the seed, build, check again"
+    assert "extra-index-url" not in IMAGES["vllm-ascend"].read_text()
+    (install,) = [r for r in serving_run_steps() if "/opt/pd-operator" in r and "VLLM_ASCEND_COMMIT" not in r]
+    assert "--no-deps /opt/pd-operator" in install, \
         "the package (and its serving_image.installed) is installed before the build runs it"
     labels = " ".join(rest for keyword, rest in instructions(IMAGES["vllm-ascend"]) if keyword == "LABEL")
     assert 'dev.pd-serving.vllm-ascend.commit="${VLLM_ASCEND_COMMIT}"' in labels
-    assert 'dev.pd-serving.vllm-ascend.ref="${VLLM_ASCEND_REF}"' in labels
 
 
-def test_build_script_resolves_the_ref_and_passes_the_commit():
-    script = (ROOT / "images/vllm-ascend/build.sh").read_text()
-    assert f'ref="${{2:-refs/pull/{SEED_PULL_REQUEST}/head}}"' in script
-    assert 'git ls-remote "$repo" "$ref"' in script
+BUILD_SCRIPT = ROOT / "images/vllm-ascend/build.sh"
+
+
+def test_build_script_takes_a_reviewed_commit_and_digest(tmp_path):
+    """build.sh resolves nothing (no `git ls-remote` of a moving ref, no registry lookup): it refuses
+    to start without a commit and a digest of the right form, before any build."""
+    script = BUILD_SCRIPT.read_text()
+    commands = [line for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert not [line for line in commands if "ls-remote" in line or "skopeo" in line or "inspect" in line]
     assert '--build-arg VLLM_ASCEND_COMMIT="$commit"' in script
-    assert subprocess.run(["bash", "-n", str(ROOT / "images/vllm-ascend/build.sh")]).returncode == 0
+    assert '--build-arg VLLM_ASCEND_BASE_DIGEST="$digest"' in script
+    assert f"refs/pull/{SEED_PULL_REQUEST}/head" in script, "it says which head to review"
+    # `docker` must never run for a refused argument: a stub on PATH records any call.
+    (tmp_path / "docker").write_text(f"#!/bin/sh\ntouch {tmp_path}/called\n")
+    (tmp_path / "docker").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    commit, digest = "0" * 40, "sha256:" + "a" * 64
+    for args, complaint in ((["img"], "COMMIT"), (["img", "refs/pull/16755/head", digest], "40 hex digits"),
+                            (["img", commit], "BASE_DIGEST"), (["img", commit, "v0.30.0rc2"], "sha256:")):
+        done = subprocess.run(["bash", str(BUILD_SCRIPT), *args], capture_output=True, text=True, env=env)
+        assert done.returncode != 0 and complaint in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "called").exists()
+    done = subprocess.run(["bash", str(BUILD_SCRIPT), "img", commit, digest], capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 0 and (tmp_path / "called").exists(), done.stderr
 
 
 def image_check(root: Path) -> subprocess.CompletedProcess:

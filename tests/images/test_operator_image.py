@@ -84,3 +84,26 @@ def test_operator_image_reconciles_a_pddeployment_as_the_chart_runs_it(
     others = [str(e) for e in writes if e.user != release.user and e.resource in owned]
     assert not others, others
     assert not cp.audit.forbidden(mark, user=release.user)
+
+
+# What the final image must not carry: an installer (pip, setuptools, wheel), or ensurepip and the
+# wheels it (or Debian's python3-venv) installs them from. Checked under the venv's python3 and the
+# base image's.
+NO_INSTALLER = """
+import importlib.util, json, pathlib, sys
+modules = [m for m in ("pip", "setuptools", "wheel", "ensurepip") if importlib.util.find_spec(m)]
+wheels = [str(p) for root in ("/usr", "/opt") for p in pathlib.Path(root).rglob("*.whl")]
+print(json.dumps({"python": sys.executable, "modules": modules, "wheels": wheels}))
+"""
+
+
+def test_operator_image_keeps_no_installer(operator_image):
+    found = []
+    for python in ("/opt/pd-operator/bin/python3", "/usr/bin/python3", "/usr/local/bin/python3"):
+        ran = containers.run(operator_image, "-c", NO_INSTALLER, options=["--entrypoint", python])
+        if ran.returncode == 127 or "no such file" in ran.stderr.lower():
+            continue  # the base has no python3 there
+        assert ran.returncode == 0, ran.stderr
+        found.append(json.loads(ran.stdout))
+    assert len(found) >= 2, "the venv's and the base's python3 both ran"
+    assert all(f["modules"] == [] and f["wheels"] == [] for f in found), found

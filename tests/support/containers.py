@@ -7,7 +7,8 @@ Why it is set up this way (each checked on these machines, issue 24):
 - crun fails here ("cgroups in hybrid mode not supported"): runtime runc, cgroupfs, file events.
 - runc cannot raise RLIMIT_NOFILE above the caller's limit, and podman's default asks for more
   ("setrlimit RLIMIT_NOFILE: Operation not permitted"): default_ulimits pins both limits lower.
-- No registry: the base image is made from the machine's own Debian mirror with debootstrap.
+- No registry: the base image is made from the machine's own Debian mirror with debootstrap, and a
+  build gets it by digest (`by_digest`), as the Dockerfiles pin their published bases.
 - PyPI's TLS needs the host's CA bundle: a build secret (`--mount=type=secret,id=cacert`), so the CA
   never lands in a layer.
 - Config and storage live under .cache/containers (gitignored) and reach podman through
@@ -221,6 +222,13 @@ def local_images(text: str, build_args: Mapping[str, str]) -> set[str]:
     return {name for name in named if name.startswith("localhost/")}
 
 
+def by_digest(image: str) -> str:
+    """A local image as `name@sha256:...`: a build names exactly the image it was made from, as the
+    Dockerfiles pin their published bases (a tag can be moved, a digest cannot)."""
+    digest = podman("image", "inspect", "--format", "{{.Digest}}", image).stdout.strip()
+    return f"{image.rpartition(':')[0] if ':' in image.rpartition('/')[2] else image}@{digest}"
+
+
 def inputs_hash(dockerfile: pathlib.Path, context: pathlib.Path, build_args: Mapping[str, str],
                 contexts: Mapping[str, pathlib.Path] | None = None) -> str:
     """What decides an image: the Dockerfile, the build arguments, every file its COPYs read (as git
@@ -265,7 +273,8 @@ def build(image: str, dockerfile: pathlib.Path, context: pathlib.Path,
     progress(f"building {image} from {dockerfile.relative_to(ROOT)} (inputs {wanted})")
     argv = ["podman", "build", "--layers", "-f", str(dockerfile), "-t", image,
             "--secret", f"id=cacert,src={CA_BUNDLE}", "--label", f"{INPUTS_LABEL}={wanted}",
-            *[a for k, v in args.items() for a in ("--build-arg", f"{k}={v}")],
+            *[a for k, v in args.items()
+              for a in ("--build-arg", f"{k}={by_digest(v) if local_images('', {k: v}) else v}")],
             *[a for k, v in named.items() for a in ("--build-context", f"{k}={v}")], str(context)]
     output: list[str] = []
     with subprocess.Popen(argv, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
