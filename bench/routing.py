@@ -9,14 +9,18 @@ requests share a token prefix exactly as far as their ids agree; the engine hits
 blocks of it.
 
 It is a time-compressed discrete-event simulation, not a wall-clock replay: the modelled seconds
-pass on a virtual clock, and every routing decision is made by pd-proxy's own code of this build
-(`least_loaded`: pd_operator.proxy.balancer.Balancer on that clock, as pd-proxy runs it: fewest
-requests in flight, prefill's counted from its call to its answer). Each prefill instance serves one
-request at a time in arrival order; TTFT is the wait, the prefill of the uncached tokens, and the
-KV hop of the whole prompt to decode. All policies run at one time scale (the factor on the trace's
-arrival times), found so that least-loaded's prefill utilisation is 0.75 +- 0.01.
+pass on a virtual clock, and every routing decision is made by pd-proxy's own code of this build,
+pd_operator.proxy.balancer.Balancer on that clock as pd-proxy runs it (prefill counted in flight
+from its call to its answer): `least_loaded` with prefix routing off (fewest requests in flight);
+`approximate`, its approximate prefix routing (the requests' token ids as their bodies carry them;
+the membership gives each prefill its 640-token block and `--cache-blocks`); and the same with two
+proxy replicas taking the requests in turn, each knowing only what it routed. Each prefill instance
+serves one request at a time in arrival order; TTFT is the wait, the prefill of the uncached tokens
+and the KV hop of the whole prompt to decode. All policies run at one time scale (the factor on the
+trace's arrival times), found so that least-loaded's prefill utilisation is 0.75 +- 0.01.
 `oracle` knows every engine's cache exactly and sends each request where it would finish prefill
-first (the work queued there plus its uncached prefill): the hit ratio a perfect index reaches.
+first (the work queued there plus its uncached prefill). The routing overhead is measured apart, in
+wall-clock time, over the trace's requests with 64 in flight at one proxy.
 
 Figures:
 - requests: requests replayed
@@ -30,26 +34,38 @@ Figures:
 - oracle_ttft_p99_ms: its 99th percentile
 - oracle_hit_ratio: prompt tokens found cached over prompt tokens, routed by exact knowledge
 - oracle_vs_least_loaded_ttft_ratio: oracle_ttft_mean_ms over least_loaded_ttft_mean_ms
-- routing_failed_requests: requests no instance was chosen for
+- approximate_ttft_mean_ms: mean TTFT, pd-proxy's approximate prefix routing
+- approximate_ttft_p99_ms: its 99th percentile
+- approximate_hit_ratio: prompt tokens found cached over prompt tokens, approximate routing
+- approximate_vs_least_loaded_ttft_ratio: approximate_ttft_mean_ms over least_loaded_ttft_mean_ms
+- approximate_hit_ratio_2_proxies: the same with two proxy replicas, each request to one in turn,
+  each knowing only what it routed
+- routing_overhead_p99_ms: wall-clock time of pd-proxy's approximate routing decision at 64 requests
+  in flight (token ids read from the parsed body, block keys, index, pick), 99th percentile
+- routing_failed_requests: requests no instance was chosen for, over every policy
 """
 
 from __future__ import annotations
 
 import gzip
 import heapq
+import itertools
 import json
 import math
 import statistics
 import sys
+import time
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import _paths  # noqa: F401  (tests/ on sys.path)
 
 from pd_operator.proxy.balancer import Balancer
 from pd_operator.proxy.membership import Upstream, document, parse_document
+from pd_operator.proxy.prompt_tokens import COMPLETIONS, PromptTokens, prompt_tokens
 from support import bench
 from support.caching_engine import Costs, PrefixCache, block_hashes, example_kv, measured
 from support.specs import ROOT
@@ -65,6 +81,7 @@ DECODE_TOKEN_S = 0.06949
 """Decode's time per output token (the same measurement as the prefill's fixed part, its TPOT)."""
 UTILISATION, TOLERANCE = 0.75, 0.01
 """Least-loaded's prefill utilisation the time scale is chosen for, and how close it gets."""
+STREAMS = 64
 QUICK = {"requests": 400}
 
 
@@ -73,25 +90,31 @@ class Request:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    hash_ids: list[int]
     hashes: list[int]
     """The engine's block hashes of the prompt."""
 
+    def tokens(self) -> array:
+        """The prompt: each hash id a fixed 512-token block of token ids."""
+        out = array("q")
+        for block_id in self.hash_ids:
+            out.extend(range(block_id * TRACE_BLOCK_TOKENS, (block_id + 1) * TRACE_BLOCK_TOKENS))
+        del out[self.prompt_tokens:]
+        return out
+
 
 def read_trace(path: Path, limit: int | None, block_size: int) -> list[Request]:
-    """The trace's requests (at most `limit`), prompts built from their hash_ids."""
+    """The trace's requests (at most `limit`)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    out = []
+    out: list[Request] = []
     with opener(path, "rt") as lines:
         for line in lines:
             if not line.strip():
                 continue
             row = json.loads(line)
-            tokens = array("q")
-            for block_id in row["hash_ids"]:
-                tokens.extend(range(block_id * TRACE_BLOCK_TOKENS, (block_id + 1) * TRACE_BLOCK_TOKENS))
-            del tokens[row["input_length"]:]
-            out.append(Request(row["timestamp"] / 1000, row["input_length"], row["output_length"],
-                               block_hashes(tokens, block_size)))
+            request = Request(row["timestamp"] / 1000, row["input_length"], row["output_length"],
+                              row["hash_ids"], [])
+            out.append(replace(request, hashes=block_hashes(request.tokens(), block_size)))
             if limit is not None and len(out) >= limit:
                 break
     return out
@@ -101,37 +124,22 @@ def read_trace(path: Path, limit: int | None, block_size: int) -> list[Request]:
 class Prefill:
     upstream: Upstream
     cache: PrefixCache
-    queue: list[tuple[int, Callable[[], None]]] = field(default_factory=list)
+    queue: list[Callable[[], None]] = field(default_factory=list)
+    """What starts each request waiting here, in arrival order."""
     running: bool = False
     busy_s: float = 0.0
     work_s: float = 0.0
-    """Modelled seconds of prefill queued or running here."""
+    """Modelled seconds of prefill queued or running here (the oracle's view)."""
 
 
+@dataclass(frozen=True)
 class Policy:
-    """Chooses a prefill for a request; told when a request is queued and when it finishes."""
+    """How a replay routes prefill: pd-proxy's prefix routing `mode` ("off": least-loaded) in each of
+    `proxies` replicas (request i goes to replica i mod proxies), or the `oracle`."""
 
-    def choose(self, request: Request, prefills: dict[str, Prefill], now: float) -> Upstream | None:
-        raise NotImplementedError
-
-
-class LeastLoaded(Policy):
-    def __init__(self, balancer: Balancer) -> None:
-        self.balancer = balancer
-
-    def choose(self, request: Request, prefills: dict[str, Prefill], now: float) -> Upstream | None:
-        return self.balancer.pick("prefill", set())
-
-
-class Oracle(Policy):
-    def __init__(self, costs: Costs) -> None:
-        self.costs = costs
-
-    def choose(self, request: Request, prefills: dict[str, Prefill], now: float) -> Upstream | None:
-        def finish(p: Prefill) -> float:
-            cached = p.cache.hit_blocks(request.hashes) * p.cache.block_size
-            return p.work_s + self.costs.prefill_s(request.prompt_tokens - cached)
-        return min(prefills.values(), key=finish).upstream if prefills else None
+    mode: str = "off"
+    proxies: int = 1
+    oracle: bool = False
 
 
 @dataclass
@@ -154,24 +162,34 @@ class Outcome:
         return self.cached_tokens / self.prompt_tokens
 
     def ttft_ms(self, q: int | None = None) -> float:
-        if q is None:
-            return 1000 * statistics.fmean(self.ttft_s)
-        ordered = sorted(self.ttft_s)
-        return 1000 * ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
+        return 1000 * (statistics.fmean(self.ttft_s) if q is None else percentile(self.ttft_s, q))
 
 
-def simulate(requests: Sequence[Request], scale: float, make_policy: Callable[[Balancer], Policy],
-             costs: Costs, cache_blocks: int, block_size: int) -> Outcome:
+def percentile(values: Sequence[float], q: int) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def members(cache_blocks: int, block_size: int) -> list[Upstream]:
+    """The replay's instances as pd-proxy's membership names them (prefill with its engine block)."""
+    prefill = [Upstream(f"prefill-{i}", f"http://prefill-{i}:8000", block_tokens=block_size,
+                        cache_blocks=cache_blocks) for i in range(PREFILLS)]
+    return prefill + [Upstream(f"decode-{i}", f"http://decode-{i}:8000") for i in range(DECODES)]
+
+
+def simulate(requests: Sequence[Request], scale: float, policy: Policy, costs: Costs, cache_blocks: int,
+             block_size: int) -> Outcome:
     """Replay `requests` with arrivals at `scale` times the trace's; what it took."""
     clock = [0.0]
-    balancer = Balancer(clock=lambda: clock[0])
-    upstreams = {role: [Upstream(f"{role}-{i}", f"http://{role}-{i}:8000") for i in range(n)]
-                 for role, n in (("prefill", PREFILLS), ("decode", DECODES))}
-    balancer.update(parse_document(document(upstreams["prefill"], upstreams["decode"])))
-    policy = make_policy(balancer)
-    prefills = {u.name: Prefill(u, PrefixCache(block_size, cache_blocks)) for u in upstreams["prefill"]}
+    upstreams = members(cache_blocks, block_size)
+    membership = parse_document(document([u for u in upstreams if u.name.startswith("prefill")],
+                                         [u for u in upstreams if u.name.startswith("decode")]))
+    proxies = [Balancer(clock=lambda: clock[0], prefix=policy.mode) for _ in range(policy.proxies)]
+    for proxy in proxies:
+        proxy.update(membership)
+    prefills = {u.name: Prefill(u, PrefixCache(block_size, cache_blocks)) for u in membership.prefill}
     events: list[tuple[float, int, Callable[[], None]]] = []
-    order = iter(range(10**12))
+    order = itertools.count()
     ttft: list[float] = []
     cached_total = prompt_total = failed = 0
 
@@ -179,41 +197,50 @@ def simulate(requests: Sequence[Request], scale: float, make_policy: Callable[[B
         heapq.heappush(events, (t, next(order), action))
 
     def start(p: Prefill) -> None:
-        nonlocal cached_total, prompt_total
         p.running = bool(p.queue)
-        if not p.running:
-            return
-        index, finish = p.queue.pop(0)
-        request = requests[index]
-        cached = p.cache.admit(request.hashes).hit_blocks * block_size
-        cached_total += cached
-        prompt_total += request.prompt_tokens
-        took = costs.prefill_s(request.prompt_tokens - cached)
-        p.busy_s += took
-        at(clock[0] + took, finish)
+        if p.running:
+            p.queue.pop(0)()
+
+    def oracle(request: Request) -> Upstream:
+        def finish(p: Prefill) -> float:
+            cached = p.cache.hit_blocks(request.hashes) * block_size
+            return p.work_s + costs.prefill_s(request.prompt_tokens - cached)
+        return min(prefills.values(), key=finish).upstream
 
     def arrive(index: int) -> None:
         nonlocal failed
         request = requests[index]
-        upstream = policy.choose(request, prefills, clock[0])
+        proxy = proxies[index % len(proxies)]
+        prompt = (proxy.prefix.prompt(PromptTokens(tuple(request.tokens()))) if policy.mode != "off"
+                  else None)
+        upstream = oracle(request) if policy.oracle else proxy.pick("prefill", set(), prompt=prompt)
         if upstream is None:
             failed += 1
             return
-        p = prefills[upstream.name]
-        serving = balancer.serving(upstream, "prefill")
+        serving = proxy.serving(upstream, "prefill", prompt)
         serving.__enter__()
+        p = prefills[upstream.name]
         estimate = costs.prefill_s(request.prompt_tokens - p.cache.hit_blocks(request.hashes) * block_size)
         p.work_s += estimate
+
+        def compute() -> None:
+            nonlocal cached_total, prompt_total
+            cached = p.cache.admit(request.hashes).hit_blocks * block_size
+            cached_total += cached
+            prompt_total += request.prompt_tokens
+            took = costs.prefill_s(request.prompt_tokens - cached)
+            p.busy_s += took
+            at(clock[0] + took, finish)
 
         def finish() -> None:
             nonlocal failed
             p.work_s -= estimate
             serving.__exit__(None, None, None)
-            decode = balancer.pick("decode", set())
+            decode = proxy.pick("decode", set())
             if decode is None:
                 failed += 1
             else:
-                decoding = balancer.serving(decode, "decode")
+                decoding = proxy.serving(decode, "decode")
                 decoding.__enter__()
                 hop = costs.kv_hop_s(request.prompt_tokens)
                 ttft.append(clock[0] + hop - request.arrival_s * scale)
@@ -221,7 +248,7 @@ def simulate(requests: Sequence[Request], scale: float, make_policy: Callable[[B
                    lambda: decoding.__exit__(None, None, None))
             start(p)
 
-        p.queue.append((index, finish))
+        p.queue.append(compute)
         if not p.running:
             start(p)
 
@@ -233,6 +260,30 @@ def simulate(requests: Sequence[Request], scale: float, make_policy: Callable[[B
         action()
     busy = sum(p.busy_s for p in prefills.values())
     return Outcome(ttft, cached_total, max(prompt_total, 1), busy, max(window, 1e-9), failed)
+
+
+def routing_overhead_s(requests: Sequence[Request], cache_blocks: int, block_size: int) -> list[float]:
+    """Wall-clock seconds of each approximate routing decision of pd-proxy over the trace, from the
+    request's parsed body to the recorded pick (its token ids read and checked, their block keys, the
+    index lookup, the pick, the record), with STREAMS requests in flight at the proxy."""
+    upstreams = members(cache_blocks, block_size)
+    balancer = Balancer(prefix="approximate")
+    balancer.update(parse_document(document(upstreams[:PREFILLS], upstreams[PREFILLS:])))
+    in_flight: deque = deque()
+    out = []
+    for request in requests:
+        body = {"model": "m", "prompt": request.tokens().tolist(), "max_tokens": 16}
+        began = time.perf_counter()
+        prompt = balancer.prefix.prompt(prompt_tokens(COMPLETIONS, body))
+        upstream = balancer.pick("prefill", set(), prompt=prompt)
+        assert upstream is not None
+        serving = balancer.serving(upstream, "prefill", prompt)
+        serving.__enter__()
+        out.append(time.perf_counter() - began)
+        in_flight.append(serving)
+        if len(in_flight) >= STREAMS:
+            in_flight.popleft().__exit__(None, None, None)
+    return out
 
 
 def scale_for_utilisation(run: Callable[[float], Outcome], low: float, high: float) -> tuple[float, Outcome]:
@@ -269,11 +320,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {args.trace} holds no requests", file=sys.stderr)
         return 2
 
-    def run(make_policy: Callable[[Balancer], Policy]) -> Callable[[float], Outcome]:
-        return lambda scale: simulate(requests, scale, make_policy, costs, args.cache_blocks, kv.block_size)
+    def run(policy: Policy) -> Callable[[float], Outcome]:
+        return lambda scale: simulate(requests, scale, policy, costs, args.cache_blocks, kv.block_size)
 
-    scale, least = scale_for_utilisation(run(LeastLoaded), 1e-3, 1e3)
-    oracle = run(lambda _: Oracle(costs))(scale)
+    scale, least = scale_for_utilisation(run(Policy("off")), 1e-3, 1e3)
+    approximate = run(Policy("approximate"))(scale)
+    two_proxies = run(Policy("approximate", proxies=2))(scale)
+    oracle = run(Policy("off", oracle=True))(scale)
+    overhead = routing_overhead_s(requests, args.cache_blocks, kv.block_size)
     bench.report(__doc__, {
         "requests": len(requests),
         "time_scale": f"{scale:.3f}",
@@ -285,7 +339,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "oracle_ttft_p99_ms": f"{oracle.ttft_ms(99):.1f}",
         "oracle_hit_ratio": f"{oracle.hit_ratio:.3f}",
         "oracle_vs_least_loaded_ttft_ratio": f"{oracle.ttft_ms() / least.ttft_ms():.3f}",
-        "routing_failed_requests": least.failed + oracle.failed,
+        "approximate_ttft_mean_ms": f"{approximate.ttft_ms():.1f}",
+        "approximate_ttft_p99_ms": f"{approximate.ttft_ms(99):.1f}",
+        "approximate_hit_ratio": f"{approximate.hit_ratio:.3f}",
+        "approximate_vs_least_loaded_ttft_ratio": f"{approximate.ttft_ms() / least.ttft_ms():.3f}",
+        "approximate_hit_ratio_2_proxies": f"{two_proxies.hit_ratio:.3f}",
+        "routing_overhead_p99_ms": f"{1000 * percentile(overhead, 99):.3f}",
+        "routing_failed_requests": sum(o.failed for o in (least, approximate, two_proxies, oracle)),
     })
     return 0
 
