@@ -20,7 +20,9 @@ and the KV hop of the whole prompt to decode. All policies run at one time scale
 trace's arrival times), found so that least-loaded's prefill utilisation is 0.75 +- 0.01.
 `oracle` knows every engine's cache exactly and sends each request where it would finish prefill
 first (the work queued there plus its uncached prefill). The routing overhead is measured apart, in
-wall-clock time, over the trace's requests with 64 in flight at one proxy.
+wall-clock time, over the trace's requests with 64 in flight at one proxy. Last, a live replay: the
+trace's first `--live-requests` requests through the real `pd-proxy` process (approximate prefix
+routing) to the caching fakes over HTTP on loopback, 64 streams at a time, each answer checked.
 
 Figures:
 - requests: requests replayed
@@ -42,11 +44,15 @@ Figures:
   each knowing only what it routed
 - routing_overhead_p99_ms: wall-clock time of pd-proxy's approximate routing decision at 64 requests
   in flight (token ids read from the parsed body, block keys, index, pick), 99th percentile
-- routing_failed_requests: requests no instance was chosen for, over every policy
+- live_replayed_requests: requests of the live replay through the real pd-proxy process
+- live_approximate_hit_ratio: prompt tokens the caching fakes found cached over prompt tokens there
+- routing_failed_requests: requests the simulations could not route plus requests of the live replay
+  that failed (an error, a wrong answer, an engine's protocol error)
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import heapq
 import itertools
@@ -62,12 +68,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import _paths  # noqa: F401  (tests/ on sys.path)
+import aiohttp
 
 from pd_operator.proxy.balancer import Balancer
-from pd_operator.proxy.membership import Upstream, document, parse_document
+from pd_operator.proxy.membership import Membership, Upstream, document, parse_document
 from pd_operator.proxy.prompt_tokens import COMPLETIONS, PromptTokens, prompt_tokens
 from support import bench
-from support.caching_engine import Costs, PrefixCache, block_hashes, example_kv, measured
+from support.caching_engine import CachingPrefill, Costs, PrefixCache, block_hashes, example_kv, measured
+from support.fakevllm import MODEL, WAIT_S, FakeEngine, ProxyProcess, started, swap
 from support.specs import ROOT
 
 TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl.gz"
@@ -75,6 +83,7 @@ TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl.gz"
 TRACE_BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry (the trace's README)."""
 PREFILLS, DECODES = 2, 2
+"""Instances of each role (--prefills for more prefill)."""
 CACHE_BLOCKS = 65536
 """Blocks each prefill's prefix cache holds (of the engine's block size): 42M tokens of 640."""
 DECODE_TOKEN_S = 0.06949
@@ -82,7 +91,9 @@ DECODE_TOKEN_S = 0.06949
 UTILISATION, TOLERANCE = 0.75, 0.01
 """Least-loaded's prefill utilisation the time scale is chosen for, and how close it gets."""
 STREAMS = 64
-QUICK = {"requests": 400}
+LIVE_REQUESTS, LIVE_TIME_SCALE, LIVE_TOKENS = 2000, 0.001, 4
+"""The live replay: the trace's first requests, wall-clock seconds per modelled second, tokens each."""
+QUICK = {"requests": 400, "live_requests": 100}
 
 
 @dataclass(frozen=True)
@@ -151,11 +162,12 @@ class Outcome:
     window_s: float
     """From the first arrival to the last."""
     failed: int
+    prefills: int
 
     @property
     def utilisation(self) -> float:
         """Prefill work over the instances' time while requests arrive (above 1: it cannot keep up)."""
-        return self.busy_s / (PREFILLS * self.window_s)
+        return self.busy_s / (self.prefills * self.window_s)
 
     @property
     def hit_ratio(self) -> float:
@@ -170,24 +182,31 @@ def percentile(values: Sequence[float], q: int) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def members(cache_blocks: int, block_size: int) -> list[Upstream]:
-    """The replay's instances as pd-proxy's membership names them (prefill with its engine block)."""
-    prefill = [Upstream(f"prefill-{i}", f"http://prefill-{i}:8000", block_tokens=block_size,
-                        cache_blocks=cache_blocks) for i in range(PREFILLS)]
-    return prefill + [Upstream(f"decode-{i}", f"http://decode-{i}:8000") for i in range(DECODES)]
+@dataclass(frozen=True)
+class Setup:
+    prefills: int
+    cache_blocks: int
+    block_size: int
+    costs: Costs
+
+    def membership(self) -> Membership:
+        """The replay's instances as pd-proxy's membership names them (prefill with its engine block
+        and cache size)."""
+        prefill = [Upstream(f"prefill-{i}", f"http://prefill-{i}:8000", block_tokens=self.block_size,
+                            cache_blocks=self.cache_blocks) for i in range(self.prefills)]
+        decode = [Upstream(f"decode-{i}", f"http://decode-{i}:8000") for i in range(DECODES)]
+        return parse_document(document(prefill, decode))
 
 
-def simulate(requests: Sequence[Request], scale: float, policy: Policy, costs: Costs, cache_blocks: int,
-             block_size: int) -> Outcome:
+def simulate(requests: Sequence[Request], scale: float, policy: Policy, setup: Setup) -> Outcome:
     """Replay `requests` with arrivals at `scale` times the trace's; what it took."""
     clock = [0.0]
-    upstreams = members(cache_blocks, block_size)
-    membership = parse_document(document([u for u in upstreams if u.name.startswith("prefill")],
-                                         [u for u in upstreams if u.name.startswith("decode")]))
+    costs, block_size = setup.costs, setup.block_size
+    membership = setup.membership()
     proxies = [Balancer(clock=lambda: clock[0], prefix=policy.mode) for _ in range(policy.proxies)]
     for proxy in proxies:
         proxy.update(membership)
-    prefills = {u.name: Prefill(u, PrefixCache(block_size, cache_blocks)) for u in membership.prefill}
+    prefills = {u.name: Prefill(u, PrefixCache(block_size, setup.cache_blocks)) for u in membership.prefill}
     events: list[tuple[float, int, Callable[[], None]]] = []
     order = itertools.count()
     ttft: list[float] = []
@@ -259,16 +278,15 @@ def simulate(requests: Sequence[Request], scale: float, policy: Policy, costs: C
         clock[0], _, action = heapq.heappop(events)
         action()
     busy = sum(p.busy_s for p in prefills.values())
-    return Outcome(ttft, cached_total, max(prompt_total, 1), busy, max(window, 1e-9), failed)
+    return Outcome(ttft, cached_total, max(prompt_total, 1), busy, max(window, 1e-9), failed, setup.prefills)
 
 
-def routing_overhead_s(requests: Sequence[Request], cache_blocks: int, block_size: int) -> list[float]:
+def routing_overhead_s(requests: Sequence[Request], setup: Setup) -> list[float]:
     """Wall-clock seconds of each approximate routing decision of pd-proxy over the trace, from the
     request's parsed body to the recorded pick (its token ids read and checked, their block keys, the
     index lookup, the pick, the record), with STREAMS requests in flight at the proxy."""
-    upstreams = members(cache_blocks, block_size)
     balancer = Balancer(prefix="approximate")
-    balancer.update(parse_document(document(upstreams[:PREFILLS], upstreams[PREFILLS:])))
+    balancer.update(setup.membership())
     in_flight: deque = deque()
     out = []
     for request in requests:
@@ -283,6 +301,57 @@ def routing_overhead_s(requests: Sequence[Request], cache_blocks: int, block_siz
         in_flight.append(serving)
         if len(in_flight) >= STREAMS:
             in_flight.popleft().__exit__(None, None, None)
+    return out
+
+
+@dataclass
+class Live:
+    """What the live replay through the real pd-proxy process saw."""
+
+    failed: list[str] = field(default_factory=list)
+    answered: int = 0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+async def live_replay(requests: Sequence[Request], setup: Setup, mode: str, workdir: Path) -> Live:
+    """The first requests of the trace through a `pd-proxy` process routing with prefix `mode`, to
+    caching prefill fakes and decode fakes on loopback (their prefill sleeps the modelled time scaled
+    by LIVE_TIME_SCALE), STREAMS at a time; every answer checked."""
+    block = setup.block_size
+    prefills = [CachingPrefill(f"prefill-{i}", "prefill", cache=PrefixCache(block, setup.cache_blocks),
+                               costs=setup.costs, time_scale=LIVE_TIME_SCALE) for i in range(setup.prefills)]
+    decodes = [FakeEngine(f"decode-{i}", "decode", chunks=LIVE_TOKENS) for i in range(DECODES)]
+    await started(*prefills, *decodes)
+    membership = workdir / "membership.json"
+    swap(membership, document([replace(e.upstream, block_tokens=block, cache_blocks=setup.cache_blocks)
+                               for e in prefills], [e.upstream for e in decodes]))
+    out = Live()
+    queue = iter(enumerate(requests))
+    try:
+        async with ProxyProcess.on_loopback(membership, workdir / "proxy.log", "--prefix-routing", mode) as proxy, \
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_S)) as session:
+            async def stream() -> None:
+                for i, request in queue:
+                    body = {"model": MODEL, "prompt": request.tokens().tolist(), "max_tokens": LIVE_TOKENS}
+                    try:
+                        async with session.post(proxy.url + "/v1/completions", json=body,
+                                                headers={"X-Request-Id": f"r{i}"}) as resp:
+                            answer = await resp.json()
+                            text = answer["choices"][0]["text"] if resp.status == 200 else None
+                    except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as err:
+                        out.failed.append(f"r{i}: {type(err).__name__}: {err}")
+                        continue
+                    if text != "".join(f"t{k} " for k in range(LIVE_TOKENS)):
+                        out.failed.append(f"r{i}: HTTP {resp.status}: {str(answer)[:200]}")
+                    else:
+                        out.answered += 1
+            await asyncio.gather(*(stream() for _ in range(STREAMS)))
+    finally:
+        await asyncio.gather(*(e.stop() for e in (*prefills, *decodes)))
+    out.failed += [problem for e in (*prefills, *decodes) for problem in e.errors]
+    out.cached_tokens = sum(cached for e in prefills for cached, _ in e.hits)
+    out.prompt_tokens = sum(prompt for e in prefills for _, prompt in e.hits)
     return out
 
 
@@ -308,26 +377,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--cache-blocks", type=int, default=CACHE_BLOCKS,
                         help=f"each prefill's prefix cache, in engine blocks (default {CACHE_BLOCKS})")
+    parser.add_argument("--live-requests", type=int, default=LIVE_REQUESTS,
+                        help=f"requests of the live replay through pd-proxy (default {LIVE_REQUESTS})")
+    parser.add_argument("--prefills", type=int, default=PREFILLS,
+                        help=f"prefill instances (default {PREFILLS}; decode: {DECODES})")
     args = bench.parse(parser, argv, QUICK)
     if not args.trace.is_file():
         print(f"error: no trace at {args.trace}: the conversation trace is read from ../shared/traces/ "
               f"beside the project (its README says where it comes from); give another with --trace",
               file=sys.stderr)
         return 2
-    kv, costs = example_kv(), measured()
+    kv = example_kv()
     requests = read_trace(args.trace, args.requests, kv.block_size)
     if not requests:
         print(f"error: {args.trace} holds no requests", file=sys.stderr)
         return 2
 
+    setup = Setup(args.prefills, args.cache_blocks, kv.block_size, measured())
+
     def run(policy: Policy) -> Callable[[float], Outcome]:
-        return lambda scale: simulate(requests, scale, policy, costs, args.cache_blocks, kv.block_size)
+        return lambda scale: simulate(requests, scale, policy, setup)
 
     scale, least = scale_for_utilisation(run(Policy("off")), 1e-3, 1e3)
     approximate = run(Policy("approximate"))(scale)
     two_proxies = run(Policy("approximate", proxies=2))(scale)
     oracle = run(Policy("off", oracle=True))(scale)
-    overhead = routing_overhead_s(requests, args.cache_blocks, kv.block_size)
+    overhead = routing_overhead_s(requests, setup)
+    with bench.workdir("routing-") as workdir:
+        live = asyncio.run(live_replay(requests[:args.live_requests], setup, "approximate", workdir))
     bench.report(__doc__, {
         "requests": len(requests),
         "time_scale": f"{scale:.3f}",
@@ -345,9 +422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "approximate_vs_least_loaded_ttft_ratio": f"{approximate.ttft_ms() / least.ttft_ms():.3f}",
         "approximate_hit_ratio_2_proxies": f"{two_proxies.hit_ratio:.3f}",
         "routing_overhead_p99_ms": f"{1000 * percentile(overhead, 99):.3f}",
-        "routing_failed_requests": sum(o.failed for o in (least, approximate, two_proxies, oracle)),
+        "live_replayed_requests": live.answered + len(live.failed),
+        "live_approximate_hit_ratio": f"{live.cached_tokens / max(live.prompt_tokens, 1):.3f}",
+        "routing_failed_requests": sum(o.failed for o in (least, approximate, two_proxies, oracle))
+        + len(live.failed),
     })
-    return 0
+    return bench.exit_code(live.failed)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_
 """What vllm-ascend's example proxy asks prefill for (vllm-project/vllm-ascend:
 examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py @ v0.30.0rc2)."""
 WAIT_S = 60.0
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""An engine takes bodies this large (aiohttp's default, 1 MiB, refuses a 100k-token prompt given as
+token ids, which bench/routing.py sends)."""
 KV_PULL_PATH = "/fake-kv/"
 """Where a fake prefill serves a request's blocks (the real pull is Mooncake's, not HTTP)."""
 
@@ -197,7 +200,7 @@ class FakeEngine:
             await self.holds[point](body)
 
     async def start(self) -> FakeEngine:
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         for path in ("/v1/completions", "/v1/chat/completions"):
             app.router.add_post(path, self._completions)
         app.router.add_get("/v1/models", self._models)
