@@ -3,7 +3,8 @@
 Replays the trace (default: the conversation trace of Mooncake's FAST'25 release, `../shared/traces/`
 beside the project; `--trace PATH` for any file of that format) against 2 prefill and 2 decode
 instances of the caching fake (tests/support/caching_engine.py: the GLM example's 640-token prefill
-blocks, an LRU prefix cache of `--cache-blocks` blocks, prefill and KV-hop times from published
+blocks, an LRU prefix cache of as many blocks as pd-proxy's membership for the example bounds a
+prefill to (65,536 unless `--cache-blocks`), prefill and KV-hop times from published
 measurements). Each `hash_ids` entry is a fixed 512-token block of synthetic token ids, so two
 requests share a token prefix exactly as far as their ids agree; the engine hits on whole 640-token
 blocks of it.
@@ -13,7 +14,7 @@ pass on a virtual clock, and every routing decision is made by pd-proxy's own co
 pd_operator.proxy.balancer.Balancer on that clock as pd-proxy runs it (prefill counted in flight
 from its call to its answer): `least_loaded` with prefix routing off (fewest requests in flight);
 `approximate`, its approximate prefix routing (the requests' token ids as their bodies carry them;
-the membership gives each prefill its 640-token block and `--cache-blocks`); and the same with two
+the membership gives each prefill its 640-token block and that bound); and the same with two
 proxy replicas taking the requests in turn, each knowing only what it routed. Each prefill instance
 serves one request at a time in arrival order; TTFT is the wait, the prefill of the uncached tokens
 and the KV hop of the whole prompt to decode. All policies run at one time scale (the factor on the
@@ -84,8 +85,6 @@ TRACE_BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry (the trace's README)."""
 PREFILLS, DECODES = 2, 2
 """Instances of each role (--prefills for more prefill)."""
-CACHE_BLOCKS = 65536
-"""Blocks each prefill's prefix cache holds (of the engine's block size): 42M tokens of 640."""
 DECODE_TOKEN_S = 0.06949
 """Decode's time per output token (the same measurement as the prefill's fixed part, its TPOT)."""
 UTILISATION, TOLERANCE = 0.75, 0.01
@@ -328,8 +327,9 @@ async def live_replay(requests: Sequence[Request], setup: Setup, mode: str, work
                                for e in prefills], [e.upstream for e in decodes]))
     out = Live()
     queue = iter(enumerate(requests))
+    argv = ("--prefix-routing", mode)
     try:
-        async with ProxyProcess.on_loopback(membership, workdir / "proxy.log", "--prefix-routing", mode) as proxy, \
+        async with ProxyProcess.on_loopback(membership, workdir / "proxy.log", *argv) as proxy, \
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_S)) as session:
             async def stream() -> None:
                 for i, request in queue:
@@ -375,8 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, default=TRACE,
                         help=f"a Mooncake-format trace (default {TRACE})")
     parser.add_argument("--requests", type=int, default=None, help="replay only the first N requests")
-    parser.add_argument("--cache-blocks", type=int, default=CACHE_BLOCKS,
-                        help=f"each prefill's prefix cache, in engine blocks (default {CACHE_BLOCKS})")
+    parser.add_argument("--cache-blocks", type=int, default=None,
+                        help="each prefill's prefix cache, in engine blocks (default: the example's bound "
+                             "as pd-proxy's membership carries it)")
     parser.add_argument("--live-requests", type=int, default=LIVE_REQUESTS,
                         help=f"requests of the live replay through pd-proxy (default {LIVE_REQUESTS})")
     parser.add_argument("--prefills", type=int, default=PREFILLS,
@@ -393,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {args.trace} holds no requests", file=sys.stderr)
         return 2
 
-    setup = Setup(args.prefills, args.cache_blocks, kv.block_size, measured())
+    setup = Setup(args.prefills, args.cache_blocks or kv.cache_blocks, kv.block_size, measured())
 
     def run(policy: Policy) -> Callable[[float], Outcome]:
         return lambda scale: simulate(requests, scale, policy, setup)

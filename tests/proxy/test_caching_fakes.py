@@ -17,6 +17,7 @@ import pytest
 
 from pd_operator import cli
 from pd_operator.api.labels import KV_LAYOUT
+from pd_operator.proxy.prefix_routing import DEFAULT_CACHE_BLOCKS
 from support.caching_engine import (
     EXAMPLE,
     CachingPrefill,
@@ -125,6 +126,7 @@ def test_the_example_block_and_kv_bytes_are_what_pdctl_plan_prints():
     kv = example_kv()
     assert kv.block_size == plan["prefill"]["engineBlockSize"] == 640
     assert kv.kv_bytes_per_token == plan["transfer"]["bytes"] / plan["transfer"]["promptTokens"]
+    assert kv.cache_blocks == DEFAULT_CACHE_BLOCKS, "the example leaves prefillCacheBlocks to the proxy"
 
 
 def test_the_time_model_reproduces_its_measurements():

@@ -10,9 +10,11 @@ how many of its blocks were cached and gives the KV events vLLM's block pool wou
 block; group 0 only: the fake models one cache group). The hash function is the fake's own
 (blake2b, 64 bits, as vLLM's default integer hashes are 64 bits); a consumer must not depend on it.
 
-`example_kv()` is what the bundled GLM example resolves to (`pdctl plan`): prefill's engine block
-size and the KV bytes one prompt token moves to decode. `Costs` are the time model the fakes and
-bench/routing.py share, each constant from a published measurement (`MEASURED`).
+`example_kv()` is what the bundled GLM example resolves to: prefill's prefix-cache block (its engine
+block, 640 tokens, as `pdctl plan` prints it and the proxy's membership carries it), the blocks one
+prefill's cache holds (the membership's bound) and the KV bytes one prompt token moves to decode.
+`Costs` are the time model the fakes and bench/routing.py share, each constant from a published
+measurement (`measured()`).
 
 `CachingPrefill` is a `FakeEngine` prefill with a `PrefixCache`: it sleeps the modelled prefill time
 (scaled by `time_scale`) for the uncached tokens only, reports the cached tokens in
@@ -33,32 +35,36 @@ from functools import cache
 from support.fakevllm import FakeEngine
 from support.kv_events import BlockRemoved, BlockStored, Event, Publisher
 from support.podnet import EngineFactory, plain_engine, pod_port
-from support.specs import EXAMPLES
+from support.specs import EXAMPLES, GLM
 
-EXAMPLE = EXAMPLES / "glm-5.3-flash-tp8-dp2tp4.yaml"
+EXAMPLE = EXAMPLES / GLM
 
 
 @dataclass(frozen=True)
 class ExampleKV:
     block_size: int
-    """Prefill's engine block in tokens (640 for the example: its prefix hits land on it)."""
+    """Prefill's prefix-cache block in tokens, as pd-proxy's membership gives it (640 for the example:
+    its engine block, where its prefix hits land)."""
+    cache_blocks: int
+    """Blocks one prefill's prefix cache holds, as pd-proxy's membership bounds it (the example leaves
+    spec.proxy.routing.prefillCacheBlocks unset: the proxy's default)."""
     kv_bytes_per_token: float
     """What one prompt token's KV weighs on the way to decode (the transfer plan's bytes / tokens)."""
 
 
 @cache
 def example_kv() -> ExampleKV:
-    """The bundled GLM example as `pdctl plan` resolves it (the same code: spec.validate, kv.compat)."""
-    import yaml
+    """The bundled GLM example as the operator resolves and renders it for pd-proxy (the same code)."""
+    from pd_operator.proxy.prefix_routing import DEFAULT_CACHE_BLOCKS
+    from pd_operator.render.proxy import upstream
+    from support.specs import example, resolve
 
-    from pd_operator.kv.compat import check_pair
-    from pd_operator.spec.validate import pair_from_manifest
-
-    doc = next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d and d.get("kind") == "PDDeployment")
-    pair = pair_from_manifest(doc)
-    report = check_pair(pair.prefill, pair.decode, connector=pair.connector)
-    assert report.prefill_layout is not None and report.plan is not None, report.findings
-    return ExampleKV(report.prefill_layout.engine_block_size, report.plan.bytes / report.plan.prompt_tokens)
+    ctx = resolve(example(EXAMPLE))
+    prefill = upstream(ctx, "prefill", 0, ctx.layout_hash)
+    plan = ctx.report.plan
+    assert prefill.block_tokens is not None and plan is not None, "the example caches prefixes and plans"
+    return ExampleKV(prefill.block_tokens, prefill.cache_blocks or DEFAULT_CACHE_BLOCKS,
+                     plan.bytes / plan.prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -213,13 +219,13 @@ class CachingPrefill(FakeEngine):
         return cached
 
 
-def caching_engines(cache_blocks: int, costs: Costs | None = None, time_scale: float = 0.0,
+def caching_engines(cache_blocks: int | None = None, costs: Costs | None = None, time_scale: float = 0.0,
                     events_ports: tuple[str, str] | None = None) -> EngineFactory:
     """For `podnet.Kubelet(engine=...)`: each prefill instance's leader pod runs a `CachingPrefill` of
-    the example's block size holding `cache_blocks` blocks, publishing its events from a process of
-    its own on the pod's IP at the container ports named `events_ports` (PUB, replay) when given;
-    decode pods run plain engines."""
-    block_size = example_kv().block_size
+    the example's block size holding `cache_blocks` blocks (the example's bound unless given),
+    publishing its events from a process of its own on the pod's IP at the container ports named
+    `events_ports` (PUB, replay) when given; decode pods run plain engines."""
+    kv = example_kv()
 
     def engine(instance: str, role: str, pod: dict, container: dict) -> FakeEngine:
         plain = plain_engine(instance, role, pod, container)
@@ -230,7 +236,7 @@ def caching_engines(cache_blocks: int, costs: Costs | None = None, time_scale: f
             pub, replay = (pod_port(container, name) for name in events_ports)
             events = Publisher(plain.host, pub, replay)
         return CachingPrefill(instance, role, host=plain.host, port=plain.port, layout=plain.layout,
-                              cache=PrefixCache(block_size, cache_blocks), costs=costs, time_scale=time_scale,
-                              events=events)
+                              cache=PrefixCache(kv.block_size, cache_blocks or kv.cache_blocks), costs=costs,
+                              time_scale=time_scale, events=events)
 
     return engine
