@@ -21,7 +21,7 @@ and the KV hop of the whole prompt to decode. All policies run at one time scale
 trace's arrival times), found so that least-loaded's prefill utilisation is 0.75 +- 0.01.
 `oracle` knows every engine's cache exactly and sends each request where it would finish prefill
 first (the work queued there plus its uncached prefill). The routing overhead is measured apart, in
-wall-clock time, over the trace's requests with 64 in flight at one proxy. Last, a live replay: the
+wall-clock time, over the trace's first 2000 requests with 64 in flight at one proxy. Last, a live replay: the
 trace's first `--live-requests` requests through the real `pd-proxy` process (approximate prefix
 routing) to the caching fakes over HTTP on loopback, 64 streams at a time, each answer checked.
 
@@ -73,6 +73,7 @@ import aiohttp
 
 from pd_operator.proxy.balancer import Balancer
 from pd_operator.proxy.membership import Membership, Upstream, document, parse_document
+from pd_operator.proxy.prefix_routing import Prompt
 from pd_operator.proxy.prompt_tokens import COMPLETIONS, PromptTokens, prompt_tokens
 from support import bench
 from support.caching_engine import CachingPrefill, Costs, PrefixCache, block_hashes, example_kv, measured
@@ -90,8 +91,10 @@ DECODE_TOKEN_S = 0.06949
 UTILISATION, TOLERANCE = 0.75, 0.01
 """Least-loaded's prefill utilisation the time scale is chosen for, and how close it gets."""
 STREAMS = 64
-LIVE_REQUESTS, LIVE_TIME_SCALE, LIVE_TOKENS = 2000, 0.001, 4
+LIVE_REQUESTS, LIVE_TIME_SCALE, LIVE_TOKENS = 500, 0.001, 4
 """The live replay: the trace's first requests, wall-clock seconds per modelled second, tokens each."""
+OVERHEAD_REQUESTS = 2000
+"""The routing overhead is timed over the trace's first requests."""
 QUICK = {"requests": 400, "live_requests": 100}
 
 
@@ -103,6 +106,18 @@ class Request:
     hash_ids: list[int]
     hashes: list[int]
     """The engine's block hashes of the prompt."""
+    _prompts: dict[int, Prompt] = field(default_factory=dict, compare=False, repr=False)
+
+    def prompt(self, block_size: int) -> Prompt:
+        """The request as pd-proxy's prefix routing sees it, its block keys computed once by the
+        proxy's own code and kept for every replay; its token ids are not kept (a range stands for
+        their count: the keys of `block_size` are all the proxy reads of them)."""
+        if block_size not in self._prompts:
+            prompt = Prompt(PromptTokens(tuple(self.tokens())))
+            prompt.keys(block_size)
+            prompt.tokens = PromptTokens(range(self.prompt_tokens))  # type: ignore[arg-type]
+            self._prompts[block_size] = prompt
+        return self._prompts[block_size]
 
     def tokens(self) -> array:
         """The prompt: each hash id a fixed 512-token block of token ids."""
@@ -229,8 +244,7 @@ def simulate(requests: Sequence[Request], scale: float, policy: Policy, setup: S
         nonlocal failed
         request = requests[index]
         proxy = proxies[index % len(proxies)]
-        prompt = (proxy.prefix.prompt(PromptTokens(tuple(request.tokens()))) if policy.mode != "off"
-                  else None)
+        prompt = request.prompt(block_size) if policy.mode != "off" else None
         upstream = oracle(request) if policy.oracle else proxy.pick("prefill", set(), prompt=prompt)
         if upstream is None:
             failed += 1
@@ -403,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     approximate = run(Policy("approximate"))(scale)
     two_proxies = run(Policy("approximate", proxies=2))(scale)
     oracle = run(Policy("off", oracle=True))(scale)
-    overhead = routing_overhead_s(requests, setup)
+    overhead = routing_overhead_s(requests[:OVERHEAD_REQUESTS], setup)
     with bench.workdir("routing-") as workdir:
         live = asyncio.run(live_replay(requests[:args.live_requests], setup, "approximate", workdir))
     bench.report(__doc__, {
