@@ -55,11 +55,13 @@ def serving_images() -> dict[str, tuple]:
 def import_images(cluster: NodeCluster) -> list[str]:
     """The operator image as the chart's, and the stand-ins under every serving image name the examples
     use, into the node's containerd (each built by the images tier first, seconds when warm)."""
-    wanted: dict[tuple, list[str]] = {containers.OPERATOR: [CHART_IMAGE]}
+    specs = {containers.OPERATOR[0]: containers.OPERATOR}
+    wanted: dict[str, list[str]] = {containers.OPERATOR[0]: [CHART_IMAGE]}
     for name, standin in serving_images().items():
-        wanted.setdefault(standin, []).append(name)
-    for spec, names in wanted.items():
-        image = containers.build(*spec)
+        specs[standin[0]] = standin
+        wanted.setdefault(standin[0], []).append(name)
+    for local, names in wanted.items():
+        image = containers.build(*specs[local])
         if not set(names) <= set(cluster.node.images()):  # imported earlier in this node's life
             cluster.node.import_podman_image(image, *names)
     return [name for names in wanted.values() for name in names]
