@@ -311,7 +311,8 @@ def test_a_node_of_a_run_killed_with_sigkill_is_swept_by_the_next_start(tmp_path
     removed = sweep_stale_nodes()
     assert f"bridge {bridge}" in removed
     assert run_processes(str(workdir)) == set()
-    assert not pathlib.Path(f"/proc/{holder}").exists()  # the mount namespace's last process
+    # The mount namespace's holder (its last process) is killed: gone, or a zombie until reaped.
+    wait_for("the namespace holder dead", lambda: not _alive(int(holder)), 60)
     assert not any(h.joinpath(cgroup_root.lstrip("/")).exists() for h in cgroup_hierarchies())
     assert bridge not in {link["ifname"] for link in _links()}
     mounts = pathlib.Path("/proc/self/mounts").read_text()
@@ -327,3 +328,12 @@ def _machine_has_no_node_of(workdir: pathlib.Path) -> None:
     own = [p.name for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()
            and str(workdir).encode() in _cmdline(p)]
     assert own == []
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (killed, waiting to be reaped)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -197,9 +197,12 @@ class Load:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.answers.append(complete(self.cluster, self.deployment, "load", self.url, max_tokens=2))
+                answer = complete(self.cluster, self.deployment, "load", self.url, max_tokens=2)
             except OSError as err:  # refused, reset, timed out: a failed request too
-                self.answers.append(Answer("", 0, {"error": f"{type(err).__name__}: {err}"}))
+                answer = Answer("", 0, {"error": f"{type(err).__name__}: {err}"})
+            self.answers.append(answer)
+            if answer.status != 200:
+                self._stop.wait(0.1)  # a client backing off: failures come back at once
 
     def failed(self) -> list[Answer]:
         return [a for a in self.answers if a.status != 200]
