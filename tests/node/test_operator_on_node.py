@@ -222,9 +222,9 @@ def test_a_prefill_pod_deleted_with_its_grace_period_while_serving_is_replaced(n
 
 def test_the_decode_gates_readiness_drives_the_proxys_membership(node_cluster, journey):
     """The prefill's kv-probe frozen (its process stopped by the cgroup freezer, `ctr tasks pause`): the
-    decode's KV-link gate fails its round, the kubelet's readiness probe takes the decode pod out of
-    Ready, the operator takes the decode instance out of the proxy's membership and the proxy answers
-    503; thawed, the next round links it and completions move verified KV again."""
+    decode's KV-link gate fails its rounds (two in a row), the kubelet's readiness probe takes the decode
+    pod out of Ready, the operator takes the decode instance out of the proxy's membership and the proxy
+    answers 503; thawed, the next round links it and completions move verified KV again."""
     cluster, prefill, decode = node_cluster, engine_pod(journey, "prefill"), engine_pod(journey, "decode")
     membership = f"/api/v1/namespaces/{journey.namespace}/configmaps/{journey.name}-proxy"
     probe, _ = task(cluster, journey, prefill, "kv-probe")
@@ -261,21 +261,37 @@ def linked_hosts(cluster: NodeCluster, deployment: Deployment) -> set[str]:
     return {p["peer"].rsplit(":", 1)[0] for p in last["peers"] if p["ok"]}
 
 
-def test_a_prefill_scale_up_reaches_the_decode_gate_at_the_kubelets_projection_lag_then_scales_down(
+def projected_hosts(cluster: NodeCluster, deployment: Deployment) -> set[str]:
+    """The prefill hosts in the decode pod's projection of the proxy's membership ConfigMap: the file
+    the kubelet writes into its volume, read in the node's mount namespace."""
+    decode = engine_pod(deployment, "decode")
+    uid = cluster.api("GET", f"/api/v1/namespaces/{deployment.namespace}/pods/{decode}")["metadata"]["uid"]
+    path = cluster.node.in_namespace(
+        f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~configmap/membership/upstreams.json")
+    members = json.loads(path.read_text())
+    return {urlsplit(u["url"]).hostname for u in members["prefill"]}
+
+
+def test_a_prefill_scale_up_is_linked_at_once_and_projected_at_the_kubelets_sync_then_scales_down(
         node_cluster, journey):
     """The kubelet's default syncFrequency (1 min; the node sets none) and the rendered gate period
-    (30 s): the second prefill instance is linked once the kubelet has projected the proxy's new
-    membership into the decode pod (the lag printed), then `kubectl scale` back to 1 drains it."""
+    (30 s): `kubectl scale` of the prefill PDRole to 2. The operator pushes the new membership to the
+    decode's gate, which links the new instance at once; the kubelet projects the proxy's ConfigMap
+    into the decode pod at its own pace (the lag printed: what a gate reading only the file would
+    wait). Then `kubectl scale` back to 1 drains the new instance."""
     cluster = node_cluster
     role = f"{journey.name}-prefill"
     kubectl(cluster.kubeconfig, "scale", "pdrole", role, "-n", journey.namespace, "--replicas=2")
     listed = wait_for("two prefill instances in the proxy's membership",
-                      lambda: len(hosts := prefill_hosts(cluster, journey)) == 2 and hosts, 300, interval=1)
+                      lambda: len(hosts := prefill_hosts(cluster, journey)) == 2 and hosts, 300, interval=0.5)
     written = time.monotonic()
     wait_for("the decode's gate linking both", lambda: linked_hosts(cluster, journey) == listed, 300,
-             interval=1)
-    print(f"membership ConfigMap -> decode gate's round: {time.monotonic() - written:.0f} s "
-          "(the kubelet's projection at its 1 min sync, then the gate's next 30 s round)")
+             interval=0.5)
+    linked = time.monotonic() - written
+    wait_for("the kubelet's projection of the new membership", lambda: projected_hosts(cluster, journey)
+             == listed, 300, interval=0.5)
+    print(f"membership ConfigMap written -> decode gate linked both: {linked:.0f} s (pushed); "
+          f"-> the kubelet's projection in the decode pod: {time.monotonic() - written:.0f} s")
     record = serves_again(cluster, journey)
     assert record["ok"]
 
