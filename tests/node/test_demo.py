@@ -18,6 +18,9 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 CRD = pathlib.Path(__file__).resolve().parents[2] / "crds" / "pd.serving.dev_pddeployments.yaml"
 
 
+# Its own timeout: importing the four images into a new node's containerd (podman save, ctr import)
+# takes about 5 minutes of a loaded 2-core machine before the journey starts.
+@pytest.mark.timeout(1800)
 def test_demo_serves_a_completion_with_kv_verified_on_the_real_node(node_cluster: NodeCluster, capsys):
     assert demo.demo(str(EXAMPLES / "glm-5.3-flash-tp8-dp2tp4.yaml"), node_cluster) == 0
     out = capsys.readouterr().out

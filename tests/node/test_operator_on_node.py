@@ -85,6 +85,7 @@ def journey(node_cluster: NodeCluster, release: Release) -> Iterator[Deployment]
         remove(node_cluster, deployment)
 
 
+@pytest.mark.timeout(1800)  # the release fixture imports the images into containerd first (minutes)
 def test_the_operator_from_its_image_runs_on_the_node_and_its_webhook_refuses_a_bad_pairing(
         node_cluster: NodeCluster, release: Release):
     cluster = node_cluster
@@ -103,6 +104,7 @@ def test_the_operator_from_its_image_runs_on_the_node_and_its_webhook_refuses_a_
         assert finding.path in refused.stderr and finding.message in refused.stderr, refused.stderr
 
 
+@pytest.mark.timeout(1800)  # its fixtures import the images into containerd first (minutes)
 def test_the_readme_journey_serves_a_completion_with_kv_moved_between_pods(
         node_cluster: NodeCluster, journey: Deployment):
     cluster = node_cluster
