@@ -88,3 +88,17 @@ def test_a_failed_pod_still_in_the_index_is_not_doubled_and_healthy_ones_are_not
     runner.child_event(KEY, _pod("b"))
     _pods_index(runner, _pod("a", phase="Failed"), _pod("b"))
     assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["a", "b"]
+
+
+def test_pods_a_reconcile_deleted_are_left_out_until_the_index_shows_them_going(runner):
+    """A lagging index right after a rollout deleted an instance's pods still lists them Running:
+    the next reconcile must not count them as serving (it would let another instance leave). They
+    stay out until the index shows them terminating or gone, then the index is the truth again."""
+    _pods_index(runner, _pod("deleted"), _pod("kept"))
+    runner._remember(KEY, Outcome(deleted_pods=["deleted"]), since=0.0)
+    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["kept"]
+    _pods_index(runner, _pod("deleted", deleting=True), _pod("kept"))
+    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["deleted", "kept"]
+    assert not runner._deleted[KEY]  # forgotten: a pod of that uid never comes back
+    _pods_index(runner, _pod("kept"))
+    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["kept"]
