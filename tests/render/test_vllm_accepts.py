@@ -11,8 +11,10 @@ import subprocess
 
 import pytest
 
+from pd_operator.render import render
 from support.renders import VALID_EXAMPLES, flag, pod_argvs, rendered, role_of
-from support.specs import ROOT
+from support.specs import ROOT, resolve
+from support.specs import example as example_doc
 
 pytestmark = pytest.mark.vllm
 
@@ -84,3 +86,26 @@ def test_glm_examples_ask_prefix_caching_on_prefill_only(pods):
 def test_pods_cover_both_roles_and_a_headless_rank(pods):
     assert any("--headless" in argv for *_, argv in pods)
     assert {name.split()[0] for _, name, _, _ in pods} == {"prefill", "decode"}
+
+
+def test_vllm_reads_the_kv_events_config_of_precise_prefix_routing(tmp_path):
+    """Precise prefix routing renders `--kv-events-config` on every prefill pod of each example (prefix
+    caching on), and vLLM 0.34 reads it as a ZMQ publisher on every interface at the events port."""
+    pods = []
+    for path in VALID_EXAMPLES:
+        doc = example_doc(path)
+        doc["spec"]["prefill"]["enablePrefixCaching"] = True
+        doc["spec"].setdefault("proxy", {})["routing"] = {"prefix": "precise", "kvEventsPort": 6100}
+        for sts, ordinal, argv in pod_argvs(render(resolve(doc)), tmp_path / path.stem):
+            pods.append((f"{path.stem}: {sts['metadata']['name']} pod {ordinal}", role_of(sts), argv))
+    parsed = run_vllm([argv for *_, argv in pods], [])["argvs"]
+    assert {role for _, role, _ in pods} == {"prefill", "decode"}
+    for (where, role, argv), engine in zip(pods, parsed, strict=True):
+        assert engine["ok"], f"{where}: {engine['error']}"
+        events = engine["kv_events"]
+        if role == "decode":
+            assert "--kv-events-config" not in argv, where
+            assert not (events or {}).get("enable_kv_cache_events"), where
+            continue
+        assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq", where
+        assert events["endpoint"] == "tcp://*:6100", where

@@ -438,7 +438,7 @@ class ProxyLimits(ApiModel):
         return self
 
 
-PrefixRoutingMode = Literal["off", "approximate"]
+PrefixRoutingMode = Literal["off", "approximate", "precise"]
 """spec.proxy.routing.prefix, and pd-proxy's --prefix-routing (pd_operator.proxy.prefix_routing)."""
 
 
@@ -451,13 +451,19 @@ class ProxyRouting(ApiModel):
     """`approximate`: each request goes to the prefill expected to compute the fewest tokens for it:
     the prompt less the prefix that prefill holds, plus what it is computing already. The proxy
     remembers what it routed where, in blocks of the prefill's engine block
-    (status.kvLayout.prefillPrefixHitTokens), within prefillCacheBlocks. Only prompts given as token
+    (status.kvLayout.prefillPrefixHitTokens), within prefillCacheBlocks. `precise`: the same choice,
+    by what the prefill engines report they hold: they publish vLLM's KV cache events
+    (`--kv-events-config`) on kvEventsPort, which only this deployment's proxy pods may reach, and
+    the proxy subscribes to each; needs spec.prefill.enablePrefixCaching. Only prompts given as token
     ids are routed by prefix; text and chat requests, and every request when prefill does not cache
     prefixes, go by load. `off`: the prefill with the fewest requests in flight."""
     prefill_cache_blocks: int | None = Field(default=None, ge=1, le=10_000_000)
     """Prefix-cache blocks one prefill instance's KV cache holds (vLLM logs it at start-up: the GPU
     KV cache size in tokens over the block size); what the proxy remembers per prefill in approximate
     mode, the least recently routed going first. Unset: 65536 blocks."""
+    kv_events_port: Port = 5557
+    """precise: the prefill engines' KV-events port (vLLM's publisher endpoint); DP rank r of an
+    instance publishes on this port + r, on the pod that runs it."""
 
     @model_validator(mode="after")
     def _blocks_need_prefix_routing(self) -> ProxyRouting:
