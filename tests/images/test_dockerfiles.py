@@ -245,8 +245,8 @@ def test_operator_image_installs_exactly_the_operators_runtime_dependencies():
 
 # Base dependencies the serving image gets from vLLM itself (vllm's own requirements).
 FROM_VLLM = {"pydantic", "pyyaml", "numpy"}
-# ... and pd-proxy's (the `proxy` extra): vLLM's OpenAI server needs aiohttp too.
-PROXY_FROM_VLLM = {"aiohttp"}
+# ... and pd-proxy's (the `proxy` extra): vLLM's OpenAI server needs aiohttp, its KV events msgspec and pyzmq.
+PROXY_FROM_VLLM = {"aiohttp", "msgspec", "pyzmq"}
 
 
 def test_serving_image_adds_the_base_dependencies_vllm_lacks():

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
+import msgspec
 
 from pd_operator.proxy.prefix_index import Key, PrefixIndex, root_key, tokens_key
 
@@ -74,9 +74,9 @@ def decode_batch(payload: bytes) -> list[Event]:
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ValueError(f"a batch of {len(payload)} bytes")
     try:
-        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
-    except Exception as err:  # msgpack raises several types for bad input
-        raise ValueError(f"not msgpack: {type(err).__name__}") from None
+        batch = msgspec.msgpack.decode(payload)  # builtins: lists, maps, str, bytes, ints
+    except msgspec.DecodeError as err:
+        raise ValueError(f"not msgpack: {err}") from None
     if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
         raise ValueError("not a KVEventBatch [ts, events, ...]")
     return [_event(e) for e in batch[1]]
