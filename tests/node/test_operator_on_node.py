@@ -306,8 +306,9 @@ def test_a_prefill_scale_up_is_linked_at_once_and_projected_at_the_kubelets_sync
     assert record["ok"] and record["from"] == f"{journey.namespace}.{journey.name}-prefill-0"
 
 
-@pytest.mark.xfail(strict=False, reason="issue 32 (Rollouts that hold in the seams): a replaced prefill's "
-                   "address reaches the decodes' gates only at the kubelet's projection of the membership")
+@pytest.mark.xfail(strict=False, reason="issue 32 (Rollouts that hold in the seams): a prefill replaced "
+                   "under load must keep every decode Ready and fail no request; on the real node it does "
+                   "not yet")
 def test_a_prefill_rollout_under_load_keeps_every_decode_ready_and_fails_no_request(node_cluster, journey):
     """The rendered probe periods and the kubelet's default 1 min sync: a prefill template change
     (an env variable) replaces the prefill instance while a client sends completions."""
