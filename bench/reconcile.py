@@ -1,33 +1,48 @@
-"""Reconcile cost on the real control plane: N GLM-5.3-Flash 1P1D PDDeployments to all Ready with
-the operator as the chart installs it, against the same rendered children applied without it.
+"""Reconcile cost on the real control plane: N copies of the GLM-5.3-Flash P TP8 -> D DP2xTP4
+example created with the operator as the chart installs it (webhook on), against the same rendered
+children applied without it, in the same run.
 
 One control plane (tests/support: kube-apiserver v1.36.3, etcd, controller-manager, scheduler,
 kwok nodes with 8 NPUs each, enough for every pod) serves both runs, one after the other:
 
 1. The floor: the children the operator would render for the N deployments (PDRoles among them,
-   so the chart's CRDs go in first, as `helm install` would create them), applied with
-   `kubectl apply --server-side` (one call), until every StatefulSet and Deployment has all its
-   replicas Ready (the StatefulSet controller, the scheduler and kwok do the work). Then deleted.
+   so the chart's CRDs go in first, as `helm install` would create them), applied with one
+   `kubectl apply --server-side`: present when that command returns; then until every
+   StatefulSet and Deployment has all its replicas Ready (the StatefulSet controller, the
+   scheduler and kwok do the work). Then deleted.
 2. The operator (`helm install`, the chart's command as its ServiceAccount): the N PDDeployments
-   created, until every one reports Ready=True. `operator_vs_bare_ratio` is its time over the
-   floor's: what the operator adds on top of what Kubernetes itself needs.
+   created one after the other (each through the webhook), from the first create until the API
+   server has answered the operator's write of the last of their children (the audit log), then
+   until every PDDeployment reports Ready=True.
 
-From the API server's audit log: the operator's requests and writes per object; its writes during
-a drift pass over every object once all is Ready (`writes_per_noop_reconcile`, target 0: the bench
-exits 1 otherwise). The operator's resident memory at the end. Admission: --concurrency (20)
-parallel `kubectl apply --dry-run=server` of valid manifests (--rounds, 5 rounds), the API server's
-own latency for each from the audit log (received to answered, the webhook call included) as
-p50/p99, against the same for a ConfigMap (no webhook) in the same run.
+From the API server's audit log: the operator's requests until all Ready per child, the
+PDDeployment creates' own latency (the webhook's call in it, beside the operator's reconciles), and
+the operator's writes during a drift pass over every object once all is Ready
+(`writes_per_noop_reconcile`, target 0: the bench exits 1 otherwise). From /proc: the operator's
+CPU time over the run per reconcile it ran, and its resident memory at the end. Admission at rest:
+--concurrency (20) parallel `kubectl apply --dry-run=server` of valid manifests (--rounds, 5
+rounds), the API server's own latency for each (received to answered, the webhook call included)
+as p50/p99, against the same for a ConfigMap (no webhook) in the same run. Before the figures, as
+`#` lines: the operator's requests until all Ready by verb, resource and answer, with the API
+server's median latency for each.
 
 `--objects N` (default 100) sets the scale.
 
 Figures:
 - objects: PDDeployments
-- bare_seconds_to_all_ready: the floor
-- operator_seconds_to_all_ready: with the operator
+- children: the children they render, in all
+- bare_seconds_to_present: `kubectl apply --server-side` of every child, start to return
+- operator_seconds_to_present: the first PDDeployment create to the operator's last child written
+- operator_vs_bare_present_ratio: the second over the first (issue 35's target: 1.2)
+- bare_seconds_to_all_ready: the floor, to every workload Ready
+- operator_seconds_to_all_ready: with the operator, to every PDDeployment Ready
 - operator_vs_bare_ratio: the second over the first
-- requests_per_object: the operator's API requests until all Ready, per PDDeployment
-- writes_per_object: the writes among them
+- api_requests_per_child: the operator's API requests until all Ready, per child
+- api_writes_per_child: the writes among them
+- reconciles_per_object: the operator's reconciles until all Ready, per PDDeployment
+- cpu_seconds_per_reconcile: the operator's CPU time until all Ready over those reconciles
+- create_server_p50_ms: the API server's latency for the run's PDDeployment creates (the webhook's call in it)
+- create_server_p99_ms: its p99
 - noop_reconciles: reconciles in the drift pass
 - writes_per_noop_reconcile: the operator's writes in that pass, per reconcile
 - operator_rss_mb: the operator's resident memory at the end
@@ -45,9 +60,12 @@ Figures:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import copy
 import datetime
 import math
+import os
 import pathlib
 import statistics
 import sys
@@ -58,20 +76,26 @@ import _paths  # noqa: F401  (tests/ on sys.path)
 import yaml
 
 from pd_operator.render import render
+from pd_operator.render.kinds import resource_of
+from pd_operator.render.yaml_text import to_yaml
 from support import bench
 from support.audit import Event
 from support.cluster import ControlPlane, wait_for
-from support.fleet import RECONCILES, conditions, fleet_doc, fleet_nodes, metric, pdd_path, rss_mb
+from support.fleet import RECONCILES, conditions, fleet_nodes, metric, pdd_path, rss_mb
 from support.installed import OperatorProcess, helm_install, helm_uninstall, install_crds, weights_claim
-from support.kube import kubectl
+from support.kube import ROOT, kubectl
 from support.specs import resolve
 
+EXAMPLE = ROOT / "examples" / "glm-5.3-flash-tp8-dp2tp4.yaml"
+NPUS_PER_OBJECT = 16  # prefill TP8 on one node, decode DP2 x TP4 on another
 OBJECTS = 100
 CONCURRENT = 20
 ROUNDS = 5
 DRIFT_S = 10.0
 TIMEOUT_S = 1800.0
 QUICK = {"objects": 2, "concurrency": 4, "rounds": 1, "drift_interval": 2.0}
+Child = tuple[str, str]
+"""(resource, name) of a child in the run's namespace."""
 
 
 def _workloads_ready(cp: ControlPlane, namespace: str, want: int) -> bool:
@@ -84,38 +108,83 @@ def _workloads_ready(cp: ControlPlane, namespace: str, want: int) -> bool:
 
 
 def _docs(count: int, namespace: str) -> list[dict]:
-    return [fleet_doc(i, namespace, prefix="glm") for i in range(count)]
+    example = yaml.safe_load(EXAMPLE.read_text())
+    docs = []
+    for i in range(count):
+        doc = copy.deepcopy(example)
+        doc["metadata"] = {"name": f"glm-{i:03d}", "namespace": namespace}
+        docs.append(doc)
+    return docs
 
 
-def bare(cp: ControlPlane, count: int, workdir: pathlib.Path) -> float:
-    """Seconds from `kubectl apply --server-side` of every rendered child to all workloads Ready."""
+def _namespace(cp: ControlPlane, namespace: str, doc: dict) -> None:
+    """The namespace with what the example asks to create first: its weights claim and API key."""
+    cp.create_namespace(namespace)
+    cp.create_weights_volume(namespace, str(weights_claim(doc)))
+    key = doc["spec"]["proxy"]["apiKey"]["name"]
+    cp.api("POST", f"/api/v1/namespaces/{namespace}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": key}, "stringData": {"api-key": "bench"}})
+
+
+def _children(docs: list[dict]) -> list[dict]:
+    return [m for doc in docs for m in render(resolve(doc))]
+
+
+def _at(event: Event, key: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(str(event.raw[key]).replace("Z", "+00:00"))
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bare(cp: ControlPlane, count: int, workdir: pathlib.Path) -> tuple[float, float]:
+    """Seconds from `kubectl apply --server-side` of every rendered child to its return (every child
+    present) and to all workloads Ready."""
     namespace = "bench-bare"
     install_crds(cp)
-    cp.create_namespace(namespace)
-    cp.create_weights_volume(namespace, str(weights_claim(fleet_doc(0, namespace))))
-    manifests = [m for doc in _docs(count, namespace) for m in render(resolve(doc))]
+    docs = _docs(count, namespace)
+    _namespace(cp, namespace, docs[0])
+    manifests = _children(docs)
     workloads = sum(m["kind"] in ("StatefulSet", "Deployment") for m in manifests)
     path = workdir / "bare.yaml"
-    path.write_text(yaml.safe_dump_all(manifests))
+    path.write_text(to_yaml(manifests))
     started = time.monotonic()
     kubectl(cp.kubeconfig, "apply", "--server-side", "--field-manager=bench", "-f", str(path),
             timeout=TIMEOUT_S)
+    present = time.monotonic() - started
     wait_for("bare workloads Ready", lambda: _workloads_ready(cp, namespace, workloads), TIMEOUT_S,
              interval=0.5)
-    seconds = time.monotonic() - started
+    ready = time.monotonic() - started
     cp.delete_namespace(namespace)
     # Its pods hold the NPUs the operator's run needs.
     pods = f"/api/v1/namespaces/{namespace}/pods"
     wait_for("the bare run's pods gone", lambda: not cp.api("GET", pods)["items"], TIMEOUT_S, interval=1.0)
-    return seconds
+    return present, ready
+
+
+def _last_child_written(events: list[Event], children: set[Child]) -> datetime.datetime:
+    """When the API server answered the first successful write of the last of `children`."""
+    written: dict[Child, datetime.datetime] = {}
+    for event in events:
+        child = (event.resource, event.name)
+        if event.verb in ("create", "patch") and 200 <= event.code < 300 and child in children:
+            written.setdefault(child, _at(event, "stageTimestamp"))
+    if missing := children - set(written):
+        raise SystemExit(f"the operator wrote no {sorted(missing)[:5]} ({len(missing)} children)")
+    return max(written.values())
 
 
 def operator_run(cp: ControlPlane, op: OperatorProcess, user: str, count: int) -> dict[str, float]:
     namespace = "bench-operator"
-    cp.create_namespace(namespace)
-    cp.create_weights_volume(namespace, str(weights_claim(fleet_doc(0, namespace))))
     docs = _docs(count, namespace)
-    mark = cp.audit.mark()
+    _namespace(cp, namespace, docs[0])
+    children = {(resource_of(m), m["metadata"]["name"]) for m in _children(docs)}
+    pid = op.process.pid
+    mark, runs, cpu = cp.audit.mark(), metric(op, RECONCILES), _cpu_seconds(pid)
+    started_at = datetime.datetime.now(datetime.UTC)
     started = time.monotonic()
     for doc in docs:
         cp.api("POST", pdd_path(namespace), doc)
@@ -126,20 +195,32 @@ def operator_run(cp: ControlPlane, op: OperatorProcess, user: str, count: int) -
 
     wait_for("every PDDeployment Ready", all_ready, TIMEOUT_S, interval=0.5)
     seconds = time.monotonic() - started
-    mine = cp.audit.events(mark, user=user)
+    reconciles, cpu = metric(op, RECONCILES) - runs, _cpu_seconds(pid) - cpu
+    everything = cp.audit.events(mark, namespace=namespace)
+    mine = [e for e in everything if e.user == user]
+    creates = [_server_latency_ms(e) for e in everything
+               if e.resource == "pddeployments" and e.verb == "create" and e.user != user]
+    present = (_last_child_written(mine, children) - started_at).total_seconds()
+    by_request = collections.Counter((e.verb, e.resource, e.code) for e in mine)
+    for (verb, resource, code), n in by_request.most_common():
+        latency = statistics.median(_server_latency_ms(e) for e in mine if (e.verb, e.resource, e.code)
+                                    == (verb, resource, code))
+        print(f"# operator requests: {n} {verb} {resource} -> {code}, server p50 {latency:.0f} ms")
     # A drift pass over every object once all is Ready: each reconcile finds nothing to change.
     noop_mark, runs = cp.audit.mark(), metric(op, RECONCILES)
     wait_for("a drift pass over all", lambda: metric(op, RECONCILES) >= runs + count, TIMEOUT_S, interval=0.5)
     noop_runs = metric(op, RECONCILES) - runs
     noop_writes = [e for e in cp.audit.events(noop_mark, user=user) if e.write]
-    return {"seconds": seconds, "requests": len(mine), "writes": sum(e.write for e in mine),
-            "noop_writes": len(noop_writes), "noop_runs": noop_runs, "rss_mb": rss_mb(op.process.pid)}
+    for event in noop_writes[:10]:
+        print(f"# a write in the drift pass: {event}")
+    return {"present": present, "seconds": seconds, "children": len(children), "requests": len(mine),
+            "writes": sum(e.write for e in mine), "reconciles": reconciles, "cpu": cpu,
+            "create_p50": statistics.median(creates), "create_p99": _percentile(creates, 0.99),
+            "noop_writes": len(noop_writes), "noop_runs": noop_runs, "rss_mb": rss_mb(pid)}
 
 
 def _server_latency_ms(event: Event) -> float:
-    def at(key: str) -> datetime.datetime:
-        return datetime.datetime.fromisoformat(str(event.raw[key]).replace("Z", "+00:00"))
-    return (at("stageTimestamp") - at("requestReceivedTimestamp")).total_seconds() * 1000
+    return (_at(event, "stageTimestamp") - _at(event, "requestReceivedTimestamp")).total_seconds() * 1000
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -159,7 +240,9 @@ def admission(cp: ControlPlane, workdir: pathlib.Path, concurrency: int, rounds:
     namespace = "bench-admission"
     cp.create_namespace(namespace)
     pdd = workdir / "pdd.yaml"
-    pdd.write_text(yaml.safe_dump(fleet_doc(0, namespace, prefix="dry")))
+    (doc,) = _docs(1, namespace)
+    doc["metadata"]["name"] = "dry"
+    pdd.write_text(yaml.safe_dump(doc))
     configmap = workdir / "configmap.yaml"
     configmap.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap",
                                          "metadata": {"name": "dry", "namespace": namespace}, "data": {}}))
@@ -190,8 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"the operator's drift interval, s (default {DRIFT_S:.0f})")
     args = bench.parse(parser, argv, QUICK)
     count = args.objects
-    with bench.workdir("pd-bench-") as workdir, ControlPlane(nodes=fleet_nodes(count)) as cp:
-        floor_s = bare(cp, count, workdir)
+    nodes = fleet_nodes(count, NPUS_PER_OBJECT)
+    with bench.workdir("pd-bench-") as workdir, ControlPlane(nodes=nodes) as cp:
+        floor_present, floor_ready = bare(cp, count, workdir)
         release = helm_install(cp, workdir)
         try:
             with release.operator(cp, workdir, extra_args=[f"--drift-interval={args.drift_interval}"]) as op:
@@ -200,14 +284,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 latency = admission(cp, workdir, args.concurrency, args.rounds)
         finally:
             helm_uninstall(cp, release)
-        print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
+        print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}, load {os.getloadavg()[0]:.1f}")
     bench.report(__doc__, {
         "objects": count,
-        "bare_seconds_to_all_ready": f"{floor_s:.2f}",
+        "children": run["children"],
+        "bare_seconds_to_present": f"{floor_present:.2f}",
+        "operator_seconds_to_present": f"{run['present']:.2f}",
+        "operator_vs_bare_present_ratio": f"{run['present'] / floor_present:.3f}",
+        "bare_seconds_to_all_ready": f"{floor_ready:.2f}",
         "operator_seconds_to_all_ready": f"{run['seconds']:.2f}",
-        "operator_vs_bare_ratio": f"{run['seconds'] / floor_s:.3f}",
-        "requests_per_object": f"{run['requests'] / count:.1f}",
-        "writes_per_object": f"{run['writes'] / count:.1f}",
+        "operator_vs_bare_ratio": f"{run['seconds'] / floor_ready:.3f}",
+        "api_requests_per_child": f"{run['requests'] / run['children']:.2f}",
+        "api_writes_per_child": f"{run['writes'] / run['children']:.2f}",
+        "reconciles_per_object": f"{run['reconciles'] / count:.1f}",
+        "cpu_seconds_per_reconcile": f"{run['cpu'] / run['reconciles']:.4f}",
+        "create_server_p50_ms": f"{run['create_p50']:.1f}",
+        "create_server_p99_ms": f"{run['create_p99']:.1f}",
         "noop_reconciles": f"{run['noop_runs']:.0f}",
         "writes_per_noop_reconcile": f"{run['noop_writes'] / run['noop_runs']:.3f}",
         "operator_rss_mb": f"{run['rss_mb']:.1f}",

@@ -64,3 +64,20 @@ def test_cel_rule_per_cache_group_kind():
     assert any(p == "spec.model.kv.groups[0]" and "kind mla does not take" in m for p, m in problems)
     kv["groups"][0].pop("headSize")
     assert schema_problems(edited(spec__model__preset=None, spec__model__kv=kv)) == []
+
+
+def test_a_document_checked_again_is_answered_from_memory_and_only_the_same_text_is(monkeypatch):
+    from pd_operator.api import schema_check
+
+    doc = edited(spec__prefill__tensorParallelSize=0)
+    doc["metadata"]["name"] = "memo-check"  # a document no other test checked
+    first = schema_problems(doc)
+    monkeypatch.setattr(schema_check, "_problems", lambda *args: pytest.fail("checked again"))
+    assert schema_problems(copy.deepcopy(doc)) == first
+    first.clear()  # the caller's list is its own
+    assert schema_problems(doc) != []
+    monkeypatch.undo()
+    as_text = edited(spec__prefill__tensorParallelSize="0")  # equal as JSON text, not as a document
+    as_text["metadata"]["name"] = "memo-check"
+    assert [p for p, _ in schema_problems(as_text)] == ["spec.prefill.tensorParallelSize"]
+    assert "not of type" in schema_problems(as_text)[0][1]

@@ -104,3 +104,21 @@ def test_a_reconcile_renders_each_pod_template_once_and_computes_each_revision_o
     reconcile_mod.reconcile(MemoryClient(), ProxyStateReader(), body, applied,  # type: ignore[arg-type]
                             pods_of(with_status(applied)))
     assert sorted(renders) == sorted(distinct) and len(revisions) == 2 and len(figures) == 1
+
+
+def test_a_first_reconcile_applies_roles_before_their_bindings_and_the_workloads_last():
+    """The applies go out in waves, each at once: a RoleBinding's Role must exist (the API server's
+    escalation check reads it) and a workload's pods need the rest (ServiceAccount, ConfigMaps)."""
+    client = MemoryClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), _body("glm-5.3-flash-tp8-dp2tp4.yaml"), [], [])  # type: ignore[arg-type]
+    kinds = [m["kind"] for verb, m in client.writes if verb in ("apply", "create")]
+    workloads = {"StatefulSet", "Deployment"}
+
+    def last(wanted: set[str]) -> int:
+        return max(i for i, kind in enumerate(kinds) if kind in wanted)
+
+    def first(wanted: set[str]) -> int:
+        return min(i for i, kind in enumerate(kinds) if kind in wanted)
+
+    assert last({"Role"}) < first({"RoleBinding"})
+    assert last(set(kinds) - workloads) < first(workloads)

@@ -1,6 +1,12 @@
-"""The runner's memory of its own writes, laid over a kopf index that has not caught up yet."""
+"""The runner: its memory of its own writes, laid over a kopf index that has not caught up yet; which
+events trigger a reconcile (a new spec, a child's change, not the echo of its own write); and how
+events during a reconcile fold into one more."""
 
 from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
 
 import pytest
 
@@ -16,9 +22,17 @@ def _obj(kind: str, name: str, rv: str = "1") -> dict:
     return {"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "resourceVersion": rv}}
 
 
+class Pokes(list):
+    """What the runner scheduled, instead of scheduling it: (key, trigger, delay)."""
+
+    def __call__(self, namespace: str, name: str, trigger: str = "child", delay: float | None = None) -> None:
+        self.append(((namespace, name), trigger, delay))
+
+
 @pytest.fixture
 def runner() -> Runner:
     r = Runner(client=None, metrics=Metrics())  # type: ignore[arg-type]
+    r.poke = Pokes()  # type: ignore[method-assign]
     _index(r)
     return r
 
@@ -90,15 +104,81 @@ def test_a_failed_pod_still_in_the_index_is_not_doubled_and_healthy_ones_are_not
     assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["a", "b"]
 
 
-def test_pods_a_reconcile_deleted_are_left_out_until_the_index_shows_them_going(runner):
-    """A lagging index right after a rollout deleted an instance's pods still lists them Running:
-    the next reconcile must not count them as serving (it would let another instance leave). They
-    stay out until the index shows them terminating or gone, then the index is the truth again."""
-    _pods_index(runner, _pod("deleted"), _pod("kept"))
-    runner._remember(KEY, Outcome(deleted_pods=["deleted"]), since=0.0)
-    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["kept"]
-    _pods_index(runner, _pod("deleted", deleting=True), _pod("kept"))
-    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["deleted", "kept"]
-    assert not runner._deleted[KEY]  # forgotten: a pod of that uid never comes back
-    _pods_index(runner, _pod("kept"))
-    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["kept"]
+def test_the_echo_of_an_own_write_triggers_nothing_a_later_change_does(runner):
+    runner._remember(KEY, Outcome(applied=[_obj("Service", "a", "5")]), since=0.0)
+    runner.child_event(KEY, _obj("Service", "a", "5"))
+    assert runner.poke == []
+    runner.child_event(KEY, _obj("Service", "a", "6"))  # e.g. a controller's status write after ours
+    assert runner.poke == [(KEY, "child", None)]
+
+
+def test_child_events_during_a_reconcile_count_unless_they_echo_its_writes(runner):
+    runner._during[KEY] = []
+    runner.child_event(KEY, _obj("Service", "a", "5"))
+    runner.child_event(KEY, _obj("StatefulSet", "b", "7"))
+    assert runner.poke == []  # decided once the reconcile has returned its writes
+    runner._after(KEY, Outcome(applied=[_obj("Service", "a", "5"), _obj("StatefulSet", "b", "7")]))
+    assert runner.poke == []
+    runner._during[KEY] = []
+    runner.child_event(KEY, _obj("Service", "a", "8"))
+    runner._after(KEY, Outcome(applied=[_obj("Service", "a", "5")]))
+    assert runner.poke == [(KEY, "child", None)]
+    runner._during[KEY] = []
+    runner.child_event(KEY, _obj("Service", "a", "9"))
+    runner._after(KEY, None)  # the reconcile failed: every event counts
+    assert len(runner.poke) == 2
+
+
+def test_every_pod_event_triggers_a_reconcile(runner):
+    runner.child_event(KEY, _pod("a"))
+    assert runner.poke == [(KEY, "child", None)]
+
+
+def test_a_pddeployment_is_reconciled_when_its_spec_is_new_not_on_its_status_writes(runner):
+    runner.spec_event(*KEY, "ADDED", 1)
+    runner.spec_event(*KEY, "MODIFIED", 1)  # a status write: same generation
+    runner.spec_event(*KEY, "MODIFIED", 2)
+    other = ("default", "other")
+    runner.spec_event(*other, None, 4)  # kopf's listing at start
+    runner.spec_event(*other, None, 4)  # listed again (a watch restart): nothing new
+    assert runner.poke == [(KEY, "create", 0.0), (KEY, "update", 0.0), (other, "resume", 0.0)]
+    runner.forget(*KEY)
+    runner.spec_event(*KEY, "ADDED", 1)  # deleted and created again under the same name
+    assert runner.poke[-1] == (KEY, "create", 0.0)
+
+
+def test_events_during_a_reconcile_fold_into_one_more(monkeypatch):
+    """Ten pod events while a reconcile runs start one reconcile after it, not ten."""
+    started, release = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def reconcile(client: Any, proxies: Any, body: dict, *args: Any, **kwargs: Any) -> Outcome:
+        runs.append(body["metadata"]["name"])
+        started.set()
+        assert release.wait(60), "the test never released the reconcile"
+        return Outcome()
+
+    class Client:
+        def get_pddeployment(self, namespace: str, name: str) -> dict:
+            return {"metadata": {"name": name, "namespace": namespace}}
+
+    monkeypatch.setattr(runner_mod, "reconcile", reconcile)
+
+    async def scenario() -> int:
+        r = Runner(Client(), Metrics(), debounce_s=0.0)  # type: ignore[arg-type]
+        _index(r)
+        r.spec_event(*KEY, "ADDED", 1)
+        assert await asyncio.to_thread(started.wait, 60)
+        started.clear()
+        for uid in range(10):
+            r.child_event(KEY, _pod(str(uid)))
+            for _ in range(10):  # let a poke's task run as far as it goes: up to the object's lock
+                await asyncio.sleep(0)
+        release.set()
+        assert await asyncio.to_thread(started.wait, 60)  # the one follow-up
+        while r._tasks:
+            await asyncio.gather(*list(r._tasks))
+        await r.close()
+        return len(runs)
+
+    assert asyncio.run(scenario()) == 2

@@ -51,7 +51,8 @@ def test_more_npus_than_a_node_has_keeps_the_instance_pending_and_says_why(contr
     message = _role_message(cp, namespace, "DecodeReady")
     assert "pod glm-flash-decode-0-0 cannot be scheduled" in message
     assert "Insufficient huawei.com/Ascend910" in message, message
-    assert cond(cp, namespace, "PrefillReady") == ("True", "InstancesReady")
+    # Decode's scheduling failure can be reported before prefill's pod is Ready: wait for that.
+    wait_cond(cp, namespace, "PrefillReady", ("True", "InstancesReady"))
     assert cond(cp, namespace, "Ready") == ("False", "Unschedulable")
 
 

@@ -8,8 +8,10 @@ structural part (with the Kubernetes extensions `x-kubernetes-int-or-string`,
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
+import threading
 from functools import cache
 from typing import Any
 
@@ -124,10 +126,33 @@ def _wide_integers(value: Any, path: list) -> list[Problem]:
     return [p for key, item in items for p in _wide_integers(item, [*path, key])]
 
 
+MEMO_SIZE = 1024
+_memo: collections.OrderedDict[tuple[str, type[BaseModel]], list[Problem]] = collections.OrderedDict()
+_memo_lock = threading.Lock()
+
+
 def schema_problems(doc: dict, model: type[BaseModel] = PDDeployment) -> list[Problem]:
     """Every way `doc` fails the CRD schema of `model`'s kind; CEL rules run only on structurally
     valid documents, as in the API server (a rule over a wrongly typed field would only repeat the
-    type error)."""
+    type error).
+
+    Remembered for the last MEMO_SIZE documents by their text (repr tells 1 from "1" and 1.0, which
+    JSON would not): the CEL rules cost most of a reconcile's CPU time (cel-python interprets them),
+    and most reconciles check a spec an earlier one already checked."""
+    text = repr(doc)
+    with _memo_lock:
+        if (text, model) in _memo:
+            _memo.move_to_end((text, model))
+            return list(_memo[(text, model)])
+    problems = _problems(doc, model)
+    with _memo_lock:
+        _memo[(text, model)] = list(problems)
+        while len(_memo) > MEMO_SIZE:
+            _memo.popitem(last=False)
+    return problems
+
+
+def _problems(doc: dict, model: type[BaseModel]) -> list[Problem]:
     problems = [(_path(err.absolute_path) or "(root)", err.message)
                 for err in sorted(_validator(model).iter_errors(doc),
                                   key=lambda e: list(map(str, e.absolute_path)))]

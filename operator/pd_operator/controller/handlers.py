@@ -1,4 +1,7 @@
 """The kopf handlers: thin triggers of the one reconcile (see runner.py) and the admission webhook.
+Every handler of PDDeployments and their children is an event handler: kopf keeps no per-object
+state for them (on.create/on.update would store their progress and the last-handled spec in
+annotations on the user's PDDeployment, one more write and admission call per spec change).
 
 Handlers are registered into a registry passed in (not kopf's global one), so several operators
 can run in one process (tests, the demo) and importing this module has no side effects.
@@ -16,31 +19,13 @@ import kopf
 from pd_operator.api.labels import DEPLOYMENT
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller import admission
-from pd_operator.controller.client import ApiError
-from pd_operator.controller.reconcile import InvalidSpec
 from pd_operator.controller.runner import Runner, index_id
 from pd_operator.controller.webhook import WEBHOOK_ID, WebhookHealth
 from pd_operator.render.kinds import CHILD_RESOURCES
 
-RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
 OWNED: list[tuple[str, str, str]] = [*CHILD_RESOURCES, ("", "v1", "pods")]
 """(group, version, plural) of what the operator creates or its workloads do: watched and indexed
 only where labelled with a PDDeployment (DEPLOYMENT)."""
-
-
-def _retry_delay(retry: int) -> float:
-    return RETRY_DELAYS[min(retry, len(RETRY_DELAYS) - 1)]
-
-
-async def _reconcile_for_kopf(runner: Runner, namespace: str, name: str, trigger: str, retry: int) -> None:
-    try:
-        await runner.run(namespace, name, trigger)
-    except InvalidSpec as err:
-        raise kopf.PermanentError(f"The spec is invalid; the children stay as they were. {err}") from None
-    except ApiError as err:
-        if err.temporary:
-            raise kopf.TemporaryError(str(err), delay=_retry_delay(retry)) from None
-        raise kopf.PermanentError(str(err)) from None
 
 
 def watch_only_ours(settings: kopf.OperatorSettings) -> None:
@@ -83,33 +68,30 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
     plurals = [f"{plural}.{group}" if plural in shared else plural for group, _, plural in OWNED]
 
     def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
-        return {(namespace, labels[DEPLOYMENT]): copy.deepcopy(dict(body))}
-
-    @kopf.on.create(*resource, registry=registry)
-    @kopf.on.update(*resource, field="spec", registry=registry)
-    @kopf.on.resume(*resource, registry=registry)
-    async def reconcile_pdd(*, namespace: str | None, name: str, reason: str, retry: int, **kw: Any) -> None:
-        runner.use_indexes(plurals, kw)
-        await _reconcile_for_kopf(runner, namespace or "", name, str(reason), retry)
+        obj = copy.deepcopy(dict(body))
+        # Nothing reads them, and they are up to half of an applied object, copied on each reconcile.
+        obj["metadata"].pop("managedFields", None)
+        return {(namespace, labels[DEPLOYMENT]): obj}
 
     @kopf.on.event(*resource, registry=registry)
-    async def follow_pdd(*, type: str, namespace: str | None, name: str, **kw: Any) -> None:
+    async def follow_pdd(*, type: str | None, namespace: str | None, name: str, body: kopf.Body,
+                         **kw: Any) -> None:
         runner.use_indexes(plurals, kw)
         if type == "DELETED":
             runner.forget(namespace or "", name)
         else:
-            runner.track(namespace or "", name)
+            runner.spec_event(namespace or "", name, type, body.metadata.get("generation"))
 
     async def poke_owner(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
                          **kw: Any) -> None:
         runner.use_indexes(plurals, kw)
         owner = (namespace or "", labels[DEPLOYMENT])
         if body.get("kind") == "Pod":  # the runner remembers failed pods (runner.py)
-            runner.child_event(owner, copy.deepcopy(dict(body)))
+            runner.child_event(owner, dict(body))
         else:
             runner.child_event(owner, {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                                       "metadata": {"name": body.metadata.name}})
-        runner.poke(*owner)
+                                       "metadata": {"name": body.metadata.name,
+                                                    "resourceVersion": body.metadata.get("resourceVersion")}})
 
     for (group, version, plural), name in zip(OWNED, plurals, strict=True):
         only_ours = {DEPLOYMENT: kopf.PRESENT}

@@ -22,14 +22,11 @@ Need = tuple[str, str, str]
 
 # What kopf does on the operator's behalf with its own API client: list and watch the PDDeployments,
 # their children and pods (the handlers react to them, and the reconcile reads children and pods
-# from kopf's in-memory indexes instead of listing them), and patch the PDDeployments' annotations
-# (its progress and last-handled configuration). Login, peering and the webhook configuration are
-# the chart's.
+# from kopf's in-memory indexes instead of listing them). It writes nothing: its handlers are event
+# handlers, which keep no state on the objects (controller/handlers.py). Login, peering and the
+# webhook configuration are the chart's.
 WATCHED: list[tuple[str, str]] = [(GROUP, PLURAL), *CHILDREN, ("", "pods")]
-FRAMEWORK: set[Need] = {
-    *((verb, group, plural) for group, plural in WATCHED for verb in ("list", "watch")),
-    ("patch", GROUP, PLURAL),
-}
+FRAMEWORK: set[Need] = {(verb, group, plural) for group, plural in WATCHED for verb in ("list", "watch")}
 
 DECLARED: dict[str, set[Need]] = {}
 """Method name -> the requests it declared."""
@@ -78,8 +75,8 @@ def _rule(why: str, groups: list[str], resources: list[str], verbs: list[str]) -
 
 
 JUSTIFIED: list[tuple[str, dict]] = [
-    _rule("kopf lists, watches and annotates PDDeployments; the reconcile reads one fresh before acting",
-          ["pd.serving.dev"], ["pddeployments"], ["get", "list", "watch", "patch"]),
+    _rule("kopf lists and watches PDDeployments; the reconcile reads one fresh before acting",
+          ["pd.serving.dev"], ["pddeployments"], ["get", "list", "watch"]),
     _rule("The status the reconcile computes", ["pd.serving.dev"], ["pddeployments/status"], ["patch"]),
     _rule(f"{CHILD}: the roles' PDRoles, created with their replicas", ["pd.serving.dev"], ["pdroles"],
           CHILD_VERBS),

@@ -30,7 +30,7 @@ from pd_operator.api.labels import INSTANCE, REVISION, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.controller import drain, events, gate, links, pdroles, restarts, rollout
 from pd_operator.controller import status as status_mod
-from pd_operator.controller.client import Client, NotServed
+from pd_operator.controller.client import Client, NotServed, concurrently
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
@@ -52,6 +52,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+LATER_WAVES = ({"RoleBinding"}, {"StatefulSet", "Deployment"})
+"""Kinds applied after the others, a wave after another (see _apply): a RoleBinding once its Role
+exists (the API server's escalation check reads the Role: binding a missing one is refused), the
+pods' workloads last."""
+
+
 class InvalidSpec(Exception):
     """The spec cannot be served; retrying will not help until the user changes it."""
 
@@ -65,9 +71,6 @@ class Outcome:
     replaced: list[str] = field(default_factory=list)
     """Instances whose pods a rollout deleted (after their drain) to recreate them from the new template."""
     replaced_keys: list[tuple[str, int]] = field(default_factory=list)
-    deleted_pods: list[str] = field(default_factory=list)
-    """The uids of the pods this reconcile deleted (a rollout's replacement, a group restart): the
-    runner keeps them out of the next reconciles until its index shows them going."""
     taken: list[dict] = field(default_factory=list)
     """Objects found under a child's name that this PDDeployment does not own: not applied."""
     ready: bool = False
@@ -133,31 +136,43 @@ def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict],
     is read first and, unless this PDDeployment owns it (our own write the watch has not shown yet),
     left as it is (outcome.taken). Between that read and the apply the name could still be taken by
     a create of another writer; nothing but the API server's own create can close that window, and
-    an apply cannot ask for it."""
+    an apply cannot ask for it.
+    The reads go out at once, then the writes in waves, each at once (client.concurrently): the
+    RoleBindings after their Roles, the pods' StatefulSets and Deployments last, once what their
+    pods need exists (their ServiceAccount, ConfigMaps, PodGroups, RoleBindings, and the
+    NetworkPolicies that fence them)."""
     current = {key(c): c for c in children}
-    for manifest in the_diff.apply:
-        if key(manifest) not in current:
-            existing = client.get_child(manifest)
-            if existing is not None and not is_owned_by(existing, owner_uid):
-                outcome.taken.append({"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
-                                      **existing})
-                continue
-            if existing is not None:
-                current[key(manifest)] = existing
+    unseen = [m for m in the_diff.apply if key(m) not in current]
+    taken = set()
+    for manifest, existing in zip(unseen, concurrently(client.get_child, unseen), strict=True):
+        if existing is not None and not is_owned_by(existing, owner_uid):
+            outcome.taken.append({"apiVersion": manifest["apiVersion"], "kind": manifest["kind"], **existing})
+            taken.add(key(manifest))
+        elif existing is not None:
+            current[key(manifest)] = existing
+
+    def write(manifest: dict) -> dict:
         if pdroles.is_role(manifest) and key(manifest) not in current:
             ask = asks[manifest["spec"]["role"]]
-            applied = client.create_role(pdroles.creation(manifest, ask.requested))
-        else:
-            applied = client.apply(manifest)
-        current[key(manifest)] = applied
-        outcome.applied.append(applied)
-    for ask in asks.values():
-        if ask.forward:
-            forwarded = client.forward_replicas(namespace, ask.name, pdroles.forward_patch(ask.requested))
-            current[key(forwarded)] = forwarded
-            outcome.applied.append(forwarded)
+            return client.create_role(pdroles.creation(manifest, ask.requested))
+        return client.apply(manifest)
+
+    todo = [m for m in the_diff.apply if key(m) not in taken]
+    later = set().union(*LATER_WAVES)
+    waves = [[m for m in todo if m["kind"] not in later],
+             *([m for m in todo if m["kind"] in kinds] for kinds in LATER_WAVES)]
+    for wave in waves:
+        for manifest, applied in zip(wave, concurrently(write, wave), strict=True):
+            current[key(manifest)] = applied
+            outcome.applied.append(applied)
+    forwards = [ask for ask in asks.values() if ask.forward]
+    for forwarded in concurrently(
+            lambda ask: client.forward_replicas(namespace, ask.name, pdroles.forward_patch(ask.requested)),
+            forwards):
+        current[key(forwarded)] = forwarded
+        outcome.applied.append(forwarded)
+    concurrently(client.delete, the_diff.prune)
     for obj in the_diff.prune:
-        client.delete(obj)
         current.pop(key(obj), None)
         outcome.pruned.append(obj)
     return list(current.values())
@@ -245,7 +260,6 @@ def _replace(client: Client, body: dict, resolved: Resolved, revisions: Mapping[
         members = groups.get((d.role, d.index), [])
         for pod in members:
             client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
-            outcome.deleted_pods.append(pod["metadata"]["uid"])
         old = sorted({label(p, REVISION) or "none" for p in members})
         client.post_event(body, *events.replaced(d, old, revisions[d.role],
                                                  int(drain.bound(resolved, d.role).total_seconds())))
@@ -279,7 +293,6 @@ def _group_restarts(client: Client, body: dict, children: list[dict], pods: list
             for pod in members:
                 if pod["metadata"]["name"] in decision.pods:
                     client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
-                    outcome.deleted_pods.append(pod["metadata"]["uid"])
             outcome.restarted.append(decision.instance)
         if decision.action != "none":
             decisions.append(decision)
@@ -343,6 +356,7 @@ def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mo
     figures = observed.figures
     holds = {h.role: h for h in bounded.holds}
     names = resolved.names
+    changed = []
     for role in ROLES:
         found = pdroles.find(observed.children, names.role(role))
         if found is None or not is_owned_by(found, uid):
@@ -353,8 +367,9 @@ def _write_role_statuses(client: Client, resolved: Resolved, observed: status_mo
                            holds.get(role), previous, found["metadata"].get("generation"),
                            now.strftime("%Y-%m-%dT%H:%M:%SZ"))
         if new != previous:
-            outcome.applied.append(client.patch_role_status(resolved.deployment.namespace, names.role(role),
-                                                            new))
+            changed.append((names.role(role), new))
+    outcome.applied += concurrently(
+        lambda change: client.patch_role_status(resolved.deployment.namespace, *change), changed)
 
 
 def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: list[dict], pods: list[dict],

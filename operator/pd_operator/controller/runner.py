@@ -1,19 +1,25 @@
 """Runs reconciles for the kopf handlers: one at a time per PDDeployment, on the freshest object,
-coalescing bursts of child events, plus the drift loop.
+coalescing bursts of events, plus the drift loop.
 
-Handlers and child events only say *which* object to reconcile; the runner reads the object
-itself under the object's lock, so two triggers never race and a stale event body can never make
-a redundant status write. Children and pods come from kopf's indexes (kept current by its watches,
-like an informer cache), so a reconcile costs one read instead of a list per kind. An index may lag
-an apply under load, so the runner remembers what it wrote itself until a watch event for that
-child arrives (at most WRITE_MEMORY_S): otherwise every child event of a fresh object would
-re-apply its siblings. Any event ends the memory, so a hand deletion is seen as soon as it happens.
+Handlers only say *which* object to reconcile; the runner reads the object itself under the
+object's lock, so two triggers never race and a stale event body can never make a redundant status
+write. Every event that comes while a reconcile waits to start folds into it, and every event that
+comes while one runs into one reconcile after it: a fresh object's burst of child events costs one
+follow-up, not one each.
 
-The pods a reconcile deleted are remembered by uid until the index shows them going (terminating
-or gone), and left out of the reconciles until then: a reconcile right after a deletion would
-otherwise count the deleted pods as serving and let another instance leave (the expectations a
-ReplicaSet controller keeps for its own deletions: kubernetes: pkg/controller/controller_utils.go
-@ v1.36.3, UIDTrackingControllerExpectations).
+A PDDeployment is reconciled when its spec is new to the runner: first seen (`create`, or
+`resume` when the operator starts), or a new metadata.generation (`update`); its status writes
+(ours) change no generation and trigger nothing. kopf keeps no state on the object (no annotations
+of its own, so the operator needs no write to PDDeployments but their status). A reconcile that
+failed on a temporary API error is retried after RETRY_DELAYS.
+
+Children and pods come from kopf's indexes (kept current by its watches, like an informer cache), so
+a reconcile costs one read instead of a list per kind. An index may lag an apply under load, so the
+runner remembers what it wrote itself until a watch event for that child arrives (at most
+WRITE_MEMORY_S): otherwise every child event of a fresh object would re-apply its siblings. Any
+event ends the memory, so a hand deletion is seen as soon as it happens. A child's event that only
+echoes the runner's own write (the resourceVersion its write returned) triggers no reconcile: it
+shows nothing the runner did not know.
 
 A pod seen Failed in a watch event is remembered too, until a reconcile has seen it: the
 StatefulSet controller deletes a Failed pod and makes a new one at once, often before the
@@ -26,7 +32,9 @@ object with a timer, and this operator needs none (children go with their owner 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
+import functools
 import logging
 import re
 import time
@@ -51,6 +59,15 @@ logger = logging.getLogger(__name__)
 
 ObjKey = tuple[str, str]
 WRITE_MEMORY_S = 10.0
+RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
+"""Seconds before retrying a reconcile after its 1st, 2nd, ... temporary API error in a row."""
+RECONCILE_WORKERS = 8
+"""Reconciles at once. Each runs in a thread of its own (it blocks on its API requests, which it
+sends in parallel where it can: client.concurrently); more would add to the time each holds the
+GIL that the event loop (watches, the admission webhook) needs too."""
+SPEC_TRIGGERS = {None: "resume", "ADDED": "create"}
+"""The trigger of a PDDeployment's new spec by its watch event type (None: kopf's initial listing);
+any other event with a new generation is an `update`."""
 
 
 def index_id(resource: str) -> str:
@@ -87,8 +104,12 @@ class Runner:
         self._event_at: dict[tuple[ObjKey, Key], float] = {}
         # Pods a watch event showed failed, by uid, until a reconcile has seen them.
         self._failed: dict[ObjKey, dict[str, dict]] = {}
-        # Pods our reconciles deleted, by uid, until the index shows them terminating or gone.
-        self._deleted: dict[ObjKey, set[str]] = {}
+        self._generations: dict[ObjKey, Any] = {}
+        self._retries: dict[ObjKey, int] = {}
+        # Child events that came while a reconcile of their owner ran: (child, resourceVersion).
+        self._during: dict[ObjKey, list[tuple[Key, str | None]]] = {}
+        self._executor = concurrent.futures.ThreadPoolExecutor(RECONCILE_WORKERS,
+                                                               thread_name_prefix="reconcile")
 
     def use_indexes(self, plurals: Iterable[str], handler_kwargs: Mapping[str, Any]) -> None:
         """Remember kopf's indexes, which it only hands to handlers (as keyword arguments)."""
@@ -103,11 +124,7 @@ class Runner:
         for plural, index in self._indexes.items():
             (pods if plural == "pods" else children).extend(copy.deepcopy(list(index.get(key, []))))
         live = {p["metadata"].get("uid") for p in pods if not is_terminating(p)}
-        deleted = self._deleted.get(key, set())
-        deleted &= live  # the index shows the others going: it is the truth again
-        pods = [p for p in pods if p["metadata"].get("uid") not in deleted]
-        pods += [copy.deepcopy(p) for uid, p in self._failed.get(key, {}).items()
-                 if uid not in live and uid not in deleted]
+        pods += [copy.deepcopy(p) for uid, p in self._failed.get(key, {}).items() if uid not in live]
         return self._with_own_writes(key, children), pods
 
     def _with_own_writes(self, key: ObjKey, children: list[dict]) -> list[dict]:
@@ -124,20 +141,28 @@ class Runner:
         return list(indexed.values())
 
     def child_event(self, key: ObjKey, child: dict) -> None:
-        """A watch event for one child: the index now shows it, so forget our own write of it.
-        A pod's event carries the whole pod: a failed one is remembered (see the module doc)."""
+        """A watch event for one child: the index now shows it, so forget our own write of it, and
+        reconcile soon unless the event only echoes that write (see the module doc; whether it does
+        is decided when a reconcile running now has returned its writes). A pod's event carries the
+        whole pod: a failed one is remembered (see the module doc)."""
         if child.get("kind") == "Pod":
             if has_failed(child) and not is_terminating(child):
                 self._failed.setdefault(key, {})[child["metadata"]["uid"]] = copy.deepcopy(child)
+            self.poke(*key)
             return
         ck = child_key(child)
+        version = child["metadata"].get("resourceVersion")
         self._event_at[(key, ck)] = time.monotonic()
-        self._written.get(key, {}).pop(ck, None)
+        own = self._written.get(key, {}).pop(ck, None)
+        if own is not None and _version(own[1]) == version is not None:
+            return
+        if key in self._during:
+            self._during[key].append((ck, version))
+            return
+        self.poke(*key)
 
     def _remember(self, key: ObjKey, outcome: Outcome, since: float) -> None:
         """Remember this reconcile's writes, unless their watch event already came (after `since`)."""
-        if outcome.deleted_pods:
-            self._deleted.setdefault(key, set()).update(outcome.deleted_pods)
         written = self._written.setdefault(key, {})
         now = time.monotonic()
         writes = [(obj, obj) for obj in outcome.applied] + [(obj, None) for obj in outcome.pruned]
@@ -151,20 +176,25 @@ class Runner:
         """Reconcile now; None when the object is gone. Raises InvalidSpec or ApiError."""
         key = (namespace, name)
         async with self._locks.setdefault(key, asyncio.Lock()):
+            self._pending.discard(key)  # events from here on are after the read below: a run of their own
+            self._during[key] = []
             started = time.perf_counter()
             since = time.monotonic()
             result = "ok"
+            outcome: Outcome | None = None
+            gone = False
             try:
-                body = await asyncio.to_thread(self.client.get_pddeployment, namespace, name)
+                body = await self._in_thread(self.client.get_pddeployment, namespace, name)
                 if body is None:
+                    gone = True
                     self.forget(namespace, name)
                     return None
                 children, pods = self._snapshot(key)
                 seen_failed = set(self._failed.get(key, {}))
-                outcome = await asyncio.to_thread(reconcile, self.client, self.proxies, body, children, pods,
-                                                  host_path_policy=self.host_path_policy,
-                                                  tools_image=self.tools_image, boundary=self.boundary,
-                                                  node_access=self.node_access)
+                outcome = await self._in_thread(reconcile, self.client, self.proxies, body, children, pods,
+                                                host_path_policy=self.host_path_policy,
+                                                tools_image=self.tools_image, boundary=self.boundary,
+                                                node_access=self.node_access)
                 self._remember(key, outcome, since)
                 for uid in seen_failed:
                     self._failed.get(key, {}).pop(uid, None)
@@ -183,9 +213,34 @@ class Runner:
                 self.metrics.errors.labels("api_temporary" if err.temporary else "api_permanent").inc()
                 raise
             finally:
-                self._last_run[key] = time.monotonic()
+                if not gone:  # the drift loop has no more business with a deleted object
+                    self._last_run[key] = time.monotonic()
                 self.metrics.reconciles.labels(trigger, result).inc()
                 self.metrics.duration.observe(time.perf_counter() - started)
+                self._after(key, outcome)
+
+    def _after(self, key: ObjKey, outcome: Outcome | None) -> None:
+        """Reconcile again for the child events that came during this run, unless each only echoed one
+        of its writes (or the run failed: then any event counts)."""
+        during = self._during.pop(key, [])
+        written = {(child_key(o), _version(o)) for o in outcome.applied} if outcome else set()
+        if any(seen not in written for seen in during):
+            self.poke(*key)
+
+    async def _in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` on a reconcile thread (it blocks on API requests)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor,
+                                                                functools.partial(fn, *args, **kwargs))
+
+    def spec_event(self, namespace: str, name: str, event_type: str | None, generation: Any) -> None:
+        """A PDDeployment's watch event (not its deletion): reconcile it if its spec is new to the
+        runner (see the module doc)."""
+        key = (namespace, name)
+        self.track(namespace, name)
+        if key in self._generations and self._generations[key] == generation:
+            return
+        self._generations[key] = generation
+        self.poke(namespace, name, SPEC_TRIGGERS.get(event_type, "update"), delay=0.0)
 
     def track(self, namespace: str, name: str) -> None:
         self._last_run.setdefault((namespace, name), time.monotonic())
@@ -195,31 +250,42 @@ class Runner:
         self._locks.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
         self._failed.pop((namespace, name), None)
-        self._deleted.pop((namespace, name), None)
+        self._generations.pop((namespace, name), None)
+        self._retries.pop((namespace, name), None)
         for k in [k for k in self._event_at if k[0] == (namespace, name)]:
             del self._event_at[k]
         self.metrics.forget(namespace, name)
 
-    def poke(self, namespace: str, name: str, trigger: str = "child") -> None:
-        """Schedule a reconcile soon; pokes arriving before it starts are folded into it."""
+    def poke(self, namespace: str, name: str, trigger: str = "child", delay: float | None = None) -> None:
+        """Schedule a reconcile after `delay` (default: the debounce); pokes arriving before it starts
+        are folded into it."""
         key = (namespace, name)
         if key in self._pending:
             return
         self._pending.add(key)
-        task = asyncio.get_running_loop().create_task(self._poked(key, trigger))
+        task = asyncio.get_running_loop().create_task(
+            self._poked(key, trigger, self.debounce_s if delay is None else delay))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _poked(self, key: ObjKey, trigger: str) -> None:
-        await asyncio.sleep(self.debounce_s)
-        self._pending.discard(key)
+    async def _poked(self, key: ObjKey, trigger: str, delay: float) -> None:
+        await asyncio.sleep(delay)
         try:
             await self.run(*key, trigger=trigger)
         except InvalidSpec:
-            pass  # recorded in the status; nothing to retry until the spec changes
+            self._retries.pop(key, None)  # recorded in the status; nothing to retry until the spec changes
+            return
         except ApiError as err:
-            logger.warning("Reconcile of %s/%s failed (%s); the drift loop retries", *key, err,
+            retry = self._retries.get(key, 0)
+            self._retries[key] = retry + 1
+            wait = RETRY_DELAYS[min(retry, len(RETRY_DELAYS) - 1)]
+            if err.temporary:
+                asyncio.get_running_loop().call_later(wait, self.poke, *key, "retry")
+            logger.warning("Reconcile of %s/%s failed (%s); %s", *key, err,
+                           f"retrying in {wait} s" if err.temporary else "the drift loop retries",
                            extra={"object": f"{key[0]}/{key[1]}"})
+            return
+        self._retries.pop(key, None)
 
     async def drift(self) -> None:
         """Forever: reconcile every known object that nothing reconciled for a drift interval."""
@@ -235,3 +301,8 @@ class Runner:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _version(obj: dict | None) -> str | None:
+    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
