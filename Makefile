@@ -130,8 +130,10 @@ test: install vllm-env tools testcluster testnode upstream images-deps
 test-fast: install tools
 	$(PY) -m pytest -m "not integration and not e2e and not faults and not transfer and not vllm and not contract and not scaling and not bench and not images and not security and not rollout and not node" $(PYTEST_ARGS)
 
-# The plan, then a real control plane (tests/support), helm install, kubectl apply, kubectl get pdd.
-demo: install tools testcluster
+# The plan, then a real control plane with a real node (tests/support/node.py; root), the images tier's
+# images in its containerd, helm install, kubectl apply, kubectl get pdd, a completion through pd-proxy
+# with the KV moved between the pods and verified.
+demo: install tools testcluster testnode images-deps
 	PYTHONPATH=tests $(PY) -m support.demo examples/glm-5.3-flash-tp8-dp2tp4.yaml
 
 plan: install

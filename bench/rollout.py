@@ -10,10 +10,11 @@ for the whole run. Each repetition, in turn:
 
 1. bare: a 4-pod StatefulSet's image changes (RollingUpdate, the default: one pod at a time,
    highest ordinal first) until every pod runs the update revision and is Ready;
-2. operator: the PDDeployment's image changes (the default rollout: maxUnavailable 1 per role,
-   no surge) until every instance runs the new revision, Progressing=Complete, and the proxy routes
-   to all four again. Each instance leaves the proxy and drains before its pods go, which bare
-   skips: the ratio is what serving through the change costs.
+2. operator: the PDDeployment's image changes (the default rollout: one surge instance per role,
+   none unavailable) until every instance runs the new revision, Progressing=Complete, and the
+   proxy routes to all four again. A surge instance comes up first, and each instance leaves the
+   proxy and drains before its pods go, which bare skips: the ratio is what serving through the
+   change costs.
 
 Medians over the repetitions; `rollout_vs_bare_ratio` is the operator's over bare's. pd-proxy
 watches its membership ConfigMap through the API, as on a cluster. Fake engines load at once, so

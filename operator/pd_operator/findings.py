@@ -236,6 +236,10 @@ CATALOG: dict[str, tuple[Severity, str, str]] = {
         "warning", "The pods use the host network (the cluster admin allows it), so the NetworkPolicy does "
         "not isolate them.",
         "Only use hostNetwork for RDMA setups that need it."),
+    "PrefixRoutingUnusable": (
+        "error", "Precise prefix routing (spec.proxy.routing.prefix) needs the proxy and prefill engines "
+        "that cache prefixes: the proxy reads the blocks those engines report in their KV events.",
+        "Enable the proxy and spec.prefill.enablePrefixCaching, or choose approximate or off."),
     "ProxyWithoutApiKey": (
         "warning", "The proxy serves without an API key: every pod its NetworkPolicy admits (the namespace "
         "and spec.proxy.allowFrom) may send requests.",

@@ -66,6 +66,18 @@ def test_example_is_valid_and_resolved():
     ({"spec.model.preset": "no-such-model"}, "UnknownModel", "spec.model.preset"),
     ({"spec.decode.numSpeculativeTokens": 1}, "StateShapeMismatch", "spec.decode.numSpeculativeTokens"),
     ({"spec.prefill.replicas": "two"}, "InvalidSpec", "spec.prefill.replicas"),
+    ({"spec.proxy.routing.prefix": "precise", "spec.prefill.enablePrefixCaching": False},
+     "PrefixRoutingUnusable", "spec.proxy.routing.prefix"),
+    ({"spec.proxy.routing.prefix": "precise", "spec.proxy.enabled": False}, "PrefixRoutingUnusable",
+     "spec.proxy.routing.prefix"),
+    ({"spec.proxy.routing.prefix": "precise", "spec.proxy.routing.kvEventsPort": 8000}, "PortOverlap",
+     "spec.servingPort"),
+    ({"spec.proxy.routing.prefix": "precise", "spec.proxy.routing.kvEventsPort": 15600},
+     "PortInHandshakeRange", "spec.proxy.routing.kvEventsPort"),
+    ({"spec.proxy.routing.prefix": "off", "spec.proxy.routing.prefillCacheBlocks": 10}, "InvalidSpec",
+     "spec.proxy.routing"),
+    ({"spec.proxy.routing.prefix": "exact"}, "InvalidSpec", "spec.proxy.routing.prefix"),
+    ({"spec.prefill.extraArgs": ["--kv-events-config={}"]}, "ArgOverride", "spec.prefill.extraArgs[0]"),
     ({"kind": "Deployment"}, "InvalidSpec", "kind"),
 ])
 def test_rule_reports_code_and_path(changes, code, path):

@@ -276,15 +276,17 @@ def test_kv_layout_rollout_never_routes_across_layouts(control_plane, namespace,
     apply(cp, glm(namespace))
     serve(cp, namespace)
     old_layout = get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["hash"]
-    # A new image is a new KV layout. With 1 prefill and 1 decode instance and the default rollout
-    # (maxUnavailable 1), both leave the membership to be replaced; with the StatefulSet controller
-    # stopped no pod of the new layout comes back, so the proxy routes to nothing (never an old
-    # instance with a new one) until pods of the new layout are Ready.
+    # A new image is a new KV layout. With 1 prefill and 1 decode instance replaced in place
+    # (maxUnavailable 1, no surge; the defaults would surge first), both leave the membership to be
+    # replaced; with the StatefulSet controller stopped no pod of the new layout comes back, so the
+    # proxy routes to nothing (never an old instance with a new one) until pods of the new layout
+    # are Ready.
     manager = cp.components["kube-controller-manager"]
     manager.stop()
     try:
         image = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed-b"  # a rebuilt image
-        patch_spec(cp, namespace, {"image": {"name": image}})
+        in_place = {"rollout": {"maxUnavailable": 1, "maxSurge": 0}}
+        patch_spec(cp, namespace, {"image": {"name": image}, "prefill": in_place, "decode": in_place})
 
         def proxy_gated() -> bool:
             status = get_pdd(cp, namespace, GLM).get("status") or {}

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pd_operator.api.types import ROLES
+from pd_operator.api.types import ROLES, RatioBounds, RolloutSpec
 from pd_operator.controller.rollout import (
     InstanceState,
     Plan,
@@ -37,6 +37,7 @@ from pd_operator.controller.rollout import (
     serving,
     step,
 )
+from pd_operator.spec.scaling import ratio_excess
 from pd_operator.spec.validate import Resolved
 from support.specs import example, resolve
 
@@ -63,13 +64,15 @@ def params_for(p: int, d: int, mu: int, ms: int, partition: int | tuple[int, int
             for role, n, part in (("prefill", p, parts[0]), ("decode", d, parts[1]))}
 
 
-def apply(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], new: str
-          ) -> tuple[dict[str, dict[int, InstanceState]], Plan]:
+def apply(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], new: str,
+          ratio: RatioBounds | None = None) -> tuple[dict[str, dict[int, InstanceState]], Plan]:
     """What reconciles do with plans until one changes nothing: members a plan names leave
     (drain), surge instances it wants are created from the new template."""
     while True:
-        step = plan(params, state, new)
+        step = plan(params, state, new, ratio)
         check_budget(params, state, step)
+        if ratio is not None:
+            check_ratio(state, step, ratio)
         out = {role: {i: replace(s, leaving=(role, i) in step.leave) for i, s in state[role].items()}
                for role in ROLES}
         for role in ROLES:
@@ -88,6 +91,15 @@ def check_budget(params: dict[str, RoleParams], state: dict[str, dict[int, Insta
         if any(r == role and not state[r][i].leaving for r, i in step.leave):
             kept = available(state, step.instances, step.leave, role)
             assert kept >= params[role].minimum, (role, state, step)
+
+
+def check_ratio(state: dict[str, dict[int, InstanceState]], step: Plan, ratio: RatioBounds) -> None:
+    """What the plan takes out leaves the serving prefill:decode ratio within `ratio`, or no
+    further outside it than the instances already leaving did."""
+    committed = frozenset((r, i) for r, i in step.leave if state[r][i].leaving)
+    before, after = serving(state, step.instances, committed), step.serving
+    assert (ratio_excess(after["prefill"], after["decode"], ratio)
+            <= ratio_excess(before["prefill"], before["decode"], ratio)), (state, step)
 
 
 def events(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], step: Plan,
@@ -124,10 +136,14 @@ def check_invariants(params: dict[str, RoleParams], state: dict[str, dict[int, I
             assert state[role][i].layout == layout and state[role][i].ready
 
 
-def walk(params: dict[str, RoleParams], new: str, blips: int = 0) -> tuple[int, set[str]]:
+def walk(params: dict[str, RoleParams], new: str, blips: int = 0, ratio: RatioBounds | None = None,
+         ends: list[tuple[dict[str, dict[int, InstanceState]], Plan]] | None = None,
+         floor: dict[str, int] | None = None) -> tuple[int, set[str]]:
     """(states visited, blocked messages at the ends) from every instance old and Ready; `blips`:
     how many times some Ready instance may lose readiness for a while on the way (then the serving
-    minimum is not the planner's to keep, the budget is)."""
+    minimum is not the planner's to keep, the budget is). `ratio`: spec.scaling.ratio; `ends`
+    collects the end states and their plans, `floor` the fewest instances of each role serving in
+    any state (without blips)."""
     start = {role: {i: InstanceState(False, True, OLD) for i in range(params[role].replicas)}
              for role in ROLES}
     seen: set[tuple[Frozen, int]] = set()
@@ -135,15 +151,20 @@ def walk(params: dict[str, RoleParams], new: str, blips: int = 0) -> tuple[int, 
     blocked: set[str] = set()
     while todo:
         before, left = todo.pop()
-        state, step = apply(params, before, new)
+        state, step = apply(params, before, new, ratio)
         key = (freeze(state), left)
         if key in seen:
             continue
         seen.add(key)
         if left == blips:
             check_invariants(params, state, step)
+            if floor is not None:
+                for role in ROLES:
+                    floor[role] = min(floor.get(role, params[role].replicas), step.serving[role])
         nexts = list(events(params, state, step, new, left))
         if not nexts:  # the end: done, or the planner says why not
+            if ends is not None:
+                ends.append((state, step))
             if step.blocked:
                 blocked.add(step.blocked)
             else:
@@ -362,7 +383,9 @@ def test_the_clock_stops_while_paused() -> None:
     assert not halted(clock_step(clock_spec(paused=True), old_pair()))
     paused_then = {"conditions": [{"type": "Progressing", "status": "Unknown", "reason": "RolloutPaused"}]}
     resumed = clock_step(clock_spec(), old_pair(), **paused_then)
-    assert not halted(resumed) and resumed.since == LATER and resumed.plan.leave
+    assert not halted(resumed) and resumed.since == LATER
+    # It moves again: with the defaults a surge instance of each role comes up first.
+    assert resumed.plan.instances == {"prefill": 2, "decode": 2}
 
 
 def test_the_clock_stops_while_blocked() -> None:
@@ -388,3 +411,70 @@ def test_a_surge_instance_ready_or_an_instance_drained_is_progress() -> None:
     assert halted(clock_step(resolved, surge))
     drained = clock_step(resolved, old_pair(), draining=[{"name": name}])
     assert drained.since == LATER and not halted(drained)
+
+
+@pytest.mark.parametrize("given", [{}, {"maxSurge": 1}], ids=["defaults", "maxSurge-1-alone"])
+@pytest.mark.parametrize("layout_change", [False, True])
+def test_the_defaults_keep_every_instance_serving(given: dict, layout_change: bool) -> None:
+    """The API's defaults (and `maxSurge: 1` with nothing else set), a role of one instance
+    included: every reachable state serves `replicas` of each role, and the rollout ends updated,
+    never blocked (a warning would not count)."""
+    spec = RolloutSpec.model_validate(given)
+    for p, d in SHAPES:
+        params = params_for(p, d, spec.max_unavailable, spec.max_surge)
+        floor: dict[str, int] = {}
+        _, blocked = walk(params, NEW if layout_change else OLD, floor=floor)
+        assert not blocked, (p, d, blocked)
+        assert floor == {"prefill": p, "decode": d}, (p, d, floor)
+
+
+RATIOS = [RatioBounds(min_prefill_per_decode=1, max_prefill_per_decode=1),
+          RatioBounds(min_prefill_per_decode=0.5), RatioBounds(max_prefill_per_decode=1.5)]
+
+
+@pytest.mark.parametrize("ratio", RATIOS,
+                         ids=lambda r: f"{r.min_prefill_per_decode}-{r.max_prefill_per_decode}")
+def test_no_step_takes_the_serving_ratio_outside_its_bounds(ratio: RatioBounds) -> None:
+    """With spec.scaling.ratio set, no plan takes the serving prefill:decode ratio outside it (or
+    further outside: check_ratio in every step of the walk), for shapes within it; with surge the
+    rollout ends, or holds saying to widen the ratio (an exact 1:1 with a new layout can leave no
+    single step that keeps it: an old prefill then serves only with an old decode)."""
+    exact = ratio.min_prefill_per_decode == ratio.max_prefill_per_decode
+    for p, d in SHAPES:
+        if ratio_excess(p, d, ratio):
+            continue
+        for (mu, ms), layout_change in itertools.product(SETTINGS, (False, True)):
+            _, blocked = walk(params_for(p, d, mu, ms), NEW if layout_change else OLD, ratio=ratio)
+            if ms and not (exact and layout_change):
+                assert not blocked, (p, d, mu, ms, blocked)
+            assert all("spec.scaling.ratio" in b or "maxSurge" in b for b in blocked), blocked
+
+
+def test_the_ratio_moves_instances_of_both_roles_together() -> None:
+    """4 prefill + 4 decode at exactly 1 prefill per decode, 2 unavailable, no surge: two prefill
+    instances alone would serve 2:4; the plan takes a prefill and a decode pair by pair."""
+    state = {role: {i: InstanceState(False, True, OLD) for i in range(4)} for role in ROLES}
+    exact = RatioBounds(min_prefill_per_decode=1, max_prefill_per_decode=1)
+    step = plan(params_for(4, 4, 2, 0), state, OLD, exact)
+    assert step.serving == {"prefill": 2, "decode": 2}
+    assert sorted(r for r, _ in step.leave) == ["decode", "decode", "prefill", "prefill"]
+    decode_done = {i: InstanceState(True, True, OLD) for i in range(4)}
+    alone = plan(params_for(4, 4, 2, 0), {**state, "decode": decode_done}, OLD,
+                 RatioBounds(min_prefill_per_decode=1))
+    assert not alone.leave and alone.blocked and "spec.scaling.ratio" in alone.blocked
+
+
+@pytest.mark.parametrize("partition", [(1, 0), (0, 1), (2, 0), (1, 2)])
+def test_asymmetric_partitions_strand_no_old_instance(partition: tuple[int, int]) -> None:
+    """A KV-layout change with a partition on one role only: the instances it holds on the old
+    layout keep a partner of the other role on that layout (the rollout holds there, saying what to
+    lower), so every Ready instance still serves at every end of the walk."""
+    for (p, d), (mu, ms) in itertools.product([(2, 2), (3, 2), (2, 3)], SETTINGS):
+        params = params_for(p, d, mu, ms, partition)
+        ends: list[tuple[dict[str, dict[int, InstanceState]], Plan]] = []
+        _, blocked = walk(params, NEW, ends=ends)
+        for state, last in ends:
+            ready = {role: sum(1 for i, s in state[role].items() if s.ready and i < last.instances[role]
+                               and (role, i) not in last.leave) for role in ROLES}
+            assert last.serving == ready, (p, d, mu, ms, partition, state)
+        assert all("partition" in b or "maxSurge" in b for b in blocked), blocked

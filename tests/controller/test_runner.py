@@ -104,6 +104,20 @@ def test_a_failed_pod_still_in_the_index_is_not_doubled_and_healthy_ones_are_not
     assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["a", "b"]
 
 
+def test_pods_a_reconcile_deleted_are_left_out_until_the_index_shows_them_going(runner):
+    """A lagging index right after a rollout deleted an instance's pods still lists them Running:
+    the next reconcile must not count them as serving (it would let another instance leave). They
+    stay out until the index shows them terminating or gone, then the index is the truth again."""
+    _pods_index(runner, _pod("deleted"), _pod("kept"))
+    runner._remember(KEY, Outcome(deleted_pods=["deleted"]), since=0.0)
+    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["kept"]
+    _pods_index(runner, _pod("deleted", deleting=True), _pod("kept"))
+    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["deleted", "kept"]
+    assert not runner._deleted[KEY]  # forgotten: a pod of that uid never comes back
+    _pods_index(runner, _pod("kept"))
+    assert [p["metadata"]["uid"] for p in runner._snapshot(KEY)[1]] == ["kept"]
+
+
 def test_the_echo_of_an_own_write_triggers_nothing_a_later_change_does(runner):
     runner._remember(KEY, Outcome(applied=[_obj("Service", "a", "5")]), since=0.0)
     runner.child_event(KEY, _obj("Service", "a", "5"))

@@ -437,3 +437,28 @@ def test_a_held_partition_is_not_complete():
     assert (got["Progressing"]["status"], got["Progressing"]["reason"]) == ("False", "RolloutPartitioned")
     assert "glm-flash-prefill-0" in got["Progressing"]["message"]
     assert "glm-flash-decode-0" in got["Progressing"]["message"]
+
+
+def test_a_surge_instance_that_cannot_be_scheduled_says_so_and_what_to_set():
+    """The defaults (one surge instance, none unavailable) with no NPUs free for the surge: its pod
+    stays Pending, no outdated instance may leave, and Progressing says why and what to set."""
+    v = validated()
+    assert v.resolved is not None
+    pods = pods_of(with_status(desired(validated(prefill__replicas=2))))
+    for p in pods:
+        if p["metadata"]["name"].startswith("glm-flash-prefill-0"):
+            p["metadata"]["labels"] = {**p["metadata"]["labels"], "pd.serving.dev/revision": "old"}
+    pods = _pending(pods, "glm-flash-prefill-1-0")
+    state = gate.observe(v.resolved, revisions(v), pods, ())
+    params = rollout.params_of(v.resolved)
+    step = rollout.plan(params, state, v.resolved.layout_hash)
+    assert step.instances["prefill"] == 2 and not step.leave and step.blocked is None
+    moving = rollout.Rollout(step, state, params, datetime(2026, 1, 1, tzinfo=UTC),
+                             {"prefill": 60, "decode": 60})
+    got = {c["type"]: c for c in conditions(v, Observed(children=with_status(desired(v)), pods=pods,
+                                                        rollout=moving), [], 1, T0)}
+    progressing = got["Progressing"]
+    assert (progressing["status"], progressing["reason"]) == ("False", "SurgeUnschedulable")
+    assert "glm-flash-prefill-1-0" in progressing["message"] and UNSCHEDULABLE in progressing["message"]
+    assert "spec.prefill.rollout to maxSurge 0 and maxUnavailable 1" in progressing["message"]
+    assert got["Ready"]["status"] == "True"  # the old instance serves meanwhile

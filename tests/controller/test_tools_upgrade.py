@@ -132,8 +132,11 @@ def test_an_operator_upgrade_restarts_no_engine_and_says_so(tools_update, rolls)
     (status,) = [s for verb, s in upgraded.writes if verb == "status"]
     (tools_current,) = [c for c in status["conditions"] if c["type"] == "ToolsCurrent"]
     replaced = [name for verb, name in upgraded.writes if verb == "delete-pod"]
-    if rolls:  # the rollout starts: the new tools reach the templates, an instance is replaced
-        assert written and all(_tools_image(m) == NEW for m in written) and replaced
+    if rolls:  # the rollout starts: the new tools reach the templates, and with the default rollout
+        # (one surge instance per role, none unavailable) a surge instance of each role comes up first
+        surge = {f"{body['metadata']['name']}-{role}-2" for role in ROLES}
+        assert written and all(_tools_image(m) == NEW for m in written)
+        assert surge <= {m["metadata"]["name"] for m in written} and replaced == []
         assert status["prefill"]["revision"] != children_revision(children, "prefill")
     else:
         assert written == [] and replaced == [], [m["metadata"]["name"] for m in written]

@@ -223,10 +223,12 @@ def test_every_pip_install_is_pinned_and_from_pypi_alone(image):
 
 
 def test_operator_image_installs_exactly_the_operators_runtime_dependencies():
-    """requirements.in pins pyproject's runtime dependencies (base and `operator` extra), and its lock
-    pins each at that version, with every transitive dependency; build.in what builds the wheel."""
+    """requirements.in pins pyproject's runtime dependencies (base, and the `operator` and `proxy`
+    extras: pd-proxy runs from this image), and its lock pins each at that version, with every
+    transitive dependency; build.in what builds the wheel."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["operator"]]
+    extras = project["optional-dependencies"]
+    wanted = [Requirement(r) for r in project["dependencies"] + extras["operator"] + extras["proxy"]]
     pinned = {canonicalize_name((req := Requirement(line)).name): req
               for line in (ROOT / "images/operator/requirements.in").read_text().splitlines()
               if line.strip() and not line.startswith("#")}
@@ -243,8 +245,8 @@ def test_operator_image_installs_exactly_the_operators_runtime_dependencies():
 
 # Base dependencies the serving image gets from vLLM itself (vllm's own requirements).
 FROM_VLLM = {"pydantic", "pyyaml", "numpy"}
-# ... and pd-proxy's (the `proxy` extra): vLLM's OpenAI server needs aiohttp too.
-PROXY_FROM_VLLM = {"aiohttp"}
+# ... and pd-proxy's (the `proxy` extra): vLLM's OpenAI server needs aiohttp, its KV events msgspec and pyzmq.
+PROXY_FROM_VLLM = {"aiohttp", "msgspec", "pyzmq"}
 
 
 def test_serving_image_adds_the_base_dependencies_vllm_lacks():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from pd_operator.findings import CATALOG
 from pd_operator.preflight.checks import PreflightConfig, parse_config, preflight
-from pd_operator.preflight.cli import visible_npus
+from pd_operator.preflight.cli import busy, visible_npus
 from pd_operator.serving_image.capabilities import capabilities
 from pd_operator.serving_image.installed import Installed, introspect, read_report
 from support.vllm_ascend_tree import write_tree
@@ -127,6 +128,26 @@ def test_busy_ports_of_this_pod(seed_image):
     assert run(seed_image, busy=frozenset({36000})) == [("PreflightPortBusy", "ports.36000")]
     assert run(seed_image, MULTI_POD, multi_pod_argv(1), {"PD_POD_INDEX": "1"},
                busy=frozenset({36000, 36008})) == [("PreflightPortBusy", "ports.36008")]
+
+
+def test_a_listening_port_is_busy_and_a_killed_engines_time_wait_is_not():
+    """What the real node showed: an engine SIGKILLed with a client connected leaves the server side
+    of that connection in TIME_WAIT, which vLLM's own bind (SO_REUSEADDR) ignores; the preflight of the
+    restarted container must too (Linux lets a bind reuse a TIME_WAIT port when both sockets set
+    SO_REUSEADDR, as vLLM's server socket does)."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        server.listen()
+        assert busy([port]) == {port}
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server side closes first: it holds TIME_WAIT
+            client.recv(1)
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("0.0.0.0", port))  # a bind without SO_REUSEADDR still fails
+    assert busy([port]) == set()
 
 
 def test_bad_config_names_the_field():

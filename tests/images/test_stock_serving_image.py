@@ -40,9 +40,9 @@ def test_stock_stand_in_has_nothing_of_ours(stock_image):
     assert done.returncode != 0 and "No module named 'pd_operator'" in done.stderr, (done.stdout, done.stderr)
 
 
-def test_stock_stand_in_vllm_records_its_argv_and_env_and_serves_nothing(stock_image):
+def test_stock_stand_in_vllm_records_its_argv_and_env_when_told_to(stock_image):
     done = containers.run(stock_image, "vllm", "serve", "/models/x", "--port", "8000",
-                          options=["--env", "VLLM_TEST=1"])
+                          options=["--env", "VLLM_TEST=1", "--env", "PD_TEST_RECORD=1"])
     assert done.returncode == 0, done.stderr
     recorded = json.loads(done.stdout)
     assert recorded["argv"][1:] == ["serve", "/models/x", "--port", "8000"]

@@ -13,15 +13,24 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 
 import pytest
 
 from support import containers, renders
-from support.cluster import kubernetes_version, wait_for
+from support.cluster import ROOT, kubernetes_version, wait_for
 from support.kube import kubectl
-from support.node import BRIDGE_PREFIX, NPUS, NodeCluster, ascend_host_files, cgroup_hierarchies
+from support.node import (
+    BRIDGE_PREFIX,
+    NPUS,
+    NodeCluster,
+    ascend_host_files,
+    cgroup_hierarchies,
+    run_processes,
+    sweep_stale_nodes,
+)
 from support.specs import EXAMPLES
 
 pytestmark = pytest.mark.node
@@ -261,3 +270,70 @@ def _cmdline(proc: pathlib.Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+KILLED_RUN = """
+import sys, time, pathlib
+from support.cluster import wait_for
+from support.node import NodeCluster, PAUSE_IMAGE
+cluster = NodeCluster(pathlib.Path(sys.argv[1])).start()
+cluster.create_namespace("killed")
+cluster.api("POST", "/api/v1/namespaces/killed/pods", {"apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "pause"}, "spec": {"containers": [{"name": "main", "image": PAUSE_IMAGE,
+    "imagePullPolicy": "Never"}]}})
+wait_for("the pod Running", lambda: cluster.api("GET", "/api/v1/namespaces/killed/pods/pause")["status"]
+         .get("phase") == "Running", 120)
+print(cluster.node.bridge, cluster.node.cgroup_root, cluster.node.components["namespace"].pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_node_of_a_run_killed_with_sigkill_is_swept_by_the_next_start(tmp_path):
+    """pytest SIGKILLed with a node running leaves every process it started (their own sessions), the
+    pods' containers, the node's mount namespace, cgroups and bridge; the next node's start
+    (`sweep_stale_nodes`, the first step of Node.start) removes them all."""
+    workdir = tmp_path / "killed-cluster"
+    run = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(workdir)], stdout=subprocess.PIPE,
+                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+    try:
+        assert run.stdout is not None
+        up = run.stdout.readline().split()  # printed once the pod runs: the run's node is up
+        assert len(up) == 3, f"the run exited {run.poll()} before its node was up"
+        bridge, cgroup_root, holder = up
+    finally:
+        run.kill()  # SIGKILL: no teardown runs
+        run.wait()
+    left = run_processes(str(workdir))
+    assert left and int(holder) in left  # what a killed run leaves
+    assert any(h.joinpath(cgroup_root.lstrip("/")).is_dir() for h in cgroup_hierarchies())
+    assert bridge in {link["ifname"] for link in _links()}
+
+    removed = sweep_stale_nodes()
+    assert f"bridge {bridge}" in removed
+    assert run_processes(str(workdir)) == set()
+    # The mount namespace's holder (its last process) is killed: gone, or a zombie until reaped.
+    wait_for("the namespace holder dead", lambda: not _alive(int(holder)), 60)
+    assert not any(h.joinpath(cgroup_root.lstrip("/")).exists() for h in cgroup_hierarchies())
+    assert bridge not in {link["ifname"] for link in _links()}
+    mounts = pathlib.Path("/proc/self/mounts").read_text()
+    assert str(workdir) not in mounts
+    _machine_has_no_node_of(workdir)
+
+
+def _links() -> list[dict]:
+    return json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout)
+
+
+def _machine_has_no_node_of(workdir: pathlib.Path) -> None:
+    own = [p.name for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()
+           and str(workdir).encode() in _cmdline(p)]
+    assert own == []
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (killed, waiting to be reaped)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -1,10 +1,13 @@
-"""Block boundaries of prefix routing for every example's resolved layout, prefix caching off and on:
-the membership gives each prefill the block its engine is rendered with (`--block-size`), and only when
-that engine caches prefixes (`--enable-prefix-caching`); the proxy cuts prompts there. Pure."""
+"""Prefix routing as rendered, for every example. Block boundaries for each resolved layout, prefix
+caching off and on: the membership gives each prefill the block its engine is rendered with
+(`--block-size`), and only when that engine caches prefixes (`--enable-prefix-caching`); the proxy cuts
+prompts there. Precise mode: the prefill engines' `--kv-events-config`, their ports, the membership's
+publishers and the NetworkPolicy rule admitting only the proxy pods to them. Pure."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -12,6 +15,7 @@ from pd_operator.proxy.prefix_index import block_keys
 from pd_operator.proxy.prefix_routing import Prompt
 from pd_operator.proxy.prompt_tokens import PromptTokens
 from pd_operator.render import render
+from pd_operator.render.policy import proxies_of
 from support.renders import VALID_EXAMPLES, proxy_membership, serving_argv, serving_sets
 from support.specs import example, resolve
 
@@ -43,3 +47,57 @@ def test_prefill_blocks_are_the_engines_own(path, caching):
         keys = Prompt(PromptTokens(tokens)).keys(block)
         assert keys == block_keys(tokens, block) and len(keys) == 2
         assert keys[0] == block_keys(tokens[:block], block)[0]
+
+
+def precise(path, port: int = 6100) -> tuple:
+    doc = copy.deepcopy(example(path))
+    doc["spec"]["prefill"]["enablePrefixCaching"] = True
+    doc["spec"].setdefault("proxy", {})["routing"] = {"prefix": "precise", "kvEventsPort": port}
+    ctx = resolve(doc)
+    return ctx, render(ctx)
+
+
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_precise_routing_renders_publishers_their_ports_and_who_may_read_them(path):
+    ctx, manifests = precise(path)
+    plan = ctx.shapes["prefill"]
+    ranks = range(6100, 6100 + plan.dp)
+    for sts in serving_sets(manifests):
+        role = sts["metadata"]["labels"]["pd.serving.dev/role"]
+        argv = serving_argv(sts)
+        ports = {p["containerPort"] for p in sts["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        if role == "decode":
+            assert "--kv-events-config" not in argv and not ports & set(ranks)
+            continue
+        assert json.loads(flag(argv, "--kv-events-config") or "") == {
+            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:6100"}
+        assert set(ranks) <= ports  # the pods of the instance, each binding its own ranks' ports
+    # The proxy learns each prefill's publishers from the membership: rank r on the pod running it.
+    for i, member in enumerate(proxy_membership(manifests).prefill):
+        hosts = [ctx.names.pod_host("prefill", i, r // plan.dp_local) for r in range(plan.dp)]
+        assert member.events == tuple(f"tcp://{host}:{6100 + r}" for r, host in enumerate(hosts))
+    # Only this deployment's proxy pods reach those ports: the events carry every prompt's token ids.
+    (policy,) = [m for m in manifests if m["kind"] == "NetworkPolicy"
+                 and m["metadata"]["name"] == ctx.names.network_policy]
+    rules = [r for r in policy["spec"]["ingress"]
+             if any(p["port"] == 6100 for p in r.get("ports", []))]
+    assert rules == [{"from": [proxies_of(ctx)],
+                      "ports": [{"protocol": "TCP", "port": 6100,
+                                 **({"endPort": 6100 + plan.dp - 1} if plan.dp > 1 else {})}]}]
+    proxy = next(m for m in manifests if m["kind"] == "Deployment")
+    command = proxy["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert flag(command, "--prefix-routing") == "precise"
+
+
+@pytest.mark.parametrize("mode", ["off", "approximate"])
+def test_no_events_without_precise_routing(mode):
+    doc = copy.deepcopy(example(VALID_EXAMPLES[0]))
+    doc["spec"]["prefill"]["enablePrefixCaching"] = True
+    doc["spec"].setdefault("proxy", {})["routing"] = {"prefix": mode}
+    ctx = resolve(doc)
+    manifests = render(ctx)
+    assert not any("--kv-events-config" in serving_argv(s) for s in serving_sets(manifests))
+    assert all(not m.events for m in proxy_membership(manifests).prefill)
+    (policy,) = [m for m in manifests if m["kind"] == "NetworkPolicy"
+                 and m["metadata"]["name"] == ctx.names.network_policy]
+    assert not any(p["port"] == 5557 for r in policy["spec"]["ingress"] for p in r.get("ports", []))

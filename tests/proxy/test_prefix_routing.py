@@ -102,7 +102,7 @@ def test_off_is_mains_least_loaded_round_robin():
     assert b.prefix.index.size() == 0
     with pytest.raises(ValueError, match="not one of"):
         PrefixRouter("exact")  # type: ignore[arg-type]
-    assert MODES == ("off", "approximate")
+    assert MODES == ("off", "approximate", "precise")
 
 
 def test_a_member_without_a_block_is_never_scored_by_prefix():

@@ -1,7 +1,9 @@
 """vLLM 0.34's own code accepts every rendered `vllm serve` argv and kv-transfer-config.
 
 It runs `support/vllm_venv/serve_config.py` in `.vllm-venv` (vLLM 0.34.0's config code on CPU,
-`make vllm-env`) once for all pods of all examples: building vLLM's parser takes ~5 s.
+`make vllm-env`) once for all pods of all examples, and of each example with precise prefix routing
+(`<example>+precise`: prefill caching prefixes and publishing KV events): building vLLM's parser
+takes ~5 s.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import subprocess
 
 import pytest
 
+from pd_operator.render import render
 from support.renders import VALID_EXAMPLES, flag, pod_argvs, rendered, role_of
-from support.specs import ROOT
+from support.specs import ROOT, resolve
+from support.specs import example as example_doc
 
 pytestmark = pytest.mark.vllm
 
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
+PRECISE, PRECISE_PORT = "+precise", 6100
 CHECKER = ROOT / "tests" / "support" / "vllm_venv" / "serve_config.py"
 
 
@@ -27,6 +32,13 @@ def pods(tmp_path_factory) -> list[tuple[str, str, int, list[str]]]:
         work = tmp_path_factory.mktemp(example.stem)
         for sts, ordinal, argv in pod_argvs(rendered(example), work):
             out.append((example.stem, f"{role_of(sts)} {sts['metadata']['name']}", ordinal, argv))
+        doc = example_doc(example)
+        doc["spec"]["prefill"]["enablePrefixCaching"] = True
+        doc["spec"].setdefault("proxy", {})["routing"] = {"prefix": "precise", "kvEventsPort": PRECISE_PORT}
+        work = tmp_path_factory.mktemp(f"{example.stem}-precise")
+        for sts, ordinal, argv in pod_argvs(render(resolve(doc)), work):
+            name = f"{role_of(sts)} {sts['metadata']['name']}"
+            out.append((f"{example.stem}{PRECISE}", name, ordinal, argv))
     return out
 
 
@@ -66,6 +78,14 @@ def test_vllm_accepts_every_rendered_pod(pods):
         assert engine["headless"] == ("--headless" in argv), where
         if "--data-parallel-start-rank" in argv:
             assert engine["dp_start_rank"] == int(flag(argv, "--data-parallel-start-rank")), where
+        # Precise prefix routing: vLLM reads prefill's events config as a ZMQ publisher on every
+        # interface at the events port; nothing else publishes.
+        events = engine["kv_events"] or {}
+        if example.endswith(PRECISE) and name.startswith("prefill "):
+            assert (events["enable_kv_cache_events"], events["publisher"], events["endpoint"]) == (
+                True, "zmq", f"tcp://*:{PRECISE_PORT}"), where
+        else:
+            assert "--kv-events-config" not in argv and not events.get("enable_kv_cache_events"), where
         role = "kv_producer" if name.startswith("prefill ") else "kv_consumer"
         assert engine["kv_role"] == role and engine["engine_id"] == json.loads(
             flag(argv, "--kv-transfer-config"))["engine_id"], where
@@ -82,5 +102,7 @@ def test_glm_examples_ask_prefix_caching_on_prefill_only(pods):
 
 
 def test_pods_cover_both_roles_and_a_headless_rank(pods):
+    assert any(example.endswith(PRECISE) and "--kv-events-config" in argv for example, _, _, argv in pods)
     assert any("--headless" in argv for *_, argv in pods)
     assert {name.split()[0] for _, name, _, _ in pods} == {"prefill", "decode"}
+

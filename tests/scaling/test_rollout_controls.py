@@ -4,8 +4,9 @@ pods (support/podnet.py) under client load (issue 25): `partition` holds the ins
 deadline while the others keep serving, until the previous spec is applied again, and scaling
 during a (paused) rollout adds instances on the new template.
 
-2 prefill and 2 decode instances, the default rollout otherwise (maxUnavailable 1, no surge), so an
-image change moves instance 1 of each role first and instance 0 after. Every wait is for a status,
+2 prefill and 2 decode instances replaced in place (maxUnavailable 1, no surge: support/rollout.py
+IN_PLACE; the defaults surge, test_rollout_under_load.py), so an image change moves instance 1 of
+each role first and instance 0 after. Every wait is for a status,
 the membership or the audit log; nothing asserts a duration.
 """
 
@@ -24,6 +25,7 @@ from support.podnet import Kubelet
 from support.rollout import (
     BAD_IMAGE,
     GLM,
+    IN_PLACE,
     INSTANCES,
     NEW_IMAGE,
     CrashingImage,
@@ -62,6 +64,7 @@ def _set_rollout(doc: dict, **fields: object) -> None:
 
 async def _partition(cp: ControlPlane, namespace: str, workdir: pathlib.Path) -> None:
     doc = two_by_two(namespace)
+    _set_rollout(doc, **IN_PLACE)
     async with Kubelet(cp, namespace, GLM, workdir) as kubelet:
         old = await _serving(cp, namespace, doc, kubelet)
         before = pod_revisions(cp, namespace)
@@ -92,6 +95,7 @@ async def _partition(cp: ControlPlane, namespace: str, workdir: pathlib.Path) ->
 
 async def _pause(cp: ControlPlane, namespace: str, workdir: pathlib.Path) -> None:
     doc = two_by_two(namespace)
+    _set_rollout(doc, **IN_PLACE)
     async with Kubelet(cp, namespace, GLM, workdir) as kubelet:
         old = await _serving(cp, namespace, doc, kubelet)
         # A request held in decode-1 keeps it draining once the rollout takes it out: the pause
@@ -144,6 +148,7 @@ async def _pause(cp: ControlPlane, namespace: str, workdir: pathlib.Path) -> Non
 
 async def _bad_image(cp: ControlPlane, namespace: str, workdir: pathlib.Path) -> None:
     doc = two_by_two(namespace)
+    _set_rollout(doc, **IN_PLACE)
     with CrashingImage(cp, namespace, BAD_IMAGE) as crashing:
         async with Kubelet(cp, namespace, GLM, workdir) as kubelet:
             old = await _serving(cp, namespace, doc, kubelet)
@@ -193,6 +198,7 @@ async def _bad_image(cp: ControlPlane, namespace: str, workdir: pathlib.Path) ->
 
 async def _scale_during(cp: ControlPlane, namespace: str, workdir: pathlib.Path) -> None:
     doc = two_by_two(namespace)
+    _set_rollout(doc, **IN_PLACE)
     async with Kubelet(cp, namespace, GLM, workdir) as kubelet:
         old = await _serving(cp, namespace, doc, kubelet)
         async with Load((await kubelet.proxy()).url) as load:

@@ -4,8 +4,8 @@
 The GLM example on kwok nodes with loopback pod IPs (support/podnet.py): the real `pd-proxy` in the
 proxy pod, a fake engine in each instance's leader pod, clients sending requests through the proxy.
 The image changes (a new kv-layout hash too: the image is part of it), once with the default
-rollout (maxUnavailable 1, no surge) and once with a surge (maxSurge 1, maxUnavailable 0: a third
-instance per role on the new template serves while the two old ones are replaced, then leaves).
+rollout (maxSurge 1, maxUnavailable 0: a third instance per role on the new template serves while
+the two old ones are replaced, then leaves) and once in place (maxUnavailable 1, no surge).
 Checked:
 - no request fails (a pod deleted while it carries a request would cut it);
 - at every sample of the membership the proxy routes by, each role has at least
@@ -29,12 +29,13 @@ import pathlib
 import pytest
 
 from pd_operator.api.labels import REVISION
-from pd_operator.api.types import ROLES
+from pd_operator.api.types import ROLES, RolloutSpec
 from support.cluster import ControlPlane
 from support.fakevllm import Load
 from support.podnet import Kubelet
 from support.rollout import (
     GLM,
+    IN_PLACE,
     INSTANCES,
     NEW_IMAGE,
     apply,
@@ -91,7 +92,6 @@ class Sampler:
         self._stop.set()
 
 
-SURGE = {"maxSurge": 1, "maxUnavailable": 0}
 SURGED = {role: f"{GLM}-{role}-2" for role in ROLES}
 """The surge instance of each role (the first ordinal past replicas)."""
 
@@ -124,7 +124,8 @@ async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathli
     assert load.failures == [], load.failures[:10]
     assert kubelet.errors() == []
     assert sampler.samples >= 2  # it sampled the membership the proxy routed by (how often depends on load)
-    unavailable, surge = rollout.get("maxUnavailable", 1), rollout.get("maxSurge", 0)
+    spec = RolloutSpec.model_validate(rollout)
+    unavailable, surge = spec.max_unavailable, spec.max_surge
     # At least replicas - maxUnavailable (reached: it moved), at most replicas + maxSurge; a surge
     # instance was routed (it may join in the reconcile in which an old one leaves, so the most
     # sampled need not reach the bound).
@@ -162,7 +163,7 @@ async def _scenario(cp: ControlPlane, namespace: str, user: str, workdir: pathli
             f"{instance}: removed while the proxy routed to it"
 
 
-@pytest.mark.parametrize("rollout", [{}, SURGE], ids=["default", "surge"])
+@pytest.mark.parametrize("rollout", [{}, IN_PLACE], ids=["default", "in-place"])
 def test_a_new_image_rolls_through_under_load_without_a_failed_request(control_plane, namespace, release,
                                                                       start_operator, tmp_path, rollout):
     start_operator()

@@ -595,12 +595,16 @@ class ControlPlane:
         self.api("POST", "/api/v1/persistentvolumes", {
             "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
             "spec": {"capacity": {"storage": size}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-                     "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": f"/models/{claim}"},
+                     "persistentVolumeReclaimPolicy": "Retain", "hostPath": self.weights_host_path(volume),
                      "claimRef": {"namespace": namespace, "name": claim}}})
         self.api("POST", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": volume,
                      "resources": {"requests": {"storage": size}}}})
+
+    def weights_host_path(self, volume: str) -> dict:
+        """The hostPath of weights volume `volume` (never mounted on kwok's nodes)."""
+        return {"path": f"/models/{volume}"}
 
     def service_account_token(self, namespace: str, name: str, expiration_s: int = 24 * 3600,
                               pod: dict | None = None) -> str:

@@ -1,11 +1,14 @@
-"""`make demo`: the whole loop on one machine against a real Kubernetes control plane.
+"""`make demo`: the whole loop on one machine, on a real Kubernetes control plane with a real node.
 
-Prints the KV plan of a PDDeployment manifest (what `pdctl plan` shows), starts kube-apiserver,
-etcd, controller-manager, scheduler and kwok NPU nodes (tests/support/cluster.py), installs the
-chart with `helm install`, runs the operator with the chart's arguments as the chart's
-ServiceAccount, `kubectl apply`s the manifest, and shows with kubectl what a user would see: the
-server version, `kubectl get pdd`, its conditions, the children the operator created and the
-pods the StatefulSet controller made, Ready through kwok (no NPUs or containers here).
+Prints the KV plan of a PDDeployment manifest (what `pdctl plan` shows), starts kube-apiserver, etcd,
+controller-manager and scheduler with one real node (the kubelet, containerd, runc and the CNI bridge,
+an NPU device-plugin stand-in: tests/support/node.py), imports the images tier's images into containerd
+(the operator image as the chart's, the serving stand-in under the serving image names of the examples),
+installs the chart with `helm install` (the operator runs from its image on the node), `kubectl apply`s
+the manifest, and shows what a user would see: `kubectl get nodes -o wide`, `kubectl get pdd`, its
+conditions, the children and pods, the pods' containers as containerd lists them, a completion answered
+through pd-proxy, the KV bytes decode pulled from prefill over Mooncake and verified, and how long each
+step took. Needs root (the node's namespaces, cgroups and bridge).
 
     PYTHONPATH=tests .venv/bin/python -m support.demo examples/glm-5.3-flash-tp8-dp2tp4.yaml
 """
@@ -16,7 +19,9 @@ import argparse
 import pathlib
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import yaml
 
@@ -24,11 +29,13 @@ from pd_operator.api.labels import DEPLOYMENT
 from pd_operator.kv.summary import report_table
 from pd_operator.render.kinds import CHILD_KINDS
 from pd_operator.render.runnable import validate
-from support.cluster import ControlPlane, kubernetes_version, wait_for
-from support.installed import helm_install, is_ready, weights_claim
+from support.cluster import kubernetes_version, wait_for
+from support.installed import helm_uninstall
 from support.kube import kubectl
+from support.node import NodeCluster
+from support.node_journey import apply_example, complete, import_images, install, remove, verified, wait_ready
 
-READY_TIMEOUT_S = 300.0
+PROMPT = "Where does the KV cache of this prompt go?"
 
 
 def _show(title: str, text: str) -> None:
@@ -40,17 +47,25 @@ CONDITIONS = ("{range .status.conditions[*]}{.type}{'\\t'}{.status}{'\\t'}{.reas
 OWNERS = "custom-columns=KIND:.kind,NAME:.metadata.name,OWNER:.metadata.ownerReferences[0].name"
 
 
-def _prerequisites(cp: ControlPlane, doc: dict, namespace: str) -> None:
-    """What the user creates before applying: the namespace and the weights volume the spec names."""
-    if namespace != "default":
-        cp.create_namespace(namespace)
-    if claim := weights_claim(doc):
-        cp.create_weights_volume(namespace, claim)
-        print(f"\n== created PersistentVolumeClaim {namespace}/{claim} (the model weights the spec names)")
+class Steps:
+    """Each step's wall time, printed as it ends and once more at the end."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        began = time.monotonic()
+        yield
+        self.seconds[name] = time.monotonic() - began
+        print(f"   ({name}: {self.seconds[name]:.1f} s)", flush=True)
+
+    def summary(self) -> str:
+        return "\n".join(f"{name}: {seconds:.1f} s" for name, seconds in self.seconds.items())
 
 
-def _show_result(cp: ControlPlane, namespace: str, name: str) -> None:
-    admin = cp.kubeconfig
+def _show_result(cluster: NodeCluster, namespace: str, name: str) -> None:
+    admin = cluster.kubeconfig
     _show(f"kubectl get pdd -n {namespace} -o wide",
           kubectl(admin, "get", "pdd", "-n", namespace, "-o", "wide").stdout)
     _show("conditions",
@@ -59,11 +74,22 @@ def _show_result(cp: ControlPlane, namespace: str, name: str) -> None:
     kinds = ",".join(sorted({plural for (_, kind), plural in CHILD_KINDS.items() if kind != "PodGroup"}))
     _show(f"children (kubectl get {kinds} -l {DEPLOYMENT}={name})",
           kubectl(admin, "get", kinds, "-n", namespace, "-l", f"{DEPLOYMENT}={name}", "-o", OWNERS).stdout)
-    _show("pods (created by the StatefulSet and Deployment controllers, run by kwok)",
+    _show("pods (created by the StatefulSet and Deployment controllers, run by the kubelet)",
           kubectl(admin, "get", "pods", "-n", namespace, "-o", "wide").stdout)
+    running = cluster.node.running_tasks()
+    rows = []
+    for c in cluster.node.containers():
+        labels = c["labels"]
+        if labels.get("io.kubernetes.pod.namespace") == namespace:
+            state = "RUNNING" if c["id"] in running else "exited"
+            rows.append(f"{labels.get('io.kubernetes.pod.name', ''):40} "
+                        f"{labels.get('io.kubernetes.container.name', ''):16} {state:8} {c['image']}")
+    _show(f"containerd on {cluster.node.name} (ctr -n k8s.io containers list and tasks list, this namespace)",
+          "\n".join(sorted(rows)))
 
 
-def demo(manifest_path: str) -> int:
+def demo(manifest_path: str, cluster: NodeCluster | None = None) -> int:
+    """The demo on `cluster` (a running NodeCluster, left running), or on one of its own."""
     doc = yaml.safe_load(pathlib.Path(manifest_path).read_text())
     validation = validate(doc)
     print(f"== pdctl plan {manifest_path}")
@@ -73,36 +99,61 @@ def demo(manifest_path: str) -> int:
         for finding in validation.errors:
             print(finding.line())
         return 1
-    namespace, name = validation.deployment.namespace, validation.deployment.name  # type: ignore[union-attr]
-    print(f"\n== starting kube-apiserver {kubernetes_version()}, etcd, kube-controller-manager, "
-          "kube-scheduler, kwok NPU nodes", flush=True)
-    # The control plane keeps its own directory (component logs) when the demo fails.
-    with ControlPlane() as cp, tempfile.TemporaryDirectory(prefix="pd-demo-") as tmp:
-        workdir = pathlib.Path(tmp)
-        print(f"   ready in {cp.start_seconds:.1f} s at {cp.server}")
-        admin = cp.kubeconfig
-        version = kubectl(admin, "version").stdout.splitlines()
-        _show("kubectl version", "\n".join(line for line in version if line.startswith("Server Version")))
-        _show("kubectl get nodes -L accelerator", kubectl(admin, "get", "nodes", "-L", "accelerator").stdout)
-        release = helm_install(cp, workdir)
-        kinds = ", ".join(sorted({d["kind"] for d in release.manifest}))
+    namespace = validation.deployment.namespace  # type: ignore[union-attr]
+    steps = Steps()
+    own = cluster is None
+    if own:
+        print(f"\n== starting kube-apiserver {kubernetes_version()}, etcd, kube-controller-manager, "
+              "kube-scheduler, and a node: the kubelet, containerd, the NPU device plugin", flush=True)
+        with steps("the control plane and the node"):
+            cluster = NodeCluster().start()
+    assert cluster is not None
+    try:
+        with tempfile.TemporaryDirectory(prefix="pd-demo-") as tmp:
+            return _journey(cluster, manifest_path, namespace, pathlib.Path(tmp), steps)
+    finally:
+        if own:
+            cluster.stop()
+
+
+def _journey(cluster: NodeCluster, manifest_path: str, namespace: str, workdir: pathlib.Path,
+             steps: Steps) -> int:
+    admin = cluster.kubeconfig
+    _show("kubectl get nodes -o wide", kubectl(admin, "get", "nodes", "-o", "wide").stdout)
+    with steps("import the images into containerd"):
+        names = import_images(cluster)
+    _show("images imported into containerd (podman save, ctr images import)", "\n".join(names))
+    with steps("helm install, the operator's pod Ready"):
+        release = install(cluster, workdir)
+    deployment = None
+    try:
         _show(f"helm install {release.name} charts/pd-operator -n {release.namespace} --create-namespace",
-              f"installed: {kinds}")
-        with release.operator(cp, workdir) as op:
-            health = op.wait_health(lambda h: h.get("webhook", {}).get("ok") is True, "its webhook")
-            args = " ".join(release.container["args"])
-            _show(f"pd-operator {args}   (the chart's args, as {release.user}; "
-                  "health, metrics and webhook on free local ports)",
-                  f"webhook: {health['webhook']['message']}")
-            _prerequisites(cp, doc, namespace)
-            _show(f"kubectl apply -f {manifest_path}", kubectl(admin, "apply", "-f", manifest_path).stdout)
-            wait_for(f"{namespace}/{name} Ready", lambda: is_ready(cp, namespace, name), READY_TIMEOUT_S,
-                     interval=0.5)
-            _show_result(cp, namespace, name)
-            requests = cp.audit.events(user=release.user)
-            print(f"\n== audit log: {len(requests)} requests by {release.user}, "
-                  f"{sum(e.code == 403 for e in requests)} refused")
-    return 0
+              kubectl(admin, "get", "pods", "-n", release.namespace, "-o", "wide").stdout)
+        with steps(f"kubectl apply -f {manifest_path}"):
+            deployment = apply_example(cluster, pathlib.Path(manifest_path).resolve(), namespace)
+        print(f"\n== kubectl apply -f {manifest_path} -n {namespace}   (after creating the Secret "
+              f"{deployment.doc['spec']['proxy']['apiKey']['name']} and the weights claim)")
+        with steps("the PDDeployment Ready"):
+            wait_ready(cluster, deployment)
+        _show_result(cluster, namespace, deployment.name)
+        with steps("a completion through pd-proxy"):
+            answer = complete(cluster, deployment, PROMPT)
+        _show(f"POST /v1/completions through pd-proxy (prompt {PROMPT!r})",
+              f"HTTP {answer.status}: {answer.body}")
+        if answer.status != 200:
+            return 1
+        request_id = answer.request_id
+        record = wait_for("decode's log of the verified KV",
+                          lambda: verified(cluster, deployment, request_id), 60)
+        _show(f"KV moved prefill -> decode over Mooncake (tcp), from {record['pod']}'s log",
+              f"verified {record['bytes']} bytes in {record['entries']} runs from {record['from']} "
+              f"(segment {record['segment']}, {record['ms']} ms), {record['promptTokens']} prompt tokens")
+        _show("how long each step took", steps.summary())
+        return 0 if record["ok"] else 1
+    finally:
+        if deployment is not None:
+            remove(cluster, deployment)
+        helm_uninstall(cluster, release)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

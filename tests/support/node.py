@@ -47,10 +47,12 @@ import os
 import pathlib
 import posixpath
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Mapping
 
@@ -79,6 +81,7 @@ POD_SUPERNET = "10.244.0.0/16"
 # node's bridge, where support/tcpforward.py passes port 443 on to kube-apiserver.
 SERVICE_SUPERNET = "10.245.0.0/16"
 CLUSTER_DOMAIN = "cluster.local"
+WEIGHTS_ROOT = "/var/lib/pd-weights"
 
 
 def runtime_dir() -> pathlib.Path:
@@ -121,30 +124,70 @@ def ascend_host_files() -> list[tuple[str, str]]:
     return sorted({mount for mounts in GENERATION_MOUNTS.values() for mount in mounts})
 
 
-def sweep_stale_nodes() -> None:
-    """Remove what a node of a test run that died without stopping it left (its bridge's alias names
-    the run's pid): the processes in its cgroups, the cgroups, the bridge."""
+RUN_ENV = "PD_TESTNODE_RUN"
+"""Set to the cluster's workdir in the environment of every process of a node (containerd's shims
+inherit it): the sweep finds them by it, as it finds the control plane's by that directory in argv."""
+
+
+def run_processes(workdir: str) -> set[int]:
+    """Processes of the test cluster in `workdir`: a path under it in their argv, or their RUN_ENV."""
+    marks = (f"{workdir}/".encode(), f"{RUN_ENV}={workdir}".encode())
+    found = set()
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+            if marks[0] in cmdline or marks[1] in environ.split(b"\0"):
+                found.add(int(proc.name))
+    return found
+
+
+def sweep_stale_nodes() -> list[str]:
+    """Remove what a node of a test run that died without stopping it (pytest SIGKILLed) left: its
+    bridge's alias names the run's pid and its cluster's workdir. Kills the run's processes (the
+    control plane, containerd, the kubelet, the mount namespace's holder, the shims, the DNS and
+    forwarder: their mounts go with the namespace), then what runs in its cgroups, removes the cgroups,
+    the bridge and the workdir. What it removed, as text."""
+    removed = []
     links = json.loads(_run("ip", "-j", "-d", "link", "show", "type", "bridge").stdout or "[]")
     for link in links:
         alias, name = link.get("ifalias", ""), link["ifname"]
         if not (name.startswith(BRIDGE_PREFIX) and alias.startswith(BRIDGE_ALIAS)):
             continue
-        if pathlib.Path(f"/proc/{alias[len(BRIDGE_ALIAS):]}").exists():
+        pid, _, workdir = alias[len(BRIDGE_ALIAS):].partition(" in ")
+        if pathlib.Path(f"/proc/{pid}").exists():
             continue  # its run is alive
+        if workdir:
+            for _ in range(50):
+                stale = run_processes(workdir)
+                for process in stale:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process, signal.SIGKILL)
+                if not stale:
+                    break
+                removed.append(f"processes {sorted(stale)}")
+                time.sleep(0.1)
         root = f"pdnode-{name[len(BRIDGE_PREFIX):]}"
         for _ in range(50):
             cgroups = sorted((p for h in cgroup_hierarchies() for p in [h / root, *(h / root).rglob("*")]
                               if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
             for cgroup in cgroups:
-                for pid in _read(cgroup / "cgroup.procs").split():
+                for process in _read(cgroup / "cgroup.procs").split():
                     with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
+                        os.kill(int(process), signal.SIGKILL)
                 with contextlib.suppress(OSError):
                     cgroup.rmdir()
             if not cgroups:
                 break
+            removed.append(f"cgroups of {root}")
             time.sleep(0.1)
         _run("ip", "link", "del", name, check=False)
+        removed.append(f"bridge {name}")
+        if workdir.startswith(tempfile.gettempdir() + "/"):
+            shutil.rmtree(workdir, ignore_errors=True)
+    return removed
 
 
 def oci_archive(path: pathlib.Path, name: str, files: Mapping[str, bytes], entrypoint: list[str]) -> None:
@@ -324,6 +367,7 @@ class Node:
         if in_namespace and name != "namespace":
             holder = self.components["namespace"].pid
             argv = ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", *argv]
+        env = {**(env if env is not None else os.environ), RUN_ENV: str(self.cluster.workdir)}
         component = Component(f"node-{name}", argv, self.cluster.logs / f"node-{name}.log", env)
         self.components[name] = component
         component.start()
@@ -377,7 +421,8 @@ class Node:
     def _make_bridge(self) -> None:
         sweep_stale_nodes()
         _run("ip", "link", "add", self.bridge, "type", "bridge")
-        _run("ip", "link", "set", self.bridge, "alias", f"{BRIDGE_ALIAS}{os.getpid()}")
+        alias = f"{BRIDGE_ALIAS}{os.getpid()} in {self.cluster.workdir}"  # what sweep_stale_nodes reads
+        _run("ip", "link", "set", self.bridge, "alias", alias)
         _run("ip", "addr", "add", f"{self.ip}/{self.subnet.prefixlen}", "dev", self.bridge)
         _run("ip", "addr", "add", f"{self.cluster.kubernetes_service_ip}/32", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -563,6 +608,12 @@ class NodeCluster(ControlPlane):
                 f"--kubelet-client-key={self.kubelet_client.key}",
                 f"--kubelet-certificate-authority={self.ca_cert}",
                 "--kubelet-preferred-address-types=InternalIP"]
+
+    def weights_host_path(self, volume: str) -> dict:
+        """Weights claims bind to a local volume of the node: a directory under WEIGHTS_ROOT that the
+        kubelet creates in the node's mount namespace (its tmpfs /var/lib), so engine pods mount it as
+        the examples render and the machine never has it."""
+        return {"path": f"{WEIGHTS_ROOT}/{volume}", "type": "DirectoryOrCreate"}
 
     def start(self) -> NodeCluster:
         super().start()

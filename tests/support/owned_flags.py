@@ -29,6 +29,7 @@ VALUES: dict[str, str | None] = {
     "--kv-cache-dtype": "fp8",
     "--served-model-name": "someone-else",
     "--max-model-len": "77",
+    "--kv-events-config": '{"enable_kv_cache_events":true,"endpoint":"tcp://*:7777"}',
 }
 
 

@@ -35,6 +35,8 @@ INSTANCES = {role: {f"{GLM}-{role}-{i}" for i in (0, 1)} for role in ROLES}
 NEW_IMAGE = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-seed2"
 BAD_IMAGE = NEVER_READY_IMAGE
 PROXY_IMAGE = "registry.example.com/pd-operator/pd-proxy:v1"
+IN_PLACE = {"maxUnavailable": 1, "maxSurge": 0}
+"""spec.<role>.rollout replacing instances in place, one at a time (the defaults surge one first)."""
 TIMEOUT_S = 300.0
 
 

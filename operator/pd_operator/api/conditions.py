@@ -41,6 +41,7 @@ ROLLOUT_PAUSED = "RolloutPaused"
 ROLLOUT_BLOCKED = "RolloutBlocked"
 ROLLOUT_PARTITIONED = "RolloutPartitioned"
 PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+SURGE_UNSCHEDULABLE = "SurgeUnschedulable"
 WAITING_FOR_PODS = "WaitingForPods"
 COMPLETE = "Complete"
 INVALID_SPEC = "InvalidSpec"
@@ -108,6 +109,10 @@ REASONS: list[tuple[str, str, str, str]] = [
      "within spec.<role>.rollout.progressDeadlineSeconds (the clock stops while paused or blocked): the "
      "rollout stopped and the others keep serving. Nothing rolls back by itself: fix the template, or "
      "apply the previous spec again (which moves back only what moved); any spec change resumes."),
+    (PROGRESSING, "False", SURGE_UNSCHEDULABLE, "A surge instance (spec.<role>.rollout.maxSurge) cannot be "
+     "scheduled (no node with free NPUs, say) and no outdated instance may leave before one serves in its "
+     "place: free NPUs, or set maxSurge 0 and maxUnavailable 1 to replace instances in place (a role of one "
+     "instance then serves nothing while it is replaced). The message has the scheduler's reason."),
     (PROGRESSING, "False", ROLLOUT_PARTITIONED, "Every instance at or above spec.<role>.rollout.partition "
      "runs the current template and is Ready; those below it stay on an older one (a canary): lower the "
      "partition to move them."),

@@ -274,8 +274,8 @@ class AutoscalingSpec(ApiModel):
     first."""
 
 
-@cel("(has(self.maxUnavailable) ? self.maxUnavailable : 1) > 0 || "
-     "(has(self.maxSurge) && self.maxSurge > 0)",
+@cel("(has(self.maxUnavailable) ? self.maxUnavailable : 0) > 0 || "
+     "(has(self.maxSurge) ? self.maxSurge : 1) > 0",
      "maxUnavailable and maxSurge cannot both be 0: no instance could move")
 class RolloutSpec(ApiModel):
     """How a change of the role's pod template (image, engine arguments, env, resources) reaches its
@@ -283,18 +283,31 @@ class RolloutSpec(ApiModel):
     StatefulSet's partition are. An instance moves whole, the way a scale-down removes one: it
     leaves the proxy, drains, its pods are replaced, and it re-joins once all of them are Ready on
     the new template (decode: once its KV link passes too). Old and new instances of different KV
-    layouts are never paired."""
+    layouts are never paired. The defaults (one surge instance, none unavailable, as LWS's
+    DisaggregatedSet) keep every instance of the role serving through the rollout, a role of one
+    instance too, at the cost of one more instance's NPUs while it runs."""
 
-    max_unavailable: int = Field(default=1, ge=0, le=MAX_INSTANCES)
-    """At most this many of the role's `replicas` instances may be out of service (drained, being
-    replaced, loading) because of the rollout. 0 needs `maxSurge`."""
-    max_surge: int = Field(default=0, ge=0, le=MAX_INSTANCES)
-    """Up to this many extra instances on the new template run during the rollout (they need NPUs of
-    their own); they come up first and leave, drained, when it ends. A KV-layout change (a new image,
-    block size or TP) with one decode or one prefill instance needs 1 here to keep serving."""
+    max_unavailable: int = Field(default=0, ge=0, le=MAX_INSTANCES)
+    """At most this many of the role's `replicas` instances are out of service at once (leaving,
+    being replaced, new and still loading, or un-Ready), counted against `replicas` with the surge
+    instances that serve standing in: an instance leaves only while at least `replicas -
+    maxUnavailable` others serve or may again. 0 (the default): an instance leaves only once a surge
+    instance serves in its place, so the role never serves fewer than `replicas` because of the
+    rollout (needs `maxSurge`). The serving prefill:decode ratio stays within spec.scaling.ratio
+    whatever this allows."""
+    max_surge: int = Field(default=1, ge=0, le=MAX_INSTANCES)
+    """Up to this many extra instances on the new template run while outdated ones remain (they need
+    NPUs of their own: with none free they stay Pending and status says so); they come up first and
+    leave, drained, once the instances they stood in for serve again. With the default
+    `maxUnavailable` 0, 1 here keeps every instance serving, a role of one instance and a KV-layout
+    change (a new image, block size or TP) too; with `maxUnavailable` above 0 it only speeds the
+    rollout up. 0 (with `maxUnavailable` 1 or more) replaces in place: a role of one instance then
+    serves nothing while its instance is replaced."""
     partition: int = Field(default=0, ge=0, le=MAX_INSTANCES)
     """Only instances whose ordinal is at or above this move (a canary); those below stay on the old
-    template until it is lowered."""
+    template until it is lowered. When the new template changes the KV layout, the other role keeps
+    an instance on the held instances' layout for them (the rollout holds there, RolloutBlocked),
+    so they never stay on pairing with nothing."""
     paused: bool = False
     """Take no further instance out; those already moving finish."""
     progress_deadline_seconds: int | None = Field(default=None, ge=1, le=7 * 86_400)
@@ -425,7 +438,7 @@ class ProxyLimits(ApiModel):
         return self
 
 
-PrefixRoutingMode = Literal["off", "approximate"]
+PrefixRoutingMode = Literal["off", "approximate", "precise"]
 """spec.proxy.routing.prefix, and pd-proxy's --prefix-routing (pd_operator.proxy.prefix_routing)."""
 
 
@@ -438,13 +451,19 @@ class ProxyRouting(ApiModel):
     """`approximate`: each request goes to the prefill expected to compute the fewest tokens for it:
     the prompt less the prefix that prefill holds, plus what it is computing already. The proxy
     remembers what it routed where, in blocks of the prefill's engine block
-    (status.kvLayout.prefillPrefixHitTokens), within prefillCacheBlocks. Only prompts given as token
+    (status.kvLayout.prefillPrefixHitTokens), within prefillCacheBlocks. `precise`: the same choice,
+    by what the prefill engines report they hold: they publish vLLM's KV cache events
+    (`--kv-events-config`) on kvEventsPort, which only this deployment's proxy pods may reach, and
+    the proxy subscribes to each; needs spec.prefill.enablePrefixCaching. Only prompts given as token
     ids are routed by prefix; text and chat requests, and every request when prefill does not cache
     prefixes, go by load. `off`: the prefill with the fewest requests in flight."""
     prefill_cache_blocks: int | None = Field(default=None, ge=1, le=10_000_000)
     """Prefix-cache blocks one prefill instance's KV cache holds (vLLM logs it at start-up: the GPU
     KV cache size in tokens over the block size); what the proxy remembers per prefill in approximate
     mode, the least recently routed going first. Unset: 65536 blocks."""
+    kv_events_port: Port = 5557
+    """precise: the prefill engines' KV-events port (vLLM's publisher endpoint); DP rank r of an
+    instance publishes on this port + r, on the pod that runs it."""
 
     @model_validator(mode="after")
     def _blocks_need_prefix_routing(self) -> ProxyRouting:

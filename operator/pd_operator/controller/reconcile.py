@@ -71,6 +71,9 @@ class Outcome:
     replaced: list[str] = field(default_factory=list)
     """Instances whose pods a rollout deleted (after their drain) to recreate them from the new template."""
     replaced_keys: list[tuple[str, int]] = field(default_factory=list)
+    deleted_pods: list[str] = field(default_factory=list)
+    """The uids of the pods this reconcile deleted (a rollout's replacement, a group restart): the
+    runner keeps them out of the next reconciles until its index shows them going."""
     taken: list[dict] = field(default_factory=list)
     """Objects found under a child's name that this PDDeployment does not own: not applied."""
     ready: bool = False
@@ -260,6 +263,7 @@ def _replace(client: Client, body: dict, resolved: Resolved, revisions: Mapping[
         members = groups.get((d.role, d.index), [])
         for pod in members:
             client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
+            outcome.deleted_pods.append(pod["metadata"]["uid"])
         old = sorted({label(p, REVISION) or "none" for p in members})
         client.post_event(body, *events.replaced(d, old, revisions[d.role],
                                                  int(drain.bound(resolved, d.role).total_seconds())))
@@ -293,6 +297,7 @@ def _group_restarts(client: Client, body: dict, children: list[dict], pods: list
             for pod in members:
                 if pod["metadata"]["name"] in decision.pods:
                     client.delete_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
+                    outcome.deleted_pods.append(pod["metadata"]["uid"])
             outcome.restarted.append(decision.instance)
         if decision.action != "none":
             decisions.append(decision)

@@ -23,6 +23,11 @@ The rule, per role (`spec.<role>.rollout`, named as Deployments and StatefulSets
   pairs prefill and decode only within one layout (proxy/membership.py), so an old prefill whose
   old decodes are all gone serves nothing. Counting that keeps a compatible pair serving through a
   layout change, or holds the rollout (`blocked`) when no order can, saying what to raise.
+- no step takes the serving prefill:decode ratio outside spec.scaling.ratio (or further outside):
+  where one instance leaving alone would, instances of the other role leave along with it, within
+  their own budget;
+- the last instance of an old KV layout stays while the other role's partition holds instances on
+  that layout (partitions may differ per role): they would serve nothing without it;
 - instances not Ready leave first (they serve nothing), within that budget; then the role further
   behind, highest ordinal first (as a StatefulSet rolls).
 - `paused`, or a passed progress deadline (`halted`), takes no further instance out; those already
@@ -46,8 +51,10 @@ from typing import NamedTuple
 from pd_operator.api import conditions as c
 from pd_operator.api.labels import REVISION
 from pd_operator.api.types import ROLES as _ROLES
+from pd_operator.api.types import RatioBounds
 from pd_operator.controller import drain
 from pd_operator.controller.pods import by_instance, instance_ready, label
+from pd_operator.spec.scaling import ratio_excess
 from pd_operator.spec.validate import Resolved
 
 ROLES: tuple[str, ...] = _ROLES
@@ -75,8 +82,8 @@ class InstanceState:
 @dataclass(frozen=True)
 class RoleParams:
     replicas: int
-    max_unavailable: int = 1
-    max_surge: int = 0
+    max_unavailable: int
+    max_surge: int
     partition: int = 0
     paused: bool = False
     halted: bool = False
@@ -169,7 +176,7 @@ def available(state: State, counts: Mapping[str, int], leave: frozenset[Key], ro
     """Instances of `role` that serve or may again without the rollout's help: every one that
     stays except a new one still loading (an outdated one that lost readiness may regain it, a
     blip). What the unavailability budget counts, as a Deployment's rolling update counts its pods
-    (kubernetes: pkg/controller/deployment/rolling.go @ v1.34, cleanupUnhealthyReplicas): taking
+    (kubernetes: pkg/controller/deployment/rolling.go @ v1.36.3, cleanupUnhealthyReplicas): taking
     out an un-Ready outdated instance spends the budget like a Ready one, so a readiness blip
     replaces at most maxUnavailable (plus surge) instances at once, not all of them."""
     return sum(1 for i, s in state.get(role, {}).items()
@@ -205,20 +212,59 @@ def _stranded(params: Mapping[str, RoleParams], state: State, layout: str) -> li
             and all(s.layout != layout for s in state.get(other(role), {}).values())]
 
 
-def plan(params: Mapping[str, RoleParams], state: State, layout: str) -> Plan:
-    """The next step. `layout`: the kv-layout hash of the current template."""
+def _held_layouts(params: Mapping[str, RoleParams], state: State, layout: str) -> dict[str, set[str]]:
+    """Per role: the old KV layouts its partition holds instances on (below it, not updated)."""
+    return {role: {s.layout for i, s in state.get(role, {}).items()
+                   if i < min(params[role].partition, params[role].replicas) and not s.updated
+                   and s.layout != layout}
+            for role in ROLES}
+
+
+def _partners_kept(state: State, counts: Mapping[str, int], held: Mapping[str, set[str]],
+                   before: frozenset[Key], after: frozenset[Key]) -> bool:
+    """Whether every old layout a partition holds instances on keeps an instance of the other role
+    that `before` kept: else the held instances would stay, on their old template, pairing with
+    nothing (partitions may differ per role)."""
+    def kept(role: str, layout: str, leave: frozenset[Key]) -> bool:
+        return any(s.layout == layout and i < counts[role] and (role, i) not in leave
+                   for i, s in state.get(role, {}).items())
+    return all(kept(other(role), old, after) or not kept(other(role), old, before)
+               for role in ROLES for old in held[role])
+
+
+REFUSED_BY_PARTITION = "partition"
+REFUSED_BY_RATIO = "ratio"
+
+
+def plan(params: Mapping[str, RoleParams], state: State, layout: str, ratio: RatioBounds | None = None
+         ) -> Plan:
+    """The next step. `layout`: the kv-layout hash of the current template; `ratio`:
+    spec.scaling.ratio, which no step takes the serving counts outside of (or further outside)."""
+    ratio = ratio or RatioBounds()
     outdated = {role: _outdated(params[role], state.get(role, {})) for role in ROLES}
     stranded = _stranded(params, state, layout)
-    counts = {role: params[role].replicas + _surge(params[role], state.get(role, {}), len(outdated[role]))
+    held = _held_layouts(params, state, layout)
+    # A stranded role starts no surge: a new instance would pair with nothing.
+    counts = {role: params[role].replicas + _surge(params[role], state.get(role, {}),
+                                                   0 if role in stranded else len(outdated[role]))
               for role in ROLES}
     leave = frozenset((role, i) for role in ROLES for i in outdated[role] if state[role][i].leaving)
     now = serving(state, counts, leave)
 
-    def allowed(key: Key) -> bool:
-        trial = leave | {key}
+    def refusal(group: frozenset[Key]) -> str | None:
+        """Why `group` may not leave on top of `leave` (None: it may)."""
+        trial = leave | group
         after = serving(state, counts, trial)
-        return (available(state, counts, trial, key[0]) >= params[key[0]].minimum
-                and all(after[r] >= now[r] or after[r] >= params[r].minimum for r in ROLES))
+        if any(available(state, counts, trial, role) < params[role].minimum for role, _ in group):
+            return "budget"
+        if not all(after[r] >= now[r] or after[r] >= params[r].minimum for r in ROLES):
+            return "serving"
+        if not _partners_kept(state, counts, held, leave, trial):
+            return REFUSED_BY_PARTITION
+        if ratio_excess(after["prefill"], after["decode"], ratio) > \
+                ratio_excess(now["prefill"], now["decode"], ratio):
+            return REFUSED_BY_RATIO
+        return None
 
     def order(key: Key) -> tuple:
         role, index = key
@@ -227,12 +273,26 @@ def plan(params: Mapping[str, RoleParams], state: State, layout: str) -> Plan:
 
     candidates = sorted(((role, i) for role in ROLES if params[role].moving and role not in stranded
                          for i in outdated[role] if (role, i) not in leave), key=order)
-    for key in candidates:  # each accepted one lowers `now` only where it stays above the minimum
-        if allowed(key):
-            leave |= {key}
+    refused: set[str] = set()
+    for key in candidates:  # each accepted group lowers `now` only where it stays above the minimum
+        if key in leave:
+            continue
+        group = frozenset({key})
+        why = refusal(group)
+        # A step that would break the ratio alone may keep it with instances of the other role
+        # leaving along (2P2D at exactly 1:1 moves a prefill and a decode together).
+        partners = [k for k in candidates if k[0] != key[0] and k not in leave]
+        alone = why
+        while why == REFUSED_BY_RATIO and partners:
+            group |= {partners.pop(0)}
+            why = refusal(group)
+        if why is None:
+            leave |= group
             now = serving(state, counts, leave)
+        else:
+            refused |= {why, alone or why}
     return Plan(leave, counts, now, {role: len(outdated[role]) for role in ROLES},
-                _blocked(params, state, counts, outdated, leave, stranded))
+                _blocked(params, state, counts, outdated, leave, stranded, held, refused))
 
 
 def _pending(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> bool:
@@ -253,7 +313,8 @@ def _pending(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> 
 
 
 def _blocked(params: Mapping[str, RoleParams], state: State, counts: Mapping[str, int],
-             outdated: Mapping[str, list[int]], leave: frozenset[Key], stranded: list[str]) -> str | None:
+             outdated: Mapping[str, list[int]], leave: frozenset[Key], stranded: list[str],
+             held: Mapping[str, set[str]], refused: Collection[str]) -> str | None:
     """Nothing moves and nothing is on its way, yet instances wait to move: no order keeps enough
     serving. Say what to change."""
     waiting = [role for role in ROLES if outdated[role] and params[role].moving]
@@ -266,6 +327,17 @@ def _blocked(params: Mapping[str, RoleParams], state: State, counts: Mapping[str
     if not waiting or leave or _pending(state, counts, leave):
         return None
     roles = " and ".join(waiting)
+    if REFUSED_BY_PARTITION in refused:
+        holding = [role for role in ROLES if held[role]]
+        return (f"The last outdated {roles} instances of an old KV layout stay: "
+                f"spec.{' and spec.'.join(holding)}.rollout.partition holds instances on that layout, and "
+                "they would pair with nothing without them. Lower that partition to move both, or give "
+                "both roles the same partition.")
+    if REFUSED_BY_RATIO in refused:
+        return (f"No outdated {roles} instance can leave without taking the serving prefill:decode ratio "
+                "outside spec.scaling.ratio. Set spec.prefill.rollout.maxSurge and "
+                "spec.decode.rollout.maxSurge to 1 or more, raise maxUnavailable so instances of both roles "
+                "leave together, or widen spec.scaling.ratio.")
     return (f"No outdated {roles} instance can leave while each role keeps replicas - maxUnavailable "
             "instances serving: a prefill instance serves only with a decode instance of its KV layout "
             "and the other way round (a new image or block size is a new layout, and a role of one "
@@ -317,7 +389,7 @@ def progressed_at(previous: datetime | None, figures_then: Figures | None, figur
     otherwise (an instance became Ready or finished draining, the spec changed, it resumed after
     being paused or blocked), else `previous`; None when no rollout is under way.
     What the progress deadline counts from (Deployments count the same way, and restart it on
-    resume: kubernetes pkg/controller/deployment/sync.go @ v1.34, checkPausedConditions)."""
+    resume: kubernetes: pkg/controller/deployment/sync.go @ v1.36.3, checkPausedConditions)."""
     if not active:
         return None
     if moved or previous is None or figures_then is None or dict(figures_then) != dict(figures):
@@ -378,7 +450,8 @@ def step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], now_fig
     surge = bool(surplus(params, state))
     active = any(outdated(params, state).values()) or (
         previous.get("rolloutProgressTime") is not None and (starting or surge))
-    free = plan(params, state, resolved.layout_hash)  # what it would do without a deadline
+    ratio = resolved.deployment.spec.scaling.ratio
+    free = plan(params, state, resolved.layout_hash, ratio)  # what it would do without a deadline
     waiting = [role for role in ROLES if free.outdated[role]]
     held = bool(free.blocked) or bool(waiting) and not free.leave and all(params[r].paused for r in waiting)
     since = progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, now_figures, active,
@@ -386,4 +459,4 @@ def step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], now_fig
     halted: set[str] = {role for role in ROLES if not held  # the clock stops while held
                         and since is not None and (now - since).total_seconds() > limits[role]}
     chosen = params_of(resolved, halted)
-    return Rollout(plan(chosen, state, resolved.layout_hash), state, chosen, since, limits)
+    return Rollout(plan(chosen, state, resolved.layout_hash, ratio), state, chosen, since, limits)

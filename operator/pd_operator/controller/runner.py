@@ -21,6 +21,12 @@ event ends the memory, so a hand deletion is seen as soon as it happens. A child
 echoes the runner's own write (the resourceVersion its write returned) triggers no reconcile: it
 shows nothing the runner did not know.
 
+The pods a reconcile deleted are remembered by uid until the index shows them going (terminating
+or gone), and left out of the reconciles until then: a reconcile right after a deletion would
+otherwise count the deleted pods as serving and let another instance leave (the expectations a
+ReplicaSet controller keeps for its own deletions: kubernetes: pkg/controller/controller_utils.go
+@ v1.36.3, UIDTrackingControllerExpectations).
+
 A pod seen Failed in a watch event is remembered too, until a reconcile has seen it: the
 StatefulSet controller deletes a Failed pod and makes a new one at once, often before the
 reconcile reads the index, and the other ranks of that engine must still be restarted with it.
@@ -104,6 +110,8 @@ class Runner:
         self._event_at: dict[tuple[ObjKey, Key], float] = {}
         # Pods a watch event showed failed, by uid, until a reconcile has seen them.
         self._failed: dict[ObjKey, dict[str, dict]] = {}
+        # Pods our reconciles deleted, by uid, until the index shows them terminating or gone.
+        self._deleted: dict[ObjKey, set[str]] = {}
         self._generations: dict[ObjKey, Any] = {}
         self._retries: dict[ObjKey, int] = {}
         # Child events that came while a reconcile of their owner ran: (child, resourceVersion).
@@ -124,7 +132,11 @@ class Runner:
         for plural, index in self._indexes.items():
             (pods if plural == "pods" else children).extend(copy.deepcopy(list(index.get(key, []))))
         live = {p["metadata"].get("uid") for p in pods if not is_terminating(p)}
-        pods += [copy.deepcopy(p) for uid, p in self._failed.get(key, {}).items() if uid not in live]
+        deleted = self._deleted.get(key, set())
+        deleted &= live  # the index shows the others going: it is the truth again
+        pods = [p for p in pods if p["metadata"].get("uid") not in deleted]
+        pods += [copy.deepcopy(p) for uid, p in self._failed.get(key, {}).items()
+                 if uid not in live and uid not in deleted]
         return self._with_own_writes(key, children), pods
 
     def _with_own_writes(self, key: ObjKey, children: list[dict]) -> list[dict]:
@@ -163,6 +175,8 @@ class Runner:
 
     def _remember(self, key: ObjKey, outcome: Outcome, since: float) -> None:
         """Remember this reconcile's writes, unless their watch event already came (after `since`)."""
+        if outcome.deleted_pods:
+            self._deleted.setdefault(key, set()).update(outcome.deleted_pods)
         written = self._written.setdefault(key, {})
         now = time.monotonic()
         writes = [(obj, obj) for obj in outcome.applied] + [(obj, None) for obj in outcome.pruned]
@@ -250,6 +264,7 @@ class Runner:
         self._locks.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
         self._failed.pop((namespace, name), None)
+        self._deleted.pop((namespace, name), None)
         self._generations.pop((namespace, name), None)
         self._retries.pop((namespace, name), None)
         for k in [k for k in self._event_at if k[0] == (namespace, name)]:

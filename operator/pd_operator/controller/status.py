@@ -310,7 +310,7 @@ def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> 
         ready = _Cond(c.READY, True, c.SERVING, "Prefill, decode and the proxy are ready.")
     else:
         ready = _Cond(c.READY, False, failing[0].reason, failing[0].message)
-    moving = _rollout_condition(validation.resolved, observed.rollout)
+    moving = _rollout_condition(validation.resolved, observed.rollout, observed.pods)
     if moving is not None:
         progressing = moving
     elif failing:
@@ -334,7 +334,16 @@ def _held_by_partition(resolved: Resolved, moving: Rollout | None) -> list[str]:
             if i < min(moving.params[role].partition, moving.params[role].replicas) and not s.updated]
 
 
-def _rollout_condition(resolved: Resolved, moving: Rollout | None) -> _Cond | None:
+def _unschedulable_surge(moving: Rollout, pods: list[dict]) -> list[tuple[str, str, str]]:
+    """(role, pod, the scheduler's message) of each pod of a surge instance that cannot be
+    scheduled."""
+    surge = {(role, i) for role in ROLES
+             for i in range(moving.params[role].replicas, moving.plan.instances[role])}
+    return sorted((role, p["metadata"]["name"], why) for (role, index), group in by_instance(pods).items()
+                  if (role, index) in surge for p in group if (why := unschedulable(p)))
+
+
+def _rollout_condition(resolved: Resolved, moving: Rollout | None, pods: list[dict]) -> _Cond | None:
     """Progressing while a rollout is under way (None: none is)."""
     if moving is None or moving.since is None:
         return None
@@ -358,6 +367,17 @@ def _rollout_condition(resolved: Resolved, moving: Rollout | None) -> _Cond | No
         return _Cond(c.PROGRESSING, None, c.ROLLOUT_PAUSED,
                      f"spec.{' and spec.'.join(paused)}.rollout.paused is true (instances updated: "
                      f"{counts}). Set it to false to continue.")
+    pending = _unschedulable_surge(moving, pods)
+    if pending and not plan.leave:
+        role, pod, why = pending[0]
+        roles = sorted({r for r, _, _ in pending})
+        fields = " and ".join(f"spec.{r}.rollout" for r in roles)
+        return _Cond(c.PROGRESSING, False, c.SURGE_UNSCHEDULABLE,
+                     f"Surge pod {pod}{f' (and {len(pending) - 1} more)' if len(pending) > 1 else ''} "
+                     f"cannot be scheduled: {why}; no outdated instance leaves until a surge instance "
+                     f"serves in its place (instances updated: {counts}). Free NPUs for it, or set "
+                     f"{fields} to maxSurge 0 and maxUnavailable 1 to replace instances in place (a role of "
+                     "one instance then serves nothing while its instance is replaced).")
     leaving = ", ".join(resolved.names.instance(role, i) for role, i in sorted(plan.leave))
     surge = ", ".join(resolved.names.instance(role, i) for role, i in surplus(params, moving.state))
     return _Cond(c.PROGRESSING, True, c.ROLLOUT_IN_PROGRESS,

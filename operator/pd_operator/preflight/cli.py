@@ -54,9 +54,14 @@ def visible_npus(env: Mapping[str, str], dev: Path = Path("/dev")) -> int | None
 
 
 def busy(ports: Sequence[int]) -> set[int]:
+    """Ports another socket of the pod listens on. Bound as vLLM binds its server socket, with
+    SO_REUSEADDR (vllm-project/vllm: vllm/entrypoints/launchers/launcher.py @ v0.34.0,
+    create_server_socket): connections a killed engine left in TIME_WAIT do not hold the port, so a
+    restarted container starts at once rather than failing this check for a minute."""
     taken = set()
     for port in ports:
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("0.0.0.0", port))
             except OSError as err:

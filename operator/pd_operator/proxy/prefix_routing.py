@@ -7,7 +7,11 @@ Modes (pd-proxy `--prefix-routing`, rendered from spec.proxy.routing.prefix):
   it routed there, within that member's KV capacity (`cacheBlocks` of its membership entry,
   spec.proxy.routing.prefillCacheBlocks; DEFAULT_CACHE_BLOCKS without it), forgetting the least
   recently routed first, as vLLM's cache evicts. No coupling to the engines; it is wrong where an
-  engine evicted sooner than the bound says, or where another proxy replica routed the prefix.
+  engine evicted sooner than the bound says, or where another proxy replica routed the prefix;
+- `precise`: the index holds what the engines report: each prefill member's vLLM KV-events
+  publishers (membership `events`, one per DP rank) feed it (proxy/kv_events.py `Feed`; the server
+  subscribes to `PrefixRouter.feeds`), each rank a holder of its own within `cacheBlocks`; a member
+  is expected to hold what its best rank holds.
 
 What a member is expected to hold is counted in whole blocks of its layout's `blockTokens`
 (membership.py): a member without one is scored as holding nothing, and a request without token
@@ -29,6 +33,7 @@ from typing import get_args
 
 from pd_operator.api.types import PrefixRoutingMode as Mode
 from pd_operator.api.types import ProxyRouting
+from pd_operator.proxy.kv_events import Feed
 from pd_operator.proxy.membership import Membership, Upstream
 from pd_operator.proxy.prefix_index import Key, PrefixIndex, block_keys
 from pd_operator.proxy.prompt_tokens import PromptTokens
@@ -56,9 +61,13 @@ class Prompt:
         return len(self.tokens.tokens)
 
 
-def holder(name: str) -> str:
-    """The index holder of a member."""
-    return name
+def holder(name: str, rank: int | None = None) -> str:
+    """The index holder of a member (approximate mode) or of one DP rank's publisher (precise)."""
+    return name if rank is None else f"{name}/dp{rank}"
+
+
+FeedKey = tuple[str, str, int]
+"""(publisher endpoint, index holder, block tokens)."""
 
 
 class PrefixRouter:
@@ -72,6 +81,8 @@ class PrefixRouter:
         self._members: dict[str, Upstream] = {}
         self._holders: dict[str, tuple[str, ...]] = {}
         """Member name -> its holders in the index."""
+        self.feeds: dict[FeedKey, Feed] = {}
+        """precise: what each publisher of the members feeds (the server subscribes to each)."""
 
     @property
     def on(self) -> bool:
@@ -81,10 +92,12 @@ class PrefixRouter:
         """Follow a membership: a prefill member that left, or whose layout's block changed, loses
         what the index held for it."""
         members = {u.name: u for u in membership.prefill}
+        changed = set()
         for name, old in self._members.items():
             new = members.get(name)
             if new is None or (new.block_tokens, new.layout, new.events) != (old.block_tokens, old.layout,
                                                                           old.events):
+                changed.add(name)
                 for h in self._holders.get(name, ()):
                     self.index.drop(h)
         self._members = members
@@ -92,6 +105,12 @@ class PrefixRouter:
         for name, u in members.items():
             for h in self._holders[name]:
                 self.index.set_capacity(h, u.cache_blocks)
+        if self.mode == "precise":
+            wanted = {(endpoint, holder(u.name, rank), u.block_tokens): u.name for u in members.values()
+                      if u.block_tokens is not None for rank, endpoint in enumerate(u.events)}
+            self.feeds = {key: (self.feeds[key] if key in self.feeds and name not in changed
+                                else Feed(self.index, key[1], key[2]))
+                          for key, name in wanted.items()}
 
     def forget(self, member: Upstream) -> None:
         """`member`'s prefix cache was reset: the index holds nothing for it."""
@@ -99,6 +118,8 @@ class PrefixRouter:
             self.index.clear(h)
 
     def _holders_of(self, member: Upstream) -> tuple[str, ...]:
+        if self.mode == "precise":
+            return tuple(holder(member.name, rank) for rank in range(len(member.events)))
         return (holder(member.name),)
 
     def prompt(self, tokens: PromptTokens | None) -> Prompt | None:

@@ -74,6 +74,7 @@ from pd_operator.proxy.connections import (
     Connections,
     raise_open_file_limit,
 )
+from pd_operator.proxy.kv_events import Subscriptions
 from pd_operator.proxy.membership import (
     KEY,
     MOUNT_DIR,
@@ -117,6 +118,8 @@ class Proxy:
         self._key_digest = _digest(api_key)
         self._admin_digest = _digest(admin_token)
         self.balancer = Balancer(prefix=prefix_routing)
+        self.events = Subscriptions()
+        """precise prefix routing: the subscriptions to the prefill members' KV events."""
         self.metrics = ProxyMetrics(self.balancer.state)
         self.router = Router(self.balancer, self.limits, lambda: self.session, retry_delay=retry_delay,
                              connect_timeout=connect_timeout, api_key=self.api_key, metrics=self.metrics)
@@ -167,6 +170,18 @@ class Proxy:
                      membership.version, source, [u.name for u in membership.prefill],
                      [u.name for u in membership.decode])
         self.balancer.update(membership)
+        self._follow_events()
+
+    def _follow_events(self) -> None:
+        """precise prefix routing: subscribe to the KV events of the members' publishers (once the app
+        runs: the first reload comes from its lifetime)."""
+        if self.balancer.prefix.mode != "precise":
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.events.follow(self.balancer.prefix.feeds)
 
     async def _watch(self) -> None:
         while True:
@@ -210,6 +225,7 @@ class Proxy:
         watcher = asyncio.create_task(self._watch())
         api_watch = self.watch and asyncio.create_task(self.watch.run())
         yield
+        self.events.close()
         watcher.cancel()
         if api_watch:
             api_watch.cancel()

@@ -70,7 +70,19 @@ def serve_argv(ctx: Resolved, role: str, index: int) -> list[str]:
         argv += ["--max-model-len", str(spec.model.max_model_len)]
     argv += ["--kv-transfer-config",
              json.dumps(kv_transfer_config(ctx, role, index), separators=(",", ":"))]
+    if (events := kv_events_config(ctx, role)) is not None:
+        argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
     return argv + list(side.extra_args)
+
+
+def kv_events_config(ctx: Resolved, role: str) -> dict | None:
+    """vLLM's KVEventsConfig for precise prefix routing (vllm-project/vllm: vllm/config/kv_events.py
+    @ v0.34.0): block events published over ZMQ on every interface at the events port, which each DP
+    rank offsets by its rank (spec/ports.py kv_events); None when the role publishes none."""
+    port = ctx.kv_events_port(role)
+    if port is None:
+        return None
+    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
 
 
 def preflight_config_path(role: str) -> str:

@@ -27,7 +27,8 @@ def container_ports(ctx: Resolved, role: str) -> list[dict]:
     plan, spec = ctx.shapes[role], ctx.deployment.spec
     seen: dict[int, str | None] = {}
     for ordinal in range(plan.pods):
-        for rng in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal):
+        for rng in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal,
+                             ctx.kv_events_port(role)):
             if rng.name == PROBE_RANGE:
                 continue
             for port in range(rng.start, rng.end):

@@ -104,13 +104,18 @@ def network_policy(ctx: Resolved, boundary: Boundary) -> dict:
     """Serving pods accept any port from the deployment's engines (besides the KV handshake, side
     channel and probe ports, transfers use Mooncake's random RPC ports and the AscendDirect range,
     and multi-pod DP uses HCCL and gloo ports), the serving port from its proxy pods (with the proxy
-    disabled: from the clients, clients_of) and from the metrics scrapers, and the KV-link probe port
-    from the operator's namespace. Nothing else reaches them."""
+    disabled: from the clients, clients_of) and from the metrics scrapers, the KV-link probe port
+    from the operator's namespace, and prefill's KV-events ports (precise prefix routing) from its
+    proxy pods alone: the events carry every prompt's token ids. Nothing else reaches them."""
     spec = ctx.deployment.spec
     http = _tcp(spec.serving_port)
     callers = [proxies_of(ctx)] if spec.proxy.enabled else clients_of(ctx)
     ingress = [{"from": [engines_of(ctx)]}, {"from": callers, "ports": [http]},
                {"from": [operator_of(boundary)], "ports": [_tcp(PROBE_PORT)]}]
+    if (events := ctx.kv_events_port("prefill")) is not None:
+        last = events + ctx.role("prefill").data_parallel_size - 1
+        ingress.append({"from": [proxies_of(ctx)],
+                        "ports": [{**_tcp(events), **({"endPort": last} if last > events else {})}]})
     if boundary.scrapers:
         ingress.append({"from": _peers(boundary.scrapers), "ports": [http]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",

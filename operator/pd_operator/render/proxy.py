@@ -45,7 +45,18 @@ def upstream(ctx: Resolved, role: str, index: int, layout: str) -> Upstream:
     # routed by load, never by a guessed block.
     block = ctx.prefix_hit_tokens(role) if layout == ctx.layout_hash else None
     return Upstream(ctx.names.instance(role, index), url, layout, block,
-                    routing.prefill_cache_blocks if block else None)
+                    routing.prefill_cache_blocks if block else None,
+                    kv_events_endpoints(ctx, role, index) if block else ())
+
+
+def kv_events_endpoints(ctx: Resolved, role: str, index: int) -> tuple[str, ...]:
+    """Where an instance's DP ranks publish KV events, in rank order: rank r on the pod that runs it,
+    at the events port + r (spec/ports.py kv_events); () when its role publishes none."""
+    port, plan = ctx.kv_events_port(role), ctx.shapes[role]
+    if port is None:
+        return ()
+    return tuple(f"tcp://{ctx.names.pod_host(role, index, rank // plan.dp_local)}:{port + rank}"
+                 for rank in range(plan.dp))
 
 
 Routable = dict[str, dict[int, str]]

@@ -30,7 +30,8 @@ def preflight_key(role: str) -> str:
 
 def preflight_config(ctx: Resolved, role: str) -> PreflightConfig:
     side, plan, spec = ctx.role(role), ctx.shapes[role], ctx.deployment.spec
-    ports = [sorted(p for r in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal)
+    events = ctx.kv_events_port(role)
+    ports = [sorted(p for r in pod_ports(spec.kv_transfer.kv_port, spec.serving_port, plan, ordinal, events)
                     if r.name != PROBE_RANGE for p in range(r.start, r.end))
              for ordinal in range(plan.pods)]
     return PreflightConfig(

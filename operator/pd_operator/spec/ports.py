@@ -58,17 +58,28 @@ def side_channel(kv_port: int, plan: InstanceShape, ordinal: int) -> PortRange:
                      plan.dp_local, "spec.kvTransfer.kvPort")
 
 
-def pod_ports(kv_port: int, serving_port: int, plan: InstanceShape, ordinal: int) -> list[PortRange]:
+def kv_events(events_port: int, plan: InstanceShape, ordinal: int) -> PortRange:
+    """The KV-events publishers of a pod's DP ranks: vLLM offsets the endpoint's port by the DP rank
+    (vllm-project/vllm: vllm/distributed/kv_events.py @ v0.34.0, `offset_endpoint_port`)."""
+    return PortRange("KV events", events_port + plan.start_rank(ordinal), plan.dp_local,
+                     "spec.proxy.routing.kvEventsPort")
+
+
+def pod_ports(kv_port: int, serving_port: int, plan: InstanceShape, ordinal: int,
+              events_port: int | None = None) -> list[PortRange]:
+    """`events_port`: where the pod's KV-events publishers bind (precise prefix routing), or None."""
     ports = [PortRange("HTTP", serving_port, 1, "spec.servingPort"),
              PortRange(PROBE_RANGE, PROBE_PORT, 1, "the operator's port plan"),
              kv_handshake(kv_port, plan, ordinal), side_channel(kv_port, plan, ordinal)]
     if plan.dp > 1:
         ports.append(PortRange("DP RPC", DP_RPC_PORT, 1, "the operator's port plan"))
+    if events_port is not None:
+        ports.append(kv_events(events_port, plan, ordinal))
     return ports
 
 
-def port_findings(role: str, kv_port: int, serving_port: int, plan: InstanceShape, npus_per_node: int
-                  ) -> list[Finding]:
+def port_findings(role: str, kv_port: int, serving_port: int, plan: InstanceShape, npus_per_node: int,
+                  events_port: int | None = None) -> list[Finding]:
     out: list[Finding] = []
     seen: set[str] = set()
 
@@ -78,11 +89,10 @@ def port_findings(role: str, kv_port: int, serving_port: int, plan: InstanceShap
             out.append(Finding(code, "error", field, "", message))
 
     for ordinal in range(plan.pods):
-        ranges = pod_ports(kv_port, serving_port, plan, ordinal)
+        ranges = pod_ports(kv_port, serving_port, plan, ordinal, events_port)
         for i, a in enumerate(ranges):
             if a.end - 1 > MAX_PORT:
-                add("PortOutOfRange", a.field, f"The {role} {a} run past {MAX_PORT}; lower "
-                    "spec.kvTransfer.kvPort.")
+                add("PortOutOfRange", a.field, f"The {role} {a} run past {MAX_PORT}; lower {a.field}.")
             for b in ranges[i + 1:]:
                 if a.overlaps(b.start, b.end):
                     movable = [f for f in dict.fromkeys((a.field, b.field)) if f.startswith("spec.")]

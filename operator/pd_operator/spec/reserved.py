@@ -57,6 +57,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--served-model-name": "spec.model.servedModelName",
     "--max-model-len": "spec.model.maxModelLen",
     "--api-key": "spec.proxy.apiKey (the proxy sends the engines that key)",
+    "--kv-events-config": "spec.proxy.routing (precise prefix routing publishes prefill's KV events)",
 }
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from pd_operator.api.conditions import MAX_RATIO, MAX_REPLICAS, MIN_RATIO, MIN_REPLICAS
-from pd_operator.api.types import ROLES, ScalingSpec
+from pd_operator.api.types import ROLES, RatioBounds, ScalingSpec
 from pd_operator.findings import Finding
 
 
@@ -59,6 +59,15 @@ class Bounded:
 def _ratio(value: float | None) -> Fraction | None:
     # Exact: 1.5 prefill per decode with 2 decode instances is 3, not 2.9999.
     return None if value is None else Fraction(str(value))
+
+
+def ratio_excess(prefill: int, decode: int, ratio: RatioBounds) -> Fraction:
+    """How far `prefill` instances per `decode` instance lie outside `ratio`, in prefill instances
+    (0: within it). The rollout planner (controller/rollout.py) takes no step that raises it."""
+    low, high = _ratio(ratio.min_prefill_per_decode), _ratio(ratio.max_prefill_per_decode)
+    over = prefill - high * decode if high is not None else Fraction(0)
+    under = low * decode - prefill if low is not None else Fraction(0)
+    return max(Fraction(0), over, under)
 
 
 def bound(requested: Mapping[str, int], scaling: ScalingSpec) -> Bounded:

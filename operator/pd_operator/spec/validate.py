@@ -95,6 +95,10 @@ class Resolved:
         on), or None when it does not cache prefixes: what a router hashing prompts must use."""
         return self.layouts[role].prefix_hit_tokens
 
+    def kv_events_port(self, role: str) -> int | None:
+        """Where the role's engines publish vLLM's KV events (precise prefix routing), or None."""
+        return events_port(self.deployment, role)
+
     def instances(self, surge: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
         """(role, index) of every engine instance, prefill first, with `surge` extra ones per role (a
         rollout's, controller/rollout.py)."""
@@ -109,6 +113,30 @@ class Resolved:
         """The pod spec's imagePullSecrets entry, or nothing."""
         secrets = self.deployment.spec.image.pull_secrets
         return {"imagePullSecrets": [{"name": s} for s in secrets]} if secrets else {}
+
+
+def events_port(dep: PDDeployment, role: str) -> int | None:
+    """The KV-events port of `role`'s engines: prefill's in precise prefix routing, else None."""
+    routing = dep.spec.proxy.routing
+    return routing.kv_events_port if role == "prefill" and routing.prefix == "precise" else None
+
+
+def _prefix_routing_findings(dep: PDDeployment, model: ModelKV) -> list[Finding]:
+    """Precise prefix routing reads the prefill engines' KV events: it needs a proxy to read them and
+    prefill engines that cache prefixes (vLLM publishes no block events otherwise)."""
+    if dep.spec.proxy.routing.prefix != "precise":
+        return []
+    path = "spec.proxy.routing.prefix"
+    if not dep.spec.proxy.enabled:
+        return [Finding("PrefixRoutingUnusable", "error", path, "",
+                        "precise prefix routing is the proxy's, and spec.proxy.enabled is false; set "
+                        "prefix to off, or enable the proxy.")]
+    if not prefix_caching_on(dep.spec.prefill.enable_prefix_caching, model):
+        return [Finding("PrefixRoutingUnusable", "error", path, "",
+                        "precise prefix routing reads the blocks prefill engines cache, and prefill does "
+                        "not cache prefixes; set spec.prefill.enablePrefixCaching to true, or prefix to "
+                        "approximate or off.")]
+    return []
 
 
 @dataclass(frozen=True)
@@ -227,7 +255,8 @@ def _role_findings(dep: PDDeployment, role: str) -> tuple[InstanceShape | None, 
     except TopologyError as err:
         return None, [*out, Finding("NodeTooSmall", "error", err.field, "", str(err))]
     kv = dep.spec.kv_transfer
-    out += port_findings(role, kv.kv_port, dep.spec.serving_port, plan, spec.npus_per_node)
+    out += port_findings(role, kv.kv_port, dep.spec.serving_port, plan, spec.npus_per_node,
+                         events_port(dep, role))
     return plan, out
 
 
@@ -347,6 +376,7 @@ def spec_rules_only(doc: Any, *, read_config_map: ConfigMapReader | None = None,
     if model is None:
         return Validation(findings, dep, None, None, shapes)
     findings += _prefix_caching_findings(dep, model)
+    findings += _prefix_routing_findings(dep, model)
     cache_dtype = dep.spec.model.kv_cache_dtype
     report = check_pair(side_of("prefill", dep.spec.prefill, model, cache_dtype),
                         side_of("decode", dep.spec.decode, model, cache_dtype),

@@ -167,11 +167,17 @@ class Checker:
         return result
 
 
-def decode_arena(geo: ProbeGeometry) -> tuple[np.ndarray, list[tuple[np.ndarray, dict]]]:
-    """All decode ranks' tensors in one blank arena; each rank's slice of it and views."""
+def decode_arena(geo: ProbeGeometry, memory: np.ndarray | None = None) -> tuple[np.ndarray,
+                                                                              list[tuple[np.ndarray, dict]]]:
+    """All decode ranks' tensors in one blank arena; each rank's slice of it and views. The arena is
+    `memory` (a uint8 buffer at least that large, e.g. a registered one) when given."""
     layouts = [list(regions(geo.decode, rank, *geo.decode_pool)) for rank in range(geo.decode_ranks)]
     sizes = [arena.region_offsets(regs)[1] for regs in layouts]
-    memory = np.full(sum(sizes), UNWRITTEN, dtype=np.uint8)
+    if memory is None:
+        memory = np.empty(sum(sizes), dtype=np.uint8)
+    elif len(memory) < sum(sizes):
+        raise arena.ArenaTooSmall(f"the decode ranks need {sum(sizes)} bytes; the arena has {len(memory)}")
+    memory.fill(UNWRITTEN)
     ranks, at = [], 0
     for regs, size in zip(layouts, sizes, strict=True):
         ranks.append((memory[at: at + size], arena.carve(memory[at: at + size], regs)))

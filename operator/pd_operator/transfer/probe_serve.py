@@ -23,11 +23,16 @@ from pd_operator.transfer.probe_input import EXIT_FAILED, EXIT_OK, engine, geome
 DESCRIPTOR_PATH = "/descriptor"
 
 
-def prefill_arena(geo: ProbeGeometry) -> tuple[np.ndarray, list[dict]]:
-    """Every prefill rank's tensors in one arena, filled with the test prompt; the region list."""
+def prefill_arena(geo: ProbeGeometry, memory: np.ndarray | None = None) -> tuple[np.ndarray, list[dict]]:
+    """Every prefill rank's tensors in one arena, filled with the test prompt; the region list. The
+    arena is `memory` (a uint8 buffer at least that large, e.g. part of a registered one) when given."""
     layouts = [list(regions(geo.prefill, rank, *geo.prefill_pool)) for rank in range(geo.prefill_ranks)]
     sizes = [arena.region_offsets(regs)[1] for regs in layouts]
-    memory = np.full(sum(sizes), PREFILL_BACKGROUND, dtype=np.uint8)
+    if memory is None:
+        memory = np.empty(sum(sizes), dtype=np.uint8)
+    elif len(memory) < sum(sizes):
+        raise arena.ArenaTooSmall(f"the prefill ranks need {sum(sizes)} bytes; the arena has {len(memory)}")
+    memory.fill(PREFILL_BACKGROUND)
     published, at = [], 0
     for rank, (regs, size) in enumerate(zip(layouts, sizes, strict=True)):
         views = arena.carve(memory[at: at + size], regs)

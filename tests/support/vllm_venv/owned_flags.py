@@ -18,7 +18,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 DESTS = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "data_parallel_size_local",
          "data_parallel_start_rank", "data_parallel_address", "data_parallel_rpc_port", "headless",
          "block_size", "kv_transfer_config", "port", "host", "dtype", "kv_cache_dtype",
-         "served_model_name", "max_model_len", "api_key")
+         "served_model_name", "max_model_len", "api_key", "kv_events_config")
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ vllm/entrypoints/cli/serve.py ServeSubcommand @ v0.34.0).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -45,7 +46,9 @@ def main() -> None:
                             "dp_start_rank": engine.data_parallel_start_rank,
                             "dp_address": engine.data_parallel_address,
                             "headless": bool(getattr(args, "headless", False)),
-                            "kv_role": kv.kv_role if kv else None, "engine_id": kv.engine_id if kv else None})
+                            "kv_role": kv.kv_role if kv else None, "engine_id": kv.engine_id if kv else None,
+                            "kv_events": (dataclasses.asdict(engine.kv_events_config)
+                                          if engine.kv_events_config else None)})
         except SystemExit as exc:
             results.append({"ok": False, "error": f"exit {exc.code}: {err.getvalue().strip()[-800:]}"})
         except Exception as exc:  # noqa: BLE001 - reported to the test, which fails with it
