@@ -60,10 +60,15 @@ class Names:
         membership ConfigMap through the API (render/proxy_access.py)."""
         return f"{self.deployment}-proxy"
 
+    def revision_config(self, role: str, digest: str) -> str:
+        """One revision's config of a role (render/serving_config.py): preflight config and the
+        KV-link probe's pairing; `digest` is a hash of its data."""
+        return f"{self.deployment}-{role}-{digest}"
+
     @property
-    def serving_config(self) -> str:
-        """The ConfigMap serving pods mount: preflight configs and the KV-link probe's pairing."""
-        return f"{self.deployment}-serving"
+    def prefill_peers(self) -> str:
+        """Without the proxy: the prefill instances the decode gates link (render/serving_config.py)."""
+        return f"{self.deployment}-prefill-peers"
 
     @property
     def network_policy(self) -> str:
@@ -78,7 +83,7 @@ class Names:
 
     def limits(self, replicas: dict[str, int], pods_per_instance: dict[str, int]) -> list[tuple[str, int]]:
         """(longest name of each kind, its limit) for the names this deployment renders."""
-        out = [(self.proxy, DNS_LABEL_MAX), (self.serving_config, DNS_LABEL_MAX),
+        out = [(self.proxy, DNS_LABEL_MAX), (self.revision_config("prefill", "0" * 10), DNS_LABEL_MAX),
                (self.network_policy, DNS_LABEL_MAX)]
         for role, count in replicas.items():
             last = max(count - 1, 0)

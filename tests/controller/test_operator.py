@@ -33,6 +33,7 @@ from support.pdd_cluster import (
     operator_writes,
     patch_spec,
     pods,
+    refs,
     routes,
     serve,
     wait_cond,
@@ -47,7 +48,7 @@ def test_glm_example_converges_to_ready_and_then_writes_nothing(control_plane, n
     cp = control_plane
     op = start_operator("--drift-interval=1")
     apply(cp, glm(namespace))
-    wait_for("all children", lambda: set(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
+    wait_for("all children", lambda: refs(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
     uid = get_pdd(cp, namespace, GLM)["metadata"]["uid"]
     for obj in children(cp, namespace).values():
         (ref,) = obj["metadata"]["ownerReferences"]
@@ -94,7 +95,7 @@ def test_model_config_from_a_config_map(control_plane, namespace, start_operator
     assert children(cp, namespace) == {}
     create_glm_config(cp, namespace)
     wait_cond(cp, namespace, "KVCompatible", ("True", "Compatible"))
-    wait_for("children", lambda: set(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
+    wait_for("children", lambda: refs(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
     assert get_pdd(cp, namespace, GLM)["status"]["kvLayout"]["decodeBlockSize"] == 1152
     serve(cp, namespace)
 
@@ -168,7 +169,7 @@ def test_deleted_or_hand_edited_child_is_restored_and_foreign_one_left_alone(con
     cp = control_plane
     start_operator()
     apply(cp, glm(namespace))
-    wait_for("children", lambda: set(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
+    wait_for("children", lambda: refs(children(cp, namespace)) == GLM_CHILDREN, READY_TIMEOUT_S)
     old = children(cp, namespace)["Service/glm-flash-decode-0"]["metadata"]["uid"]
     kubectl(cp.kubeconfig, "delete", "service", "glm-flash-decode-0", "-n", namespace)
     wait_for("service restored", lambda: (children(cp, namespace).get("Service/glm-flash-decode-0")
@@ -255,11 +256,11 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(control_plan
         killed = proxy.on_write(1, lambda _: first.kill(), verb="patch", resource="configmaps")
         apply(cp, glm(namespace))
         assert killed.wait(READY_TIMEOUT_S), "the operator never applied a ConfigMap"
-    partial = set(children(cp, namespace))
+    partial = refs(children(cp, namespace))
     assert partial and partial < GLM_CHILDREN, partial
 
     start_operator()
-    wait_for("all children after restart", lambda: set(children(cp, namespace)) == GLM_CHILDREN,
+    wait_for("all children after restart", lambda: refs(children(cp, namespace)) == GLM_CHILDREN,
              READY_TIMEOUT_S)
     serve(cp, namespace)
     for obj in children(cp, namespace).values():

@@ -17,16 +17,7 @@ from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.render import proxy as render_proxy
 from pd_operator.render import workloads
 from pd_operator.spec import validate as validate_mod
-from support.controller_fakes import MemoryClient, pods_of, with_status
-from support.specs import EXAMPLES
-
-UID = "0b1c2d3e-0000-4000-8000-000000000002"
-
-
-def _body(example: str) -> dict:
-    doc = yaml.safe_load((EXAMPLES / example).read_text())
-    doc["metadata"] |= {"namespace": "default", "uid": UID, "generation": 1}
-    return doc
+from support.controller_fakes import MemoryClient, pods_of, reconciled_body, with_status
 
 
 @pytest.mark.parametrize("example", ["glm-5.3-flash-tp8-dp2tp4.yaml", "glm-5.3-flash-1p1d-tp4.yaml"])
@@ -44,7 +35,7 @@ def test_a_reconcile_hashes_the_layout_once_and_renders_the_membership_once(exam
     counting(validate_mod, "layout_hash")
     counting(render_proxy, "membership_config_map")
     client = MemoryClient()
-    outcome = reconcile_mod.reconcile(client, ProxyStateReader(), _body(example), [], [])  # type: ignore[arg-type]
+    outcome = reconcile_mod.reconcile(client, ProxyStateReader(), reconciled_body(example), [], [])  # type: ignore[arg-type]
     assert counts == {"layout_hash": 1, "membership_config_map": 1}
     applied = [m for verb, m in client.writes if verb in ("apply", "create")]
     assert any(m["kind"] == "StatefulSet" for m in applied) and outcome.applied
@@ -73,9 +64,9 @@ def test_a_reconcile_renders_each_pod_template_once_and_computes_each_revision_o
     figures: list[int] = []
     real_template, real_revision, real_figures = workloads.pod_template, workloads.revision, rollout.figures
 
-    def pod_template(ctx: Any, role: str, index: int) -> dict:
+    def pod_template(ctx: Any, role: str, index: int, config: str) -> dict:
         renders.append((role, index))
-        return real_template(ctx, role, index)
+        return real_template(ctx, role, index, config)
 
     def revision(template: dict) -> str:
         out = real_revision(template)
@@ -89,7 +80,7 @@ def test_a_reconcile_renders_each_pod_template_once_and_computes_each_revision_o
     monkeypatch.setattr(workloads, "pod_template", pod_template)
     monkeypatch.setattr(workloads, "revision", revision)
     monkeypatch.setattr(rollout, "figures", count_figures)
-    body = _body(example)
+    body = reconciled_body(example)
     for role in ("prefill", "decode"):
         body["spec"][role]["replicas"] = instances
     distinct = {(role, i) for role in ("prefill", "decode") for i in range(instances)}

@@ -15,7 +15,8 @@ from pd_operator.api.labels import REVISION, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.controller import reconcile as reconcile_mod
 from pd_operator.controller.proxy_state import ProxyStateReader
-from pd_operator.render import serving_config, tools, workloads
+from pd_operator.render import tools, workloads
+from pd_operator.render.pod import pod_template
 from pd_operator.render.runnable import validate
 from pd_operator.spec.validate import Resolved
 from support.controller_fakes import MemoryClient, pods_of, with_status
@@ -46,11 +47,6 @@ def _running(ctx: Resolved, rendered: workloads.Templates) -> dict[str, list[tup
     return {role: [(ctx.tools_image, rendered.revisions[role])] * 2 for role in ROLES}
 
 
-def _config(ctx: Resolved) -> dict[str, str]:
-    """The serving ConfigMap's data as `ctx` renders it: unchanged by the operator's upgrade."""
-    return dict(serving_config.config_map(ctx)["data"])
-
-
 def _tools_image(stateful_set: dict) -> str:
     (init,) = [c for c in stateful_set["spec"]["template"]["spec"]["initContainers"]
                if c["name"] == tools.INIT_CONTAINER]
@@ -63,7 +59,7 @@ def test_a_new_tools_image_alone_keeps_every_engine_template():
     after = _resolved(_doc(), NEW)
     fresh = workloads.templates(after)
     assert fresh.revisions != running.revisions, "the tools image is part of the template"
-    kept = workloads.with_running_tools(after, fresh, _running(before, running), _config(after))
+    kept = workloads.with_running_tools(after, fresh, _running(before, running))
     assert kept.revisions == running.revisions
     for role in ROLES:
         for index in range(2):
@@ -76,8 +72,7 @@ def test_the_opt_in_rolls_the_new_tools():
     before = _resolved(_doc(toolsUpdate="WithOperator"), OLD)
     running = workloads.templates(before)
     after = _resolved(_doc(toolsUpdate="WithOperator"), NEW)
-    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running),
-                                        _config(after))
+    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running))
     assert all(kept.revisions[role] != running.revisions[role] for role in ROLES)
     assert all(_tools_image(workloads.stateful_set(after, role, 1, kept)) == NEW for role in ROLES)
 
@@ -88,8 +83,7 @@ def test_the_next_template_change_brings_the_new_tools():
     changed = _doc()
     changed["spec"]["decode"]["env"] = [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
     after = _resolved(changed, NEW)
-    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running),
-                                        _config(after))
+    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running))
     assert kept.revisions["prefill"] == running.revisions["prefill"]
     assert _tools_image(workloads.stateful_set(after, "prefill", 0, kept)) == OLD
     assert kept.revisions["decode"] != running.revisions["decode"]
@@ -97,13 +91,17 @@ def test_the_next_template_change_brings_the_new_tools():
 
 
 def test_older_tools_never_read_a_config_this_operator_writes_differently():
+    """The template names its revision config by a hash of its data: a running revision whose
+    config this operator would write differently (as an older operator wrote it, say) is no
+    template this operator renders with the older tools, so the new tools come with the new config."""
     before = _resolved(_doc(), OLD)
-    running = workloads.templates(before)
     after = _resolved(_doc(), NEW)
     fresh = workloads.templates(after)
-    changed = _config(after) | {"pairing.json": "{}"}  # as an older operator wrote it, say
-    assert workloads.with_running_tools(after, fresh, _running(before, running), changed) == fresh
-    assert workloads.with_running_tools(after, fresh, _running(before, running), None) == fresh
+    running = {}
+    for role in ROLES:
+        other_config = f"{fresh.configs[role]['metadata']['name']}-older"
+        running[role] = [(OLD, workloads.revision(pod_template(before, role, 0, other_config)))] * 2
+    assert workloads.with_running_tools(after, fresh, running) == fresh
 
 
 def _pods(children: list[dict]) -> list[dict]:

@@ -229,12 +229,13 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
     proxy it links every prefill instance of the spec."""
     from pd_operator.proxy.membership import KEY, MOUNT_DIR, document
     from pd_operator.render.proxy import membership_data
+    from pd_operator.render.serving_config import PEERS_DIR
     from pd_operator.spec.ports import PROBE_PORT
     from pd_operator.transfer.gate_state import Targets
     from pd_operator.transfer.probe import parser
     from pd_operator.transfer.probe_gate import prefill_peers, read_membership
 
-    def gate_peers(sts: dict, pairing: dict) -> list[str]:
+    def gate_peers(sts: dict, manifests: list[dict]) -> list[str]:
         sidecar = sts["spec"]["template"]["spec"]["containers"][1]
         volumes = {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
         assert {m["name"] for m in sidecar["volumeMounts"]} <= volumes
@@ -244,13 +245,18 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
             targets = Targets(layout=args.layout)
             targets.file_read(read_membership(args.membership), 0.0)
             return list(targets.members().values())
-        return list(prefill_peers(pairing).values())
+        # Without the proxy: the peers ConfigMap, not the revision config (scaling is no new revision).
+        assert args.peers_config == f"{PEERS_DIR}/pairing.json"
+        assert PEERS_DIR in {m["mountPath"] for m in sidecar["volumeMounts"]}
+        (peers,) = [m for m in of_kind(manifests, "ConfigMap")
+                    if m["metadata"]["name"].endswith("-prefill-peers")]
+        return list(prefill_peers(json.loads(peers["data"]["pairing.json"])).values())
 
     for path in VALID_EXAMPLES:
         doc = example(path)
         doc["spec"]["prefill"]["replicas"] = 2
         manifests = render(resolve(doc))
-        pairing = json.loads(config_map_data(manifests)["pairing.json"])
+        assert "replicas" not in json.loads(config_map_data(manifests)["pairing.json"])["spec"]["prefill"]
         routes = proxy_membership(manifests)
         hosts = [f"{urlsplit(u.url).hostname}:{PROBE_PORT}" for u in routes.prefill]
         assert len(hosts) == 2
@@ -260,9 +266,10 @@ def test_decode_gates_link_exactly_the_prefill_instances_the_proxy_routes_to(tmp
             (tmp_path / KEY).write_text(membership_data(members)[KEY])
             for sts in serving_sets(manifests):
                 if role_of(sts) == "decode":
-                    assert gate_peers(sts, pairing) == want, path
+                    assert gate_peers(sts, manifests) == want, path
 
         doc["spec"]["proxy"] = {"enabled": False}
-        for sts in serving_sets(render(resolve(doc))):
+        bare = render(resolve(doc))
+        for sts in serving_sets(bare):
             if role_of(sts) == "decode":
-                assert gate_peers(sts, pairing) == hosts, path
+                assert gate_peers(sts, bare) == hosts, path

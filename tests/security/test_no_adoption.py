@@ -4,9 +4,10 @@ objects that already live there, so that the operator, applying its children by 
 apply adds, deletes them when the PDDeployment is deleted.
 
 On the real control plane, with the operator installed by the chart: a ServiceAccount, a Role, a
-RoleBinding and a ConfigMap named as the GLM example's children exist before it is applied. They keep
-their content and their (absent) owners while the PDDeployment runs and after it is deleted; its
-status names each of them (Degraded=True/NameConflict, with an event); its other children are
+RoleBinding and a ConfigMap (named as its immutable prefill revision config) named as the GLM
+example's children exist before it is applied. They keep their content and their (absent) owners
+while the PDDeployment runs and after it is deleted; its status names each of them
+(Degraded=True/NameConflict, with an event); its other children are
 created and garbage-collected as usual."""
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from __future__ import annotations
 import pytest
 
 from pd_operator.names import Names
+from pd_operator.render import workloads
 from support.cluster import wait_for
 from support.installed import condition, get_pdd
 from support.kube import kubectl
 from support.pdd_cluster import GLM, apply, events, glm, wait_cond
+from support.specs import resolve
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]
 
@@ -29,6 +32,7 @@ def planted(namespace: str) -> list[tuple[str, dict]]:
     """(collection path, object): what the namespace held before the PDDeployment came."""
     names = Names(GLM, namespace)
     labels = {"team": "platform"}
+    prefill_config = workloads.templates(resolve(glm(namespace))).configs["prefill"]["metadata"]["name"]
     return [
         (CORE.format(ns=namespace, plural="serviceaccounts"),
          {"apiVersion": "v1", "kind": "ServiceAccount",
@@ -45,7 +49,7 @@ def planted(namespace: str) -> list[tuple[str, dict]]:
           "subjects": [{"kind": "User", "name": "platform-admin", "apiGroup": "rbac.authorization.k8s.io"}]}),
         (CORE.format(ns=namespace, plural="configmaps"),
          {"apiVersion": "v1", "kind": "ConfigMap",
-          "metadata": {"name": names.serving_config, "labels": labels},
+          "metadata": {"name": prefill_config, "labels": labels},
           "data": {"settings": "owned by the platform team"}}),
     ]
 

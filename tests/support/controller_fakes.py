@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import yaml
+
 from pd_operator.controller import gate, pdroles, rollout
 from pd_operator.controller.diff import stamp
 from pd_operator.controller.status import Observed
@@ -16,7 +18,7 @@ from pd_operator.render import render, workloads
 from pd_operator.render.runnable import validate
 from pd_operator.spec.validate import Validation
 from support.renders import proxy_membership
-from support.specs import example
+from support.specs import EXAMPLES, example
 
 OWNER_UID = "0b1c2d3e-0000-4000-8000-000000000001"
 
@@ -144,6 +146,9 @@ def gated_only_the_membership(v: Validation, out: list[dict]) -> None:
     assert proxy_deployment(out)["spec"]["replicas"] == 1
 
 
+RECONCILED_UID = "0b1c2d3e-0000-4000-8000-000000000002"
+
+
 class MemoryClient:
     """The API as the reconcile uses it: writes are answered with what was sent and recorded."""
 
@@ -183,3 +188,10 @@ class MemoryClient:
 
     def delete(self, obj: dict) -> None:
         raise AssertionError("nothing to prune on a first reconcile")
+
+
+def reconciled_body(example: str) -> dict:
+    """An example as the reconcile receives it: namespaced, with a uid and generation 1."""
+    doc = yaml.safe_load((EXAMPLES / example).read_text())
+    doc["metadata"] |= {"namespace": "default", "uid": RECONCILED_UID, "generation": 1}
+    return doc

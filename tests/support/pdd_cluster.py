@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import urllib.parse
 
 import yaml
@@ -19,7 +20,8 @@ from support.specs import ROOT, example
 
 GLM = "glm-flash"
 GLM_CHILDREN = {"PDRole/glm-flash-prefill", "PDRole/glm-flash-decode",
-                "ConfigMap/glm-flash-serving", "ConfigMap/glm-flash-proxy",
+                "ConfigMap/glm-flash-prefill-<hash>", "ConfigMap/glm-flash-decode-<hash>",
+                "ConfigMap/glm-flash-proxy",
                 "Service/glm-flash-prefill-0", "Service/glm-flash-decode-0", "Service/glm-flash-proxy",
                 "ServiceAccount/glm-flash-proxy", "Role/glm-flash-proxy", "RoleBinding/glm-flash-proxy",
                 "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
@@ -42,6 +44,15 @@ def listed(cp: ControlPlane, api_version: str, plural: str, namespace: str, sele
 def children(cp: ControlPlane, namespace: str, name: str = GLM) -> dict[str, dict]:
     """Every child of the PDDeployment `name` (GLM's by default), as Kind/name."""
     return fleet.children(cp, namespace, name)
+
+
+REVISION_CONFIG = re.compile(r"(ConfigMap/.+-(?:prefill|decode))-[0-9a-f]{10}")
+
+
+def refs(found: dict[str, dict]) -> set[str]:
+    """The Kind/name keys of `children`, a revision config's hash written `<hash>` (GLM_CHILDREN's form)."""
+    return {REVISION_CONFIG.sub(r"\1-<hash>", ref) if REVISION_CONFIG.fullmatch(ref) else ref
+            for ref in found}
 
 
 def pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[dict]:

@@ -94,9 +94,7 @@ NETNS = [UNSHARE, "-rn"] if UNSHARE and subprocess.run(
 
 def image_of(manifests: list[dict], cont: dict) -> Contents:
     """The model of the image a rendered container names (what the validator checked it against)."""
-    (config_map,) = [m for m in of_kind(manifests, "ConfigMap") if "pd.serving.dev/role" not in
-                     m["metadata"]["labels"]]
-    image = json.loads(config_map["data"]["pairing.json"])["spec"]["image"]
+    image = json.loads(config_map_data(manifests)["pairing.json"])["spec"]["image"]
     found = of_image(cont["image"], tools_image=DEFAULT_TOOLS_IMAGE, serving_name=image["name"],
                      serving_version=image.get("vllmAscendVersion"),
                      serving_ours=bool(image.get("seedChange")))
@@ -117,11 +115,17 @@ def npu_count(cont: dict) -> int:
     return sum(int(v) for k, v in cont["resources"].get("limits", {}).items() if "/" in k)
 
 
-def config_map_data(manifests: list[dict]) -> dict[str, str]:
-    """The serving pods' ConfigMap (mounted at /etc/pd)."""
-    (config_map,) = [m for m in of_kind(manifests, "ConfigMap") if "pd.serving.dev/role" not in
-                     m["metadata"]["labels"]]
-    return config_map["data"]
+def config_map_data(manifests: list[dict], sts: dict | None = None) -> dict[str, str]:
+    """The revision config `sts`'s pods mount at /etc/pd; without `sts`, every role's in one (their
+    pairing.json is the same, their preflight configs have a key each)."""
+    configs = [m for m in of_kind(manifests, "ConfigMap") if m.get("immutable")]
+    assert {m["metadata"]["labels"]["pd.serving.dev/role"] for m in configs} == {"prefill", "decode"}
+    if sts is not None:
+        (name,) = [v["configMap"]["name"] for v in sts["spec"]["template"]["spec"]["volumes"]
+                   if v["name"] == "pd-serving"]
+        (config_map,) = [m for m in configs if m["metadata"]["name"] == name]
+        return config_map["data"]
+    return {k: v for m in configs for k, v in m["data"].items()}
 
 
 def proxy_membership(manifests: list[dict]) -> Membership:
@@ -144,7 +148,7 @@ def run_pod(manifests: list[dict], sts: dict, ordinal: int, work: Path, *,
     work.mkdir(parents=True, exist_ok=True)
     mounted = work / "etc-pd"
     mounted.mkdir(exist_ok=True)
-    for key, text in config_map_data(manifests).items():
+    for key, text in config_map_data(manifests, sts).items():
         (mounted / key).write_text(text)
     tools = work / "pd-tools"
     shutil.rmtree(tools, ignore_errors=True)

@@ -8,7 +8,8 @@ spec/scaling.py) -> the rollout's figures and next step (controller/rollout.py: 
 instances leave, how many surge, its progress clock) -> render those -> gate the proxy (instances
 not Ready or not linked, or leaving) -> plan against the observed children -> hold the instances a
 scale-down removed until they drained, and replace the pods of those the rollout took out once
-drained (controller/drain.py) -> apply what changed (a missing PDRole is created with its count, a
+drained (controller/drain.py), and the revision configs a pod or StatefulSet still mounts
+(controller/revisions.py) -> apply what changed (a missing PDRole is created with its count, a
 changed spec.<role>.replicas forwarded; a child not seen among ours is first read by name, and an
 object found there that this PDDeployment does not own is left untouched and named in the status:
 never adopted) -> prune what the spec no longer wants -> group restarts -> status of the PDRoles
@@ -28,7 +29,7 @@ from typing import TypeVar
 from pd_operator.api.conditions import KV_COMPATIBLE, READY
 from pd_operator.api.labels import INSTANCE, REVISION, ROLE
 from pd_operator.api.types import ROLES
-from pd_operator.controller import drain, events, gate, links, pdroles, restarts, rollout
+from pd_operator.controller import drain, events, gate, links, pdroles, restarts, revisions, rollout
 from pd_operator.controller import status as status_mod
 from pd_operator.controller.client import Client, NotServed, concurrently
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
@@ -109,13 +110,6 @@ def _running_tools(children: list[dict]) -> dict[str, list[tuple[str, str]]]:
         if revision and image:
             out.setdefault(label(obj, ROLE) or "", []).append((image, revision))
     return out
-
-
-def _serving_config(resolved: Resolved, children: list[dict]) -> dict[str, str] | None:
-    """The data of the serving ConfigMap as it is now (None: there is none)."""
-    name = resolved.names.serving_config
-    return next((obj.get("data") or {} for obj in children
-                 if obj.get("kind") == "ConfigMap" and obj["metadata"]["name"] == name), None)
 
 
 def _now() -> datetime:
@@ -404,8 +398,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
         observed = status_mod.Observed(children=children, pods=pods)
         _write_status(client, body, validation, observed, now, outcome)
         raise InvalidSpec(" ".join(f.line() for f in validation.errors))
-    rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children),
-                                            _serving_config(resolved, children))
+    rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children))
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
     state = gate.observe(resolved, rendered.revisions, pods, leaving)
@@ -417,7 +410,9 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     departing = _leaving(resolved, body, children, moving.plan)
     gates = _gates(proxies, resolved, desired, the_diff, departing, pods, routable)
     drains = _drains(proxies, resolved, body, departing, pods, gates, now, admin_token(boundary, resolved))
-    the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)])
+    used = revisions.in_use(children, pods)
+    the_diff = replace(the_diff, prune=[o for o in the_diff.prune
+                                        if not drain.held(o, drains) and not revisions.kept(o, used)])
     try:
         children = _apply(client, ns, the_diff, children, asks, meta["uid"], outcome)
     except NotServed as err:

@@ -4,8 +4,8 @@ the facts (the rendered config, the argv, the environment, what the installed vl
 registers (pd_operator.serving_image.installed), the NPUs the device plugin granted, the ports already bound)
 and this module judges them.
 
-The rendered config (`PreflightConfig`) is one key per role of the deployment's serving ConfigMap
-(render/serving_config.py), mounted into every serving pod.
+The rendered config (`PreflightConfig`) is a key of the role's revision config (an immutable
+ConfigMap, render/serving_config.py), mounted into every serving pod of the role.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Render a validated PDDeployment into the Kubernetes objects that run it: pure, no I/O, no clock.
 
 `render(resolved, routable=...)` returns the manifests in apply order: the roles' PDRoles (what
-scalers scale, see render/pdroles.py), the serving and proxy ConfigMaps, Services, the proxy's
+scalers scale, see render/pdroles.py), the roles' revision configs (immutable) and the proxy's (or
+without it the decode gates' peers) ConfigMap, Services, the proxy's
 ServiceAccount, Role and RoleBinding, the PodGroups that gang-schedule the instances
 (spec.scheduling.gang), the serving StatefulSets, the proxy, the NetworkPolicy, the
 PodDisruptionBudgets and the roles' HPAs. PodGroups come before the StatefulSets: when the cluster
@@ -45,7 +46,9 @@ def render(ctx: Resolved, routable: Routable | None = None, boundary: Boundary =
     proxy_on = ctx.deployment.spec.proxy.enabled
     instances = ctx.instances(surge)
     out: list[dict] = [pd_role(ctx, role) for role in ROLES]
-    out.append(serving_config.config_map(ctx))
+    out += [rendered.configs[role] for role in ROLES]
+    if not proxy_on:
+        out.append(serving_config.peers_config_map(ctx))
     if proxy_on:
         out.append(proxy.membership_config_map(ctx, routable))
     out += [headless_service(ctx, role, i) for role, i in instances]

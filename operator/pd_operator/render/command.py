@@ -19,7 +19,7 @@ from pd_operator.spec.validate import Resolved
 
 PREFLIGHT = "pd-preflight"  # run from the tools bundle (render/tools.py) by the serving image's python3
 CONFIG_DIR = "/etc/pd"
-"""Where serving pods mount the serving ConfigMap (render/serving_config.py)."""
+"""Where serving pods mount their role's revision config (render/serving_config.py)."""
 # vLLM 0.34 turns prefix caching on by default, for hybrid models too, where it switches the state cache to
 # the "align" mode (kv/blocksize.py). The operator renders what the role's spec.<role>.enablePrefixCaching
 # asks, and for a hybrid model without it prefix caching off, so the state cache runs in the mode the

@@ -6,8 +6,8 @@ GATE_PERIOD seconds it pulls that buffer from every prefill instance the proxy r
 verifies every byte; its `/ready` answers 200 only while the last round linked each of them. The
 sidecar's readinessProbe reads it, so a decode pod is not Ready, and the operator does not route to
 its instance, until its KV link works (controller/links.py). Both sides take the pairing from the
-mounted serving ConfigMap (`--config`), so every model description gets a probe. It moves host
-memory over tcp with P2P handshakes: the NPU transport is exercised by the engine itself.
+mounted revision config (`--config`, render/serving_config.py), so every model description gets a
+probe. It moves host memory over tcp with P2P handshakes: the NPU transport is exercised by the engine itself.
 
 Why the proxy's prefill members rather than every prefill instance of the spec: a prefill instance
 a scale-up adds takes minutes to load; were it a peer at once, every decode gate would fail its
@@ -15,7 +15,8 @@ next round and every decode instance would leave the proxy until the new prefill
 reads the proxy's membership ConfigMap (render/proxy.py), which lists a prefill instance once all
 its pods are Ready, so a decode instance links exactly the prefill instances it can be paired with:
 those on its own KV layout (`--layout`; a rollout that changes the layout lists both for a while).
-Without the proxy (spec.proxy.enabled false) the gate links every prefill instance of the spec.
+Without the proxy (spec.proxy.enabled false) the gate links every prefill instance of the spec, as the
+peers ConfigMap lists them (render/serving_config.py).
 
 The mounted file follows the ConfigMap up to about a minute late, so the operator also pushes each
 membership to the gate's probe port and reads back what it applied (transfer/gate_state.py): the port
@@ -42,19 +43,31 @@ def _gated_by_membership(ctx: Resolved, role: str) -> bool:
     return role == "decode" and ctx.deployment.spec.proxy.enabled
 
 
+def _peers(ctx: Resolved, role: str) -> tuple[dict, dict] | None:
+    """(volume, mount) of what a decode gate learns its prefill peers from: the proxy's membership,
+    else the peers ConfigMap (render/serving_config.py). Neither is part of a revision: both change
+    in place as prefill scales."""
+    if role != "decode":
+        return None
+    if _gated_by_membership(ctx, role):
+        return proxy.membership_volume(ctx)
+    return serving_config.peers_volume(ctx)
+
+
 def probe_argv(ctx: Resolved, role: str) -> list[str]:
     common = ["--config", serving_config.PAIRING_PATH, "--port", str(PROBE_PORT)]
     if role == "prefill":
         return [*bundle.command(PROBE), "serve", *common]
-    members = ["--membership", f"{MOUNT_DIR}/{KEY}"] if _gated_by_membership(ctx, role) else []
+    members = (["--membership", f"{MOUNT_DIR}/{KEY}"] if _gated_by_membership(ctx, role)
+               else ["--peers-config", serving_config.PEERS_PATH])
     # --layout also without the proxy: the operator pushes the membership to every gate.
     return [*bundle.command(PROBE), "gate", *common, *members, "--layout", ctx.layout_hash,
             "--every", str(GATE_PERIOD)]
 
 
 def volumes(ctx: Resolved, role: str) -> list[dict]:
-    """Pod volumes the sidecar needs besides the serving ConfigMap (the pod mounts that anyway)."""
-    return [proxy.membership_volume(ctx)[0]] if _gated_by_membership(ctx, role) else []
+    """Pod volumes the sidecar needs besides the revision config (the pod mounts that anyway)."""
+    return [peers[0]] if (peers := _peers(ctx, role)) else []
 
 
 def readiness(role: str) -> dict:
@@ -65,8 +78,10 @@ def readiness(role: str) -> dict:
             "failureThreshold": 1}
 
 
-def sidecar(ctx: Resolved, role: str) -> dict:
+def sidecar(ctx: Resolved, role: str, config: str) -> dict:
+    """`config`: the name of the role's revision config (render/serving_config.py)."""
     spec = ctx.deployment.spec
+    peers = _peers(ctx, role)
     return {
         "name": CONTAINER[role],
         "image": spec.image.name,
@@ -77,8 +92,7 @@ def sidecar(ctx: Resolved, role: str) -> dict:
                 {"name": "MC_MIN_RPC_PORT", "value": str(HANDSHAKE_RPC[0])},
                 {"name": "MC_MAX_RPC_PORT", "value": str(HANDSHAKE_RPC[1])}],
         "ports": [{"name": PORT_NAME, "containerPort": PROBE_PORT, "protocol": "TCP"}],
-        "volumeMounts": [serving_config.volume(ctx)[1], tools.mount(),
-                         *([proxy.membership_volume(ctx)[1]] if _gated_by_membership(ctx, role) else [])],
+        "volumeMounts": [serving_config.volume(config)[1], tools.mount(), *([peers[1]] if peers else [])],
         "readinessProbe": readiness(role),
         "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
         "securityContext": dict(security.SIDECAR),

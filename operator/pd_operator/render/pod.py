@@ -44,9 +44,9 @@ def _volume_name(path: str) -> str:
     return ("host-" + "-".join(filter(None, re.split(r"[^a-z0-9]+", path.lower()))))[:63].rstrip("-")
 
 
-def _volumes(ctx: Resolved, role: str) -> tuple[list[dict], list[dict]]:
+def _volumes(ctx: Resolved, role: str, config: str) -> tuple[list[dict], list[dict]]:
     weights = ctx.deployment.spec.model.weights
-    config_volume, config_mount = serving_config.volume(ctx)
+    config_volume, config_mount = serving_config.volume(config)
     volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
                            config_volume, tools.volume()]
     mounts: list[dict] = [{"name": "dshm", "mountPath": "/dev/shm"}, config_mount, tools.mount()]
@@ -97,11 +97,12 @@ def affinity(ctx: Resolved, role: str, index: int) -> dict | None:
     return dict(scheduling.add_placement(ctx, role, index, out)) or None
 
 
-def pod_template(ctx: Resolved, role: str, index: int) -> dict:
+def pod_template(ctx: Resolved, role: str, index: int, config: str) -> dict:
+    """`config`: the name of the role's revision config (render/serving_config.py config_maps)."""
     side = ctx.role(role)
-    volumes, mounts = _volumes(ctx, role)
+    volumes, mounts = _volumes(ctx, role, config)
     containers = [serving_container(ctx, role, index, mounts),
-                  kv_probe.sidecar(ctx, role)]
+                  kv_probe.sidecar(ctx, role, config)]
     spec: dict = {"initContainers": [tools.init_container(ctx), tools.report_container(ctx)],
                   "containers": containers,
                   "volumes": [*volumes, *kv_probe.volumes(ctx, role)],

@@ -57,6 +57,8 @@ class Templates:
     """Per role: the hash of that template (without the label)."""
     tools: Mapping[str, str]
     """Per role: the operator image its template takes the tools from (with_running_tools)."""
+    configs: Mapping[str, dict]
+    """Per role: its revision config (render/serving_config.py), which the templates name."""
 
 
 def revision(template: dict) -> str:
@@ -66,31 +68,30 @@ def revision(template: dict) -> str:
 
 
 def templates(ctx: Resolved) -> Templates:
+    configs = serving_config.config_maps(ctx)
     leaders: dict[str, dict] = {}
     revisions: dict[str, str] = {}
     for role in ROLES:
-        template = pod_template(ctx, role, 0)
+        template = pod_template(ctx, role, 0, configs[role]["metadata"]["name"])
         revisions[role] = revision(template)
         template["metadata"]["labels"][REVISION] = revisions[role]
         leaders[role] = template
-    return Templates(leaders, revisions, {role: ctx.tools_image for role in ROLES})
+    return Templates(leaders, revisions, {role: ctx.tools_image for role in ROLES}, configs)
 
 
-def with_running_tools(ctx: Resolved, rendered: Templates, running: Mapping[str, Sequence[tuple[str, str]]],
-                       running_config: Mapping[str, str] | None) -> Templates:
+def with_running_tools(ctx: Resolved, rendered: Templates, running: Mapping[str, Sequence[tuple[str, str]]]
+                       ) -> Templates:
     """Keep a role on the tools its instances run when nothing else they read changed, so a new
     operator image (`--tools-image`) restarts no engine by itself: it reaches a role with its next
     template change, or at once with spec.image.toolsUpdate: WithOperator.
 
-    `running`: per role, the (tools image, revision) of each of its instances' StatefulSets;
-    `running_config`: the data of the serving ConfigMap as it is now. An older tools image is kept
-    when the template rendered with it is exactly a running revision and the serving config is
+    `running`: per role, the (tools image, revision) of each of its instances' StatefulSets. An older
+    tools image is kept when the template rendered with it is exactly a running revision: the
+    template names its revision config by a hash of its data, so that also says the config is
     unchanged (older tools need not read a config this operator writes differently); among several,
     the one most instances run."""
     if ctx.deployment.spec.image.tools_update == WITH_OPERATOR or not any(
             image != ctx.tools_image for role in ROLES for image, _ in running.get(role, ())):
-        return rendered
-    if running_config != serving_config.config_map(ctx)["data"]:
         return rendered
     leaders, revisions, tools = dict(rendered.leaders), dict(rendered.revisions), dict(rendered.tools)
     for role in ROLES:
@@ -100,12 +101,13 @@ def with_running_tools(ctx: Resolved, rendered: Templates, running: Mapping[str,
         for (image, running_revision), _ in counted.most_common():
             if image == tools[role]:
                 continue
-            template = pod_template(replace(ctx, tools_image=image), role, 0)
+            template = pod_template(replace(ctx, tools_image=image), role, 0,
+                                    rendered.configs[role]["metadata"]["name"])
             if revision(template) == running_revision:
                 template["metadata"]["labels"][REVISION] = running_revision
                 leaders[role], revisions[role], tools[role] = template, running_revision, image
                 break
-    return Templates(leaders, revisions, tools)
+    return Templates(leaders, revisions, tools, rendered.configs)
 
 
 def stateful_set(ctx: Resolved, role: str, index: int, rendered: Templates) -> dict:
@@ -114,7 +116,8 @@ def stateful_set(ctx: Resolved, role: str, index: int, rendered: Templates) -> d
     if index == 0:
         template = json.loads(json.dumps(rendered.leaders[role]))
     else:
-        template = pod_template(replace(ctx, tools_image=rendered.tools[role]), role, index)
+        template = pod_template(replace(ctx, tools_image=rendered.tools[role]), role, index,
+                                rendered.configs[role]["metadata"]["name"])
         template["metadata"]["labels"][REVISION] = rendered.revisions[role]
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": metadata(ctx, name, role, index),

@@ -18,11 +18,11 @@ decode rank's runs of the plan through the transfer engine, verifies every byte 
 (parse_descriptor) before anything uses it: whatever a peer sends, the check fails with an error
 naming what is wrong and the gate keeps answering, since a crashed gate container would restart the
 whole multi-pod instance (controller/pods.py counts any container's restarts). `gate` checks every
-prefill instance of the deployment in `--config` (or the `--peer`s given) every `--every` seconds,
-prints one JSON line per round and answers `GET /ready` with 200 while it is linked (its first linked
-round passed and fewer than gate_state.FAILURE_THRESHOLD rounds failed since), 503 otherwise (`GET
-/link` returns the last round). On the same port it takes the operator's membership pushes and serves
-its state (gate_state.py). Bad input: one line on stderr, exit 2.
+prefill instance of the deployment in `--peers-config` or `--config` (or the `--peer`s given) every
+`--every` seconds, prints one JSON line per round and answers `GET /ready` with 200 while it is
+linked (its first linked round passed and fewer than gate_state.FAILURE_THRESHOLD rounds failed
+since), 503 otherwise (`GET /link` returns the last round). On the same port it takes the
+operator's membership pushes and serves its state (gate_state.py). Bad input: one line on stderr, exit 2.
 
 This module is the command line; each command is in its own module (probe_serve.py, probe_check.py,
 probe_gate.py), what they are given in probe_input.py, the geometry in probe_geometry.py.
@@ -79,7 +79,9 @@ def parser() -> argparse.ArgumentParser:
     gate.add_argument("--every", type=float, default=30.0, help="seconds between rounds")
     gate.add_argument("--peer", action="append", default=[],
                       help="host:port of a `pd-kv-probe serve` (repeatable); default: every prefill "
-                           "instance --membership lists, else every one of --config")
+                           "instance --membership lists, else every one of --peers-config or --config")
+    gate.add_argument("--peers-config", help="a PDDeployment manifest (re-read every round) whose prefill "
+                                             "instances to link, when it is not --config")
     gate.add_argument("--membership", help="the proxy's membership file (re-read every round): link the "
                                            "prefill instances it routes to (the operator's pushes are newer)")
     gate.add_argument("--layout", help="this pod's kv-layout hash: link only the membership's prefill "

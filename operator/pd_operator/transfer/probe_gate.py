@@ -82,7 +82,8 @@ class Gate:
         self.targets = Targets(layout=args.layout)
         self.verdict = Verdict(last={"ok": False, "peers": [], "errors": ["no check has run yet"]})
         self.configured: dict[str, str] = {}
-        """Without a membership: every prefill instance of --config (or the --peer endpoints)."""
+        """Without a membership: every prefill instance of --peers-config or --config (or the --peer
+        endpoints)."""
         self.lock = threading.Lock()
         self.wake = threading.Event()
 
@@ -101,7 +102,7 @@ class Gate:
                 with self.lock:
                     self.targets.file_read(membership, time.monotonic())
             elif not self.args.peer and self.targets.membership is None:
-                configured = prefill_peers(read_manifest(self.args.config))
+                configured = prefill_peers(read_manifest(self.args.peers_config or self.args.config))
                 with self.lock:
                     self.configured = configured
         except InputError as err:
