@@ -79,7 +79,8 @@ def pairing_manifest(ctx: Resolved) -> dict:
     return {"apiVersion": ctx.deployment.api_version, "kind": ctx.deployment.kind,
             "metadata": {"name": ctx.deployment.name, "namespace": ctx.deployment.namespace},
             "spec": {"model": model, "kvTransfer": kv,
-                     "image": spec.image.model_dump(by_alias=True, exclude_none=True, mode="json"),
+                     "image": spec.image.model_dump(by_alias=True, exclude_none=True, mode="json",
+                                                   exclude={"tools_update"}),
                      "servingPort": spec.serving_port, **roles}}
 
 
