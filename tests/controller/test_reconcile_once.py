@@ -101,7 +101,8 @@ def test_a_first_reconcile_applies_roles_before_their_bindings_and_the_workloads
     """The applies go out in waves, each at once: a RoleBinding's Role must exist (the API server's
     escalation check reads it) and a workload's pods need the rest (ServiceAccount, ConfigMaps)."""
     client = MemoryClient()
-    reconcile_mod.reconcile(client, ProxyStateReader(), _body("glm-5.3-flash-tp8-dp2tp4.yaml"), [], [])  # type: ignore[arg-type]
+    body = reconciled_body("glm-5.3-flash-tp8-dp2tp4.yaml")
+    reconcile_mod.reconcile(client, ProxyStateReader(), body, [], [])  # type: ignore[arg-type]
     kinds = [m["kind"] for verb, m in client.writes if verb in ("apply", "create")]
     workloads = {"StatefulSet", "Deployment"}
 
