@@ -19,8 +19,10 @@ proxy replicas taking the requests in turn, each knowing only what it routed. Ea
 serves one request at a time in arrival order; TTFT is the wait, the prefill of the uncached tokens
 and the KV hop of the whole prompt to decode. All policies run at one time scale (the factor on the
 trace's arrival times), found so that least-loaded's prefill utilisation is 0.75 +- 0.01.
-`oracle` knows every engine's cache exactly and sends each request where it would finish prefill
-first (the work queued there plus its uncached prefill). The routing overhead is measured apart, in
+`precise`: its precise prefix routing, the caching fakes' KV events (vLLM's format, our encoder)
+handed to pd-proxy's own event feed (proxy/kv_events.py `Feed`) when the prefill that cached the
+blocks finishes; `oracle`: the same, each event handed over the moment the engine caches its blocks,
+so every decision knows every cache exactly. The routing overhead is measured apart, in
 wall-clock time, over the trace's first 2000 requests with 64 in flight at one proxy. Last, a live replay: the
 trace's first `--live-requests` requests through the real `pd-proxy` process (approximate prefix
 routing) to the caching fakes over HTTP on loopback, 64 streams at a time, each answer checked.
@@ -33,9 +35,9 @@ Figures:
 - least_loaded_ttft_mean_ms: mean TTFT, least-loaded routing
 - least_loaded_ttft_p99_ms: its 99th percentile
 - least_loaded_hit_ratio: prompt tokens found cached over prompt tokens, least-loaded routing
-- oracle_ttft_mean_ms: mean TTFT routed by exact knowledge of every cache
+- oracle_ttft_mean_ms: mean TTFT, precise routing knowing every cache exactly at each decision
 - oracle_ttft_p99_ms: its 99th percentile
-- oracle_hit_ratio: prompt tokens found cached over prompt tokens, routed by exact knowledge
+- oracle_hit_ratio: prompt tokens found cached over prompt tokens, routed knowing every cache
 - oracle_vs_least_loaded_ttft_ratio: oracle_ttft_mean_ms over least_loaded_ttft_mean_ms
 - approximate_ttft_mean_ms: mean TTFT, pd-proxy's approximate prefix routing
 - approximate_ttft_p99_ms: its 99th percentile
@@ -43,6 +45,10 @@ Figures:
 - approximate_vs_least_loaded_ttft_ratio: approximate_ttft_mean_ms over least_loaded_ttft_mean_ms
 - approximate_hit_ratio_2_proxies: the same with two proxy replicas, each request to one in turn,
   each knowing only what it routed
+- precise_ttft_mean_ms: mean TTFT, pd-proxy's precise prefix routing (the engines' KV events)
+- precise_ttft_p99_ms: its 99th percentile
+- precise_hit_ratio: prompt tokens found cached over prompt tokens, precise routing
+- precise_vs_least_loaded_ttft_ratio: precise_ttft_mean_ms over least_loaded_ttft_mean_ms
 - routing_overhead_p99_ms: wall-clock time of pd-proxy's approximate routing decision at 64 requests
   in flight (token ids read from the parsed body, block keys, index, pick), 99th percentile
 - live_replayed_requests: requests of the live replay through the real pd-proxy process
@@ -64,7 +70,7 @@ import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -73,11 +79,12 @@ import aiohttp
 
 from pd_operator.proxy.balancer import Balancer
 from pd_operator.proxy.membership import Membership, Upstream, document, parse_document
-from pd_operator.proxy.prefix_routing import Prompt
+from pd_operator.proxy.prefix_routing import Prompt, holder
 from pd_operator.proxy.prompt_tokens import COMPLETIONS, PromptTokens, prompt_tokens
 from support import bench
 from support.caching_engine import CachingPrefill, Costs, PrefixCache, block_hashes, example_kv, measured
 from support.fakevllm import MODEL, WAIT_S, FakeEngine, ProxyProcess, started, swap
+from support.kv_events import Batch, Event, encode
 from support.specs import ROOT
 
 TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl.gz"
@@ -153,18 +160,20 @@ class Prefill:
     """What starts each request waiting here, in arrival order."""
     running: bool = False
     busy_s: float = 0.0
-    work_s: float = 0.0
-    """Modelled seconds of prefill queued or running here (the oracle's view)."""
+    seq: Iterator[int] = field(default_factory=itertools.count)
+    """The seq of its next KV-event batch."""
 
 
 @dataclass(frozen=True)
 class Policy:
     """How a replay routes prefill: pd-proxy's prefix routing `mode` ("off": least-loaded) in each of
-    `proxies` replicas (request i goes to replica i mod proxies), or the `oracle`."""
+    `proxies` replicas (request i goes to replica i mod proxies); in precise mode the engines' KV
+    events reach the proxy when the prefill that cached the blocks finishes, or (`exact`) the moment
+    the engine caches them, before the next routing decision: the oracle."""
 
     mode: str = "off"
     proxies: int = 1
-    oracle: bool = False
+    exact: bool = False
 
 
 @dataclass
@@ -207,7 +216,8 @@ class Setup:
         """The replay's instances as pd-proxy's membership names them (prefill with its engine block
         and cache size)."""
         prefill = [Upstream(f"prefill-{i}", f"http://prefill-{i}:8000", block_tokens=self.block_size,
-                            cache_blocks=self.cache_blocks) for i in range(self.prefills)]
+                            cache_blocks=self.cache_blocks, events=(f"tcp://prefill-{i}:5557",))
+                   for i in range(self.prefills)]
         decode = [Upstream(f"decode-{i}", f"http://decode-{i}:8000") for i in range(DECODES)]
         return parse_document(document(prefill, decode))
 
@@ -234,30 +244,37 @@ def simulate(requests: Sequence[Request], scale: float, policy: Policy, setup: S
         if p.running:
             p.queue.pop(0)()
 
-    def oracle(request: Request) -> Upstream:
-        def finish(p: Prefill) -> float:
-            cached = p.cache.hit_blocks(request.hashes) * block_size
-            return p.work_s + costs.prefill_s(request.prompt_tokens - cached)
-        return min(prefills.values(), key=finish).upstream
+    feeds = {key[1]: feed for key, feed in proxies[0].prefix.feeds.items()}
+    """Holder -> the feed of its events, in precise mode."""
+
+    def publish(p: Prefill, stored: list[Event]) -> Callable[[], None]:
+        """What hands `p`'s batch of `stored` to the proxy's feed of it (vLLM numbers them in order)."""
+        seq, payload = next(p.seq), encode(Batch(clock[0], stored, 0))
+        feed = feeds[holder(p.upstream.name, 0)]
+        return lambda: feed.receive(seq, payload)
 
     def arrive(index: int) -> None:
         nonlocal failed
         request = requests[index]
         proxy = proxies[index % len(proxies)]
         prompt = request.prompt(block_size) if policy.mode != "off" else None
-        upstream = oracle(request) if policy.oracle else proxy.pick("prefill", set(), prompt=prompt)
+        upstream = proxy.pick("prefill", set(), prompt=prompt)
         if upstream is None:
             failed += 1
             return
         serving = proxy.serving(upstream, "prefill", prompt)
         serving.__enter__()
         p = prefills[upstream.name]
-        estimate = costs.prefill_s(request.prompt_tokens - p.cache.hit_blocks(request.hashes) * block_size)
-        p.work_s += estimate
+        delivered: Callable[[], None] | None = None
 
         def compute() -> None:
-            nonlocal cached_total, prompt_total
-            cached = p.cache.admit(request.hashes).hit_blocks * block_size
+            nonlocal cached_total, prompt_total, delivered
+            admitted = p.cache.admit(request.hashes, request.tokens() if feeds else None)
+            delivered = publish(p, admitted.events) if feeds and admitted.events else None
+            if delivered is not None and policy.exact:
+                delivered()
+                delivered = None
+            cached = admitted.hit_blocks * block_size
             cached_total += cached
             prompt_total += request.prompt_tokens
             took = costs.prefill_s(request.prompt_tokens - cached)
@@ -266,7 +283,8 @@ def simulate(requests: Sequence[Request], scale: float, policy: Policy, setup: S
 
         def finish() -> None:
             nonlocal failed
-            p.work_s -= estimate
+            if delivered is not None:
+                delivered()
             serving.__exit__(None, None, None)
             decode = proxy.pick("decode", set())
             if decode is None:
@@ -416,7 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale, least = scale_for_utilisation(run(Policy("off")), 1e-3, 1e3)
     approximate = run(Policy("approximate"))(scale)
     two_proxies = run(Policy("approximate", proxies=2))(scale)
-    oracle = run(Policy("off", oracle=True))(scale)
+    precise = run(Policy("precise"))(scale)
+    oracle = run(Policy("precise", exact=True))(scale)
     overhead = routing_overhead_s(requests[:OVERHEAD_REQUESTS], setup)
     with bench.workdir("routing-") as workdir:
         live = asyncio.run(live_replay(requests[:args.live_requests], setup, "approximate", workdir))
@@ -439,7 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "routing_overhead_p99_ms": f"{1000 * percentile(overhead, 99):.3f}",
         "live_replayed_requests": live.answered + len(live.failed),
         "live_approximate_hit_ratio": f"{live.cached_tokens / max(live.prompt_tokens, 1):.3f}",
-        "routing_failed_requests": sum(o.failed for o in (least, approximate, two_proxies, oracle))
+        "precise_ttft_mean_ms": f"{precise.ttft_ms():.1f}",
+        "precise_ttft_p99_ms": f"{precise.ttft_ms(99):.1f}",
+        "precise_hit_ratio": f"{precise.hit_ratio:.3f}",
+        "precise_vs_least_loaded_ttft_ratio": f"{precise.ttft_ms() / least.ttft_ms():.3f}",
+        "routing_failed_requests": sum(o.failed for o in (least, approximate, two_proxies, precise, oracle))
         + len(live.failed),
     })
     return bench.exit_code(live.failed)
