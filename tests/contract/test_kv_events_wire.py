@@ -1,5 +1,6 @@
 """The caching fakes' KV events against vLLM 0.34's own event classes and publisher (in .vllm-venv):
-our bytes decode with vLLM's msgspec decoder to the same events; vLLM's bytes decode with ours; our
+our bytes decode with vLLM's msgspec decoder to the same events; vLLM's bytes decode with ours and
+with pd-proxy's own decoder (proxy/kv_events.py); our
 publisher process frames, numbers and replays batches as vLLM's `ZmqEventPublisher` does, read by
 the same test-side sockets (tests/support/kv_events.py). Runs vLLM's code as a program
 (tests/support/vllm_venv/kv_events.py), never imported here."""
@@ -14,6 +15,7 @@ from dataclasses import asdict
 
 import pytest
 
+from pd_operator.proxy import kv_events as proxy_events
 from support.caching_engine import PrefixCache, block_hashes
 from support.cluster import pick_port
 from support.fakevllm import HOST
@@ -169,3 +171,22 @@ def test_our_publisher_frames_numbers_and_replays_as_vllms(vllm_publisher):
         assert [m[1] for m in replayed] == list(range(seqs[1] + 1)), "the replay from 0 is every seq sent"
         assert [decode(m[2]) for m in replayed[-2:]] == sent
     assert END_SEQ == -1
+
+
+def test_the_proxys_decoder_reads_vllm_encoded_batches():
+    """pd-proxy's own decoder (proxy/kv_events.py) on what vLLM's encoder makes of the fakes' batches:
+    the stores with their tokens, parent and salt, the evictions, as the fakes meant them."""
+    ours = batches()[:2]
+    encoded = vllm("encode", json.dumps([as_builtins(b) for b in ours]))
+    for got, want in zip((proxy_events.decode_batch(bytes.fromhex(e["hex"])) for e in encoded), ours,
+                         strict=True):
+        expected: list[proxy_events.Event] = []
+        for event in want.events:
+            if isinstance(event, BlockStored):
+                salts = [k[0] for k in event.extra_keys or [] if k is not None]
+                expected.append(proxy_events.Stored(tuple(event.block_hashes), event.parent_block_hash,
+                                                    tuple(event.token_ids), event.block_size, False,
+                                                    salts[0] if salts else ""))
+            elif isinstance(event, BlockRemoved):
+                expected.append(proxy_events.Removed(tuple(event.block_hashes)))
+        assert got == expected
