@@ -5,57 +5,28 @@ dialer standing in for the pods' ports (the protocol itself: tests/transfer/test
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 import yaml
 
 from pd_operator.controller import reconcile as reconcile_mod
 from pd_operator.controller.proxy_state import ProxyUnreachable
 from pd_operator.proxy.membership import ProxyState, parse_document
 from pd_operator.transfer.gate_state import GateState
-from support.controller_fakes import pods_of, with_status
+from support.controller_fakes import MemoryClient, pods_of, with_status
 from support.specs import EXAMPLES
 
 UID = "0b1c2d3e-0000-4000-8000-000000000032"
 P1 = "glm-flash-prefill-1"
 
 
-class Client:
-    """The API as the reconcile uses it: writes answered with what was sent and recorded."""
-
-    def __init__(self) -> None:
-        self.writes: list[tuple[str, Any]] = []
-
-    def read_config_map_key(self, namespace: str, name: str, key: str) -> None:
-        return None
-
-    def get_child(self, manifest: dict) -> None:
-        return None
-
-    def apply(self, manifest: dict) -> dict:
-        self.writes.append(("apply", manifest))
-        return copy.deepcopy(manifest)
-
-    def create_role(self, manifest: dict) -> dict:
-        self.writes.append(("create", manifest))
-        return copy.deepcopy(manifest)
+class Client(MemoryClient):
+    """The API as the reconcile uses it on a deployment that already runs: its PDRoles' counts are
+    forwarded and what it prunes or drains is recorded."""
 
     def forward_replicas(self, namespace: str, name: str, patch: dict) -> dict:
         self.writes.append(("forward", name))
         return {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDRole",
                 "metadata": {"name": name, "namespace": namespace, **patch.get("metadata", {})},
                 "spec": patch.get("spec", {})}
-
-    def patch_role_status(self, namespace: str, name: str, status: dict) -> dict:
-        return {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDRole",
-                "metadata": {"name": name, "namespace": namespace}, "status": status}
-
-    def patch_status(self, namespace: str, name: str, status: dict) -> None:
-        self.writes.append(("status", status))
-
-    def post_event(self, owner: dict, type_: str, reason: str, message: str) -> None:
-        self.writes.append(("event", reason))
 
     def delete(self, obj: dict) -> None:
         self.writes.append(("delete", f"{obj['kind']}/{obj['metadata']['name']}"))
