@@ -231,6 +231,16 @@ def test_tests_reach_their_helpers_through_support_only():
     assert not found, found
 
 
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by their base name (the test directories are no packages), so two
+    of one name in different tiers stop the whole run at collection."""
+    tests = Path(__file__).resolve().parent
+    by_name = defaultdict(list)
+    for path in sorted(tests.rglob("test_*.py")):
+        by_name[path.name].append(str(path.relative_to(tests)))
+    assert not {name: paths for name, paths in by_name.items() if len(paths) > 1}
+
+
 # One validator for pdctl, the webhook, the controller and the tests: render/runnable.py's `validate`
 # (and `check`), which runs the spec's rules and then checks that every rendered container can run in
 # its image. The spec's rules alone (spec/validate.py `spec_rules_only`) are reachable only from spec/,
