@@ -23,6 +23,7 @@ from pd_operator.render import render
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
 from support.installed import condition, get_pdd
 from support.pdd_cluster import apply, children, cond, glm, listed, pods, serve, wait_cond
+from support.rollout import IN_PLACE
 from support.specs import resolve
 from support.volcano import podgroup_crd
 
@@ -110,7 +111,9 @@ def test_a_new_pod_count_under_the_gang_replaces_the_instance_whole(control_plan
     serve(cp, namespace)
     assert _bound(cp, namespace, "glm-flash") == [True, True]
 
-    doc["spec"]["decode"]["dataParallelSize"] = 6  # 3 pods: only sp-b holds them
+    # 3 pods: only sp-b holds them, so no surge instance fits beside the old one: replaced in place.
+    doc["spec"]["decode"]["dataParallelSize"] = 6
+    doc["spec"]["decode"]["rollout"] = IN_PLACE
     apply(cp, doc)
 
     def whole_on_the_new_group() -> bool:
