@@ -1,7 +1,7 @@
 """Routing by cached prefix on a Mooncake-format trace: TTFT and prefix hits of pd-proxy's prefill choice.
 
-Replays the trace (default: the conversation trace of Mooncake's FAST'25 release, `../shared/traces/`
-beside the project; `--trace PATH` for any file of that format) against 2 prefill and 2 decode
+Replays the trace (default: the conversation trace of Mooncake's FAST'25 release, copied to
+`bench/traces/`; `--trace PATH` for any file of that format) against 2 prefill and 2 decode
 instances of the caching fake (tests/support/caching_engine.py: the GLM example's 640-token prefill
 blocks, an LRU prefix cache of as many blocks as pd-proxy's membership for the example bounds a
 prefill to (65,536 unless `--cache-blocks`), prefill and KV-hop times from published
@@ -87,8 +87,9 @@ from support.fakevllm import MODEL, WAIT_S, FakeEngine, ProxyProcess, started, s
 from support.kv_events import Batch, Event, encode
 from support.specs import ROOT
 
-TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl.gz"
-"""The project's shared traces sit beside its checkout (../shared/traces/README.md)."""
+TRACE = ROOT / "bench" / "traces" / "conversation_trace.jsonl.gz"
+"""A copy of the shared conversation trace, with its attribution (bench/traces/README.md), so the bench
+runs the same in any clone."""
 TRACE_BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry (the trace's README)."""
 PREFILLS, DECODES = 2, 2
@@ -416,8 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"prefill instances (default {PREFILLS}; decode: {DECODES})")
     args = bench.parse(parser, argv, QUICK)
     if not args.trace.is_file():
-        print(f"error: no trace at {args.trace}: the conversation trace is read from ../shared/traces/ "
-              f"beside the project (its README says where it comes from); give another with --trace",
+        print(f"error: no trace at {args.trace}: give a Mooncake-format trace with --trace",
               file=sys.stderr)
         return 2
     kv = example_kv()
