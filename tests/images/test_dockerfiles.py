@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
+from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
@@ -108,13 +109,15 @@ def option_values(words: list[str], *names: str) -> list[str]:
     return [words[j + 1] for j in range(len(words) - 1) if words[j] in names]
 
 
+def pip_requirements_of(words: list[str]) -> list[str]:
+    """The arguments of one `pip install` that are neither an option nor an option's value."""
+    values = {words[j + 1] for j in range(len(words) - 1) if words[j] in VALUED_OPTIONS}
+    return [w for w in words if not w.startswith("-") and w not in values]
+
+
 def pip_requirements(path: Path) -> list[str]:
     """Every argument of every `pip install` that is neither an option nor an option's value."""
-    reqs = []
-    for words in pip_installs(path):
-        values = {words[j + 1] for j in range(len(words) - 1) if words[j] in VALUED_OPTIONS}
-        reqs += [w for w in words if not w.startswith("-") and w not in values]
-    return reqs
+    return [w for words in pip_installs(path) for w in pip_requirements_of(words)]
 
 
 def lock_files(path: Path) -> list[Path]:
@@ -202,6 +205,11 @@ def test_every_pip_install_is_pinned_and_from_pypi_alone(image):
         assert option_values(words, "--index-url", "-i") == [PYPI] or "--no-index" in words, words
         if option_values(words, "-r", "--requirement"):
             assert "--require-hashes" in words and "--only-binary" in words, words
+        if "--no-index" not in words:
+            # From the index only what a lock names, each file checked against its hashes: a name
+            # given here would be fetched unhashed, with whatever it depends on.
+            assert "--require-hashes" in words and "--no-deps" in words, words
+            assert not [w for w in pip_requirements_of(words) if not w.startswith("/")], words
     text = IMAGES[image].read_text()
     assert "PIP_EXTRA_INDEX_URL" not in text and "PIP_INDEX_URL" not in text
     reqs = pip_requirements(IMAGES[image])
@@ -237,7 +245,8 @@ def test_operator_image_installs_exactly_the_operators_runtime_dependencies():
     for req in wanted:
         (version,) = (s.version for s in pinned[canonicalize_name(req.name)].specifier)
         assert req.specifier.contains(version), f"{req.name}=={version} violates pyproject's {req.specifier}"
-        assert runtime[canonicalize_name(req.name)][0] == version, f"{req.name}: the lock is stale (lock.sh)"
+        assert runtime[canonicalize_name(req.name)][0] == version, \
+            f"{req.name}: the lock is stale (images/lock.sh)"
     assert {"setuptools", "wheel"} <= set(build) and not {"setuptools", "wheel", "pip"} & set(runtime)
     assert sorted(lock_files(IMAGES["operator"])) == sorted(
         ROOT / f"images/operator/{name}.lock" for name in ("requirements", "build"))
@@ -249,12 +258,83 @@ FROM_VLLM = {"pydantic", "pyyaml", "numpy"}
 PROXY_FROM_VLLM = {"aiohttp", "msgspec", "pyzmq"}
 
 
-def test_serving_image_adds_the_base_dependencies_vllm_lacks():
-    base = {canonicalize_name(Requirement(r).name)
-            for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
-    pinned = {canonicalize_name(Requirement(r).name)
-              for r in pip_requirements(IMAGES["vllm-ascend"]) if not r.startswith("/")}
-    assert pinned == base - FROM_VLLM
+SERVING_LOCKS = ROOT / "images/vllm-ascend"
+BASE_LACKS = SERVING_LOCKS / "base_lacks.py"
+
+
+def test_serving_image_adds_the_base_dependencies_vllm_lacks_hash_locked():
+    """requirements.in pins pyproject's base dependencies vLLM lacks, its lock pins each at that version
+    with every transitive dependency and its hashes, and the one install from an index reads that lock
+    (--require-hashes, --no-deps), pruned first to what the base lacks and checked after."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {canonicalize_name((req := Requirement(r)).name): req for r in project["dependencies"]}
+    pinned = {canonicalize_name((req := Requirement(line)).name): req
+              for line in (SERVING_LOCKS / "requirements.in").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    assert set(pinned) == set(wanted) - FROM_VLLM
+    lock = locked(SERVING_LOCKS / "requirements.lock")
+    for name, req in pinned.items():
+        (version,) = (s.version for s in req.specifier if s.operator == "==")
+        assert wanted[name].specifier.contains(version), f"{name}=={version} violates pyproject's"
+        assert lock[name][0] == version, f"{name}: the lock is stale (images/lock.sh)"
+    assert lock_files(IMAGES["vllm-ascend"]) == [SERVING_LOCKS / "requirements.lock"]
+    (step,) = [" ".join(r.split()) for r in serving_run_steps() if "-r /locks/requirements.lock" in r]
+    order = [step.index(part) for part in (
+        "python3 /locks/base_lacks.py prune /locks/requirements.lock /locks/requirements.in",
+        "--require-hashes --no-deps -r /locks/requirements.lock",
+        "python3 /locks/base_lacks.py check /locks/requirements.lock")]
+    assert order == sorted(order), "prune to what the base lacks, install hash-checked, check"
+    assert (BASE_LACKS.name, "/locks/") in [(Path(src).name, dest) for sources, dest in
+                                            copies(IMAGES["vllm-ascend"]) for src in sources]
+
+
+def fake_site(root: Path, dists: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
+    """A Python environment holding exactly `dists` (name -> (version, Requires-Dist)) and pip's code
+    (the pip that runs the step; no distribution of it): base_lacks.py's view of an image."""
+    import pip
+
+    root.mkdir()
+    (root / "pip").symlink_to(Path(pip.__file__).parent)
+    for name, (version, requires) in dists.items():
+        info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("".join(
+            [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"]
+            + [f"Requires-Dist: {r}\n" for r in requires]))
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+
+
+def base_lacks(env: dict[str, str], *args: object) -> subprocess.CompletedProcess:
+    # -S: no site-packages, so the fake site is all the script sees (as the base's Python sees its own).
+    return subprocess.run([sys.executable, "-S", str(BASE_LACKS), *map(str, args)], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_base_lacks_installs_only_what_the_base_lacks_and_checks_the_rest(tmp_path):
+    """prune keeps, verbatim with their hashes, the lock's entries requirements.in pins (a base's older
+    jsonschema is replaced) and those the base lacks; pyyaml and attrs, which the base has, stay the
+    base's. check fails, naming both sides, when a copy the base kept is too old for what was added."""
+    lock = tmp_path / "requirements.lock"
+    lock.write_text((SERVING_LOCKS / "requirements.lock").read_text())
+    full = locked(lock)
+    base = {"pyyaml": ("6.0.2", []), "attrs": ("25.3.0", []), "jsonschema": ("4.23.0", [])}
+    env = fake_site(tmp_path / "base", base)
+    done = base_lacks(env, "prune", lock, SERVING_LOCKS / "requirements.in")
+    assert done.returncode == 0, done.stderr
+    kept = locked(lock)
+    assert set(kept) == set(full) - {"pyyaml", "attrs"}
+    assert kept == {name: full[name] for name in kept}, "entries are kept with all their hashes"
+    assert {"cel-python", "jsonschema", "lark", "referencing"} <= set(kept)
+
+    # What the image holds once pip installed the pruned lock: each kept entry at its locked version.
+    real = {name: (version, list(distribution(name).requires or [])) for name, (version, _) in kept.items()}
+    image = {**base, **real}
+    assert base_lacks(fake_site(tmp_path / "image", image), "check", lock).returncode == 0
+    too_old = {**image, "pyyaml": ("5.4.1", [])}
+    done = base_lacks(fake_site(tmp_path / "old", too_old), "check", lock)
+    assert done.returncode == 1
+    assert "cel-python needs pyyaml>=6.0.2; the image has pyyaml 5.4.1" in done.stderr
+    assert "images/vllm-ascend/requirements.in" in done.stderr
 
 
 def test_operator_image_runs_as_non_root():
