@@ -1,6 +1,6 @@
-"""Rolling-update latency on the real control plane: an image change rolled through 2 prefill and 2
-decode instances under client load, against a bare StatefulSet `RollingUpdate` of the same pod
-count in the same run.
+"""Rolling updates on the real control plane under client load: an image change rolled through 2
+prefill and 2 decode instances against a bare StatefulSet `RollingUpdate` of the same pod count in
+the same run, and the rollouts of issue 32 that must fail no request.
 
 One control plane (tests/support: kube-apiserver v1.36.3, etcd, controller-manager, scheduler, kwok
 nodes whose pods get loopback IPs) and the operator as the chart installs it. The GLM example with
@@ -20,6 +20,17 @@ Medians over the repetitions; `rollout_vs_bare_ratio` is the operator's over bar
 watches its membership ConfigMap through the API, as on a cluster. Fake engines load at once, so
 neither figure has a model load in it (on NPUs that dominates both alike).
 
+Then the scenarios of support/rollout_scenarios.py that hold (HOLDING), one after the other, each a
+PDDeployment of its own that must fail no request under a load keeping 2 requests in flight per
+decode instance, a KV transfer in flight when a prefill drains, and engine pods Ready only once
+their engine serves: default_1p1d (the 1P1D example's default rollout of an env change on both
+roles), layout_change (decode TP4 -> TP2) and paused_resumed (the env change applied paused, then
+resumed). Each prints its failed requests, the requests it sent and the fewest serving
+prefill/decode pairs (per KV layout, the fewer of its members) in a sample of the membership the
+proxy routed by. The fourth, pods_per_instance (the GLM example's decode DP2 -> DP4), still fails
+requests (its `pending`): the rollout tier expects that failure, and it joins here, with its three
+figures, once it holds.
+
 `--repetitions N` (default 2). The bench exits 1 when a request failed (PD_BENCH_KEEP=DIR keeps
 the logs: tests/support/bench.py).
 
@@ -32,6 +43,15 @@ Figures:
 - operator_runs_seconds: every repetition's operator rollout
 - requests: client requests completed through the proxy
 - rollout_failed_requests: failed requests and the engines' protocol errors
+- default_1p1d_failed_requests: default_1p1d, failed requests and the engines' protocol errors
+- default_1p1d_requests: default_1p1d, requests sent
+- default_1p1d_min_serving_pairs: default_1p1d, the fewest serving prefill/decode pairs in a sample
+- layout_change_failed_requests: layout_change, failed requests and protocol errors
+- layout_change_requests: layout_change, requests sent
+- layout_change_min_serving_pairs: layout_change, the fewest serving pairs in a sample
+- paused_resumed_failed_requests: paused_resumed, failed requests and protocol errors
+- paused_resumed_requests: paused_resumed, requests sent
+- paused_resumed_min_serving_pairs: paused_resumed, the fewest serving pairs in a sample
 """
 
 from __future__ import annotations
@@ -52,12 +72,15 @@ from support.cluster import ControlPlane
 from support.fakevllm import Load, until
 from support.podnet import API_POLL_S, Kubelet
 from support.rollout import GLM, INSTANCES, NEW_IMAGE, TIMEOUT_S, apply, create, rolled, status, two_by_two
+from support.rollout_scenarios import HOLDING, Outcome, Scenario, cleared, run_scenario
 
 REPETITIONS = 2
 QUICK = {"repetitions": 1}
 BARE = "bare"
 PODS = 4
 CLIENTS = 2
+NAMESPACES = ("bench-bare", "bench-operator")
+"""The image-change measurement's (bare, operator)."""
 BARE_IMAGES = ("registry.k8s.io/pause:3.10", "registry.k8s.io/pause:3.9")
 
 
@@ -109,7 +132,7 @@ async def operator_rollout(cp: ControlPlane, namespace: str, doc: dict, image: s
 
 
 async def measure(cp: ControlPlane, workdir: pathlib.Path, repetitions: int) -> Figures:
-    bare_ns, operator_ns = "bench-bare", "bench-operator"
+    bare_ns, operator_ns = NAMESPACES
     for namespace in (bare_ns, operator_ns):
         cp.create_namespace(namespace)
     cp.api("POST", f"/apis/apps/v1/namespaces/{bare_ns}/statefulsets", bare_statefulset(bare_ns))
@@ -132,11 +155,23 @@ async def measure(cp: ControlPlane, workdir: pathlib.Path, repetitions: int) -> 
     return figures
 
 
+def scenario_namespace(scenario: Scenario) -> str:
+    return f"bench-{scenario.name.replace('_', '-')}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench.parser(__doc__, (REPETITIONS, "image changes of each kind"))
     repetitions = bench.parse(parser, argv, QUICK).repetitions
     with bench.workdir("pd-bench-") as workdir, bench.operator_plane(workdir) as (cp, release):
         result = asyncio.run(measure(cp, workdir, repetitions))
+        scenarios: dict[str, Outcome] = {}
+        for namespace in NAMESPACES:
+            cleared(cp, namespace)
+        for scenario in HOLDING:
+            namespace = scenario_namespace(scenario)
+            cp.create_namespace(namespace)
+            scenarios[scenario.name] = asyncio.run(run_scenario(cp, namespace, workdir, scenario))
+            cleared(cp, namespace)
         print(f"# kubernetes {cp.api('GET', '/version')['gitVersion']}")
     bare, operator = statistics.median(result.bare), statistics.median(result.operator)
     bench.report(__doc__, {
@@ -148,8 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "operator_runs_seconds": " ".join(f"{v:.2f}" for v in result.operator),
         "requests": result.requests,
         "rollout_failed_requests": len(result.failed),
+        **{figure: value for name, o in scenarios.items() for figure, value in (
+            (f"{name}_failed_requests", len(o.failed)), (f"{name}_requests", o.requests),
+            (f"{name}_min_serving_pairs", o.fewest_pairs if o.fewest_pairs is not None else "nan"))},
     })
-    return bench.exit_code(result.failed)
+    return bench.exit_code(result.failed + [f for o in scenarios.values() for f in o.failed])
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import ipaddress
 import json
 import os
@@ -71,6 +72,10 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_STAGES = ("node/fast", "node/heartbeat-with-lease", "pod/fast")
 NEVER_READY_IMAGE = "registry.example.com/pd-operator/pd-vllm-ascend:v0.30.0rc2-broken"
 """Pods whose first container runs this image stay Pending for kwok (stage_documents)."""
+READY_WHEN_SERVING_ENV = "PD_TEST_READY_WHEN_SERVING"
+"""A pod with a container setting this env variable goes Running for kwok but not Ready: the kubelet
+emulator (support/podnet.py) marks it Ready once what it runs for the pod serves, as a readiness
+probe would (stage_documents). kwok marks every other pod Ready at once."""
 # The node lifecycle controller marks a node unreachable when its Lease is older than 40 s
 # (--node-monitor-grace-period); kwok's default lease is shorter than its renew interval allows.
 NODE_LEASE_SECONDS = 40
@@ -132,16 +137,46 @@ def kubernetes_version() -> str:
     return _module_version("k8s.io/kubernetes")
 
 
+_READY_WHEN_SERVING = (f'[.spec.containers[].env[]? | select(.name == "{READY_WHEN_SERVING_ENV}")]'
+                       ' | length > 0')
+"""kwok's selector key (a jq query) for a pod that READY_WHEN_SERVING_ENV marks: true or false."""
+
+
 def stage_documents() -> list[dict]:
     """kwok's stages as configured here: its own, with pod-ready skipping pods whose first container
     runs NEVER_READY_IMAGE (a test's image that "crashes": it writes their status itself, and kwok
-    must never have marked them Ready first)."""
+    must never have marked them Ready first) and pods READY_WHEN_SERVING_ENV marks, which a stage of
+    our own, pod-running-unready, takes instead: pod-ready's status with every container, Ready and
+    ContainersReady false (their readiness is the kubelet emulator's to give)."""
     out = [yaml.safe_load(f.read_text()) for f in kwok_stages()]
-    for stage in out:
-        if stage["metadata"]["name"] == "pod-ready":
-            stage["spec"]["selector"]["matchExpressions"].append(
-                {"key": ".spec.containers.[0].image", "operator": "NotIn", "values": [NEVER_READY_IMAGE]})
-    return out
+    (ready,) = [stage for stage in out if stage["metadata"]["name"] == "pod-ready"]
+    ready["spec"]["selector"]["matchExpressions"].append(
+        {"key": ".spec.containers.[0].image", "operator": "NotIn", "values": [NEVER_READY_IMAGE]})
+    unready = copy.deepcopy(ready)
+    ready["spec"]["selector"]["matchExpressions"].append(
+        {"key": _READY_WHEN_SERVING, "operator": "NotIn", "values": ["true"]})
+    unready["metadata"]["name"] = "pod-running-unready"
+    unready["spec"]["selector"]["matchExpressions"].append(
+        {"key": _READY_WHEN_SERVING, "operator": "In", "values": ["true"]})
+    unready["spec"]["next"]["statusTemplate"] = _unready(ready["spec"]["next"]["statusTemplate"])
+    return [*out, unready]
+
+
+def _unready(template: str) -> str:
+    """kwok's pod-ready status template with Ready, ContainersReady and every container's `ready`
+    false (not the init containers': they ran)."""
+    conditions, containers = template.split("\ncontainerStatuses:\n", 1)
+    containers, init = containers.split("\ninitContainerStatuses:\n", 1)
+    out = conditions
+    for condition in ("Ready", "ContainersReady"):
+        true = f'status: "True"\n  type: {condition}\n'
+        if out.count(true) != 1:
+            raise RuntimeError(f"kwok's pod-ready template changed: no one {condition} condition to unset")
+        out = out.replace(true, f'status: "False"\n  type: {condition}\n')
+    if containers.count("ready: true") != 1:
+        raise RuntimeError("kwok's pod-ready template changed: no one `ready` of its containers to unset")
+    return f"{out}\ncontainerStatuses:\n{containers.replace('ready: true', 'ready: false')}" \
+           f"\ninitContainerStatuses:\n{init}"
 
 
 def kwok_stages() -> list[pathlib.Path]:

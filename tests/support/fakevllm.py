@@ -169,6 +169,9 @@ class FakeEngine:
     """Prefill: how long computing a prompt takes (bench/proxy.py; tests leave it 0)."""
     token_s: float = 0.0
     """Decode, streaming: the time between two tokens."""
+    pull_s: float = 0.0
+    """Prefill: how long handing a request's KV to decode takes (a long prompt's transfer): the
+    blocks stay held meanwhile, and an engine killed during it fails that pull."""
     host: str = HOST
     port: int = 0
     layout: str = ""
@@ -301,6 +304,8 @@ class FakeEngine:
         request_id = request.match_info["request_id"]
         if request_id not in self.blocks:
             return web.json_response({"error": f"no blocks of {request_id}"}, status=404)
+        if self.pull_s:
+            await asyncio.sleep(self.pull_s)
         self.blocks.discard(request_id)
         return web.json_response({"request_id": request_id, "layout": self.layout})
 

@@ -33,8 +33,12 @@ recreates it, so a slower kubelet would leave the old process serving under the 
   carries the finalizer FINALIZER, removed after the kill (kwok's pod-delete stage deletes at once
   and would let the StatefulSet create the new pod of that name while the old process still
   answers under it, which no cluster does).
-kwok marks every pod Ready at once, so readiness says nothing about what runs here: wait for the
-process (`engine()`, `proxy()`), never for the pod's status.
+- readiness: kwok marks a pod Ready at once, unless a container of it sets READY_WHEN_SERVING_ENV
+  (support/cluster.py: kwok then runs it un-Ready); such a prefill or decode pod is marked Ready
+  here (Ready, ContainersReady, every container ready: the KV-link gate's too) only once its
+  instance's engine listens, as its readiness probe would make it, so the operator routes to no
+  instance before it serves. Without the variable readiness says nothing about what runs here: wait
+  for the process (`engine()`, `proxy()`), never for the pod's status.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from pd_operator.proxy.membership import Membership, ProxyState
 from pd_operator.proxy.watch import HOST_ENV, PORT_ENV, SERVICE_ACCOUNT_DIR
 from pd_operator.render.proxy import ADMIN_PORT_NAME, METRICS_PORT_NAME, members
 from pd_operator.render.proxy import COMPONENT as PROXY
-from support.cluster import HOST, ApiError, ControlPlane, NodePool
+from support.cluster import HOST, READY_WHEN_SERVING_ENV, ApiError, ControlPlane, NodePool
 from support.fakevllm import WAIT_S, FakeEngine, ProxyProcess, project, until
 
 WILDCARD = "0.0.0.0"
@@ -90,6 +94,11 @@ def _labels(obj: dict) -> dict[str, str]:
 def _ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _ready_when_serving(pod: dict) -> bool:
+    return any(e.get("name") == READY_WHEN_SERVING_ENV
+               for c in pod["spec"]["containers"] for e in c.get("env") or [])
 
 
 def pod_port(container: dict, name: str) -> int:
@@ -325,6 +334,26 @@ class Kubelet:
                 await engine.start()
                 self.engines[uid] = engine
                 self.started.append(engine)
+        for pod in live.values():  # after the engines started: a pod is Ready once its instance serves
+            if (_labels(pod).get(ROLE) in ROLES and _ready_when_serving(pod) and not _ready(pod)
+                    and self.running(_owner(pod, "StatefulSet"))):
+                await asyncio.to_thread(self._mark_ready, pod)
+
+    def _mark_ready(self, pod: dict) -> None:
+        """Write `pod`'s status Ready as the kubelet does once its readiness probes pass (this very
+        pod: its uid a precondition; gone or replaced meanwhile, nothing to do)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        status = pod.get("status") or {}
+        change = {"metadata": {"uid": pod["metadata"]["uid"]}, "status": {
+            "conditions": [{"type": condition, "status": "True", "lastTransitionTime": now}
+                           for condition in ("Ready", "ContainersReady")],
+            "containerStatuses": [{**c, "ready": True} for c in status.get("containerStatuses") or []]}}
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}/status"
+        try:
+            self.cp.api("PATCH", path, change, content_type="application/strategic-merge-patch+json")
+        except ApiError as err:
+            if err.status not in (404, 409, 422):
+                raise
 
     async def _proxy_pod(self, uid: str, pod: dict, config_maps: dict[str, dict]) -> None:
         name, ip = pod["metadata"]["name"], pod["status"]["podIP"]

@@ -68,8 +68,8 @@ def create(cp: ControlPlane, doc: dict) -> None:
     apply(cp, doc)
 
 
-def status(cp: ControlPlane, namespace: str) -> dict:
-    return dict(get_pdd(cp, namespace, GLM).get("status") or {})
+def status(cp: ControlPlane, namespace: str, name: str = GLM) -> dict:
+    return dict(get_pdd(cp, namespace, name).get("status") or {})
 
 
 def progressing(st: dict) -> tuple[str, str]:
@@ -78,15 +78,15 @@ def progressing(st: dict) -> tuple[str, str]:
 
 
 async def status_until(cp: ControlPlane, namespace: str, what: str, check: Callable[[dict], Any],
-                       timeout: float = TIMEOUT_S) -> dict:
-    """The PDDeployment's status once `check` holds for it."""
+                       timeout: float = TIMEOUT_S, name: str = GLM) -> dict:
+    """PDDeployment `name`'s status once `check` holds for it."""
     async def seen() -> dict | None:
-        st = await asyncio.to_thread(status, cp, namespace)
+        st = await asyncio.to_thread(status, cp, namespace, name)
         return st if check(st) else None
     try:
         return dict(await until(what, seen, timeout, 0.1))
     except AssertionError:
-        raise AssertionError(f"{what}: {json.dumps(status(cp, namespace), indent=1)}") from None
+        raise AssertionError(f"{what}: {json.dumps(status(cp, namespace, name), indent=1)}") from None
 
 
 def rolled(old: dict[str, str]) -> Callable[[dict], bool]:
