@@ -11,9 +11,10 @@ kwok nodes with 8 NPUs each, enough for every pod) serves both runs, one after t
    StatefulSet and Deployment has all its replicas Ready (the StatefulSet controller, the
    scheduler and kwok do the work). Then deleted.
 2. The operator (`helm install`, the chart's command as its ServiceAccount): the N PDDeployments
-   created one after the other (each through the webhook), from the first create until the API
-   server has answered the operator's write of the last of their children (the audit log), then
-   until every PDDeployment reports Ready=True.
+   created one after the other (each through the webhook), each followed by a ConfigMap's create
+   (no webhook: the API server's own latency under the same load), from the first create until
+   the API server has answered the operator's write of the last of their children (the audit log),
+   then until every PDDeployment reports Ready=True.
 
 From the API server's audit log: the operator's requests until all Ready per child, the
 PDDeployment creates' own latency (the webhook's call in it, beside the operator's reconciles), and
@@ -43,6 +44,9 @@ Figures:
 - cpu_seconds_per_reconcile: the operator's CPU time until all Ready over those reconciles
 - create_server_p50_ms: the API server's latency for the run's PDDeployment creates (the webhook's call in it)
 - create_server_p99_ms: its p99
+- create_configmap_server_p50_ms: the API server's latency for the ConfigMap created after each (no webhook)
+- create_configmap_server_p99_ms: its p99
+- create_pdd_vs_configmap_p50_ratio: create_server_p50_ms over create_configmap_server_p50_ms
 - noop_reconciles: reconciles in the drift pass
 - writes_per_noop_reconcile: the operator's writes in that pass, per reconcile
 - operator_rss_mb: the operator's resident memory at the end
@@ -94,6 +98,8 @@ ROUNDS = 5
 DRIFT_S = 10.0
 TIMEOUT_S = 1800.0
 QUICK = {"objects": 2, "concurrency": 4, "rounds": 1, "drift_interval": 2.0}
+BESIDE = "beside-"
+"""The name prefix of the ConfigMaps created beside the PDDeployments."""
 Child = tuple[str, str]
 """(resource, name) of a child in the run's namespace."""
 
@@ -188,6 +194,9 @@ def operator_run(cp: ControlPlane, op: OperatorProcess, user: str, count: int) -
     started = time.monotonic()
     for doc in docs:
         cp.api("POST", pdd_path(namespace), doc)
+        cp.api("POST", f"/api/v1/namespaces/{namespace}/configmaps", {
+            "apiVersion": "v1", "kind": "ConfigMap", "data": {},
+            "metadata": {"name": f"{BESIDE}{doc['metadata']['name']}"}})
 
     def all_ready() -> bool:
         items = cp.api("GET", pdd_path(namespace))["items"]
@@ -200,6 +209,8 @@ def operator_run(cp: ControlPlane, op: OperatorProcess, user: str, count: int) -
     mine = [e for e in everything if e.user == user]
     creates = [_server_latency_ms(e) for e in everything
                if e.resource == "pddeployments" and e.verb == "create" and e.user != user]
+    beside = [_server_latency_ms(e) for e in everything if e.resource == "configmaps"
+              and e.verb == "create" and e.user != user and e.name.startswith(BESIDE)]
     present = (_last_child_written(mine, children) - started_at).total_seconds()
     by_request = collections.Counter((e.verb, e.resource, e.code) for e in mine)
     for (verb, resource, code), n in by_request.most_common():
@@ -216,6 +227,7 @@ def operator_run(cp: ControlPlane, op: OperatorProcess, user: str, count: int) -
     return {"present": present, "seconds": seconds, "children": len(children), "requests": len(mine),
             "writes": sum(e.write for e in mine), "reconciles": reconciles, "cpu": cpu,
             "create_p50": statistics.median(creates), "create_p99": _percentile(creates, 0.99),
+            "beside_p50": statistics.median(beside), "beside_p99": _percentile(beside, 0.99),
             "noop_writes": len(noop_writes), "noop_runs": noop_runs, "rss_mb": rss_mb(pid)}
 
 
@@ -300,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu_seconds_per_reconcile": f"{run['cpu'] / run['reconciles']:.4f}",
         "create_server_p50_ms": f"{run['create_p50']:.1f}",
         "create_server_p99_ms": f"{run['create_p99']:.1f}",
+        "create_configmap_server_p50_ms": f"{run['beside_p50']:.1f}",
+        "create_configmap_server_p99_ms": f"{run['beside_p99']:.1f}",
+        "create_pdd_vs_configmap_p50_ratio": f"{run['create_p50'] / run['beside_p50']:.2f}",
         "noop_reconciles": f"{run['noop_runs']:.0f}",
         "writes_per_noop_reconcile": f"{run['noop_writes'] / run['noop_runs']:.3f}",
         "operator_rss_mb": f"{run['rss_mb']:.1f}",

@@ -51,12 +51,12 @@ def test_metrics_scrapers_become_the_boundary(monkeypatch):
     assert options_from(["run", "--no-webhook"]).boundary.scrapers == ()
 
 
-def test_peers_get_distinct_priorities_so_one_of_them_works(tmp_path):
+def test_peers_get_distinct_priorities_so_one_of_them_works():
     # Equal priorities make kopf pause every peer; each process draws its own.
     from pd_operator.controller.main import settings_for
 
     options = options_from(["run", "--no-webhook", "--peering=pd-operator"])
-    priorities = {settings_for(options, tmp_path).peering.priority for _ in range(5)}
+    priorities = {settings_for(options).peering.priority for _ in range(5)}
     assert len(priorities) == 5 and min(priorities) > 0
-    standalone = settings_for(options_from(["run", "--no-webhook"]), tmp_path)
+    standalone = settings_for(options_from(["run", "--no-webhook"]))
     assert standalone.peering.priority == 0

@@ -17,16 +17,16 @@ from pd_operator.controller.main import options_from, settings_for
 pytestmark = pytest.mark.security
 
 
-def _selectors(resource: Resource, tmp_path) -> list[str]:
-    settings = settings_for(options_from(["run", "--no-webhook"]), tmp_path)
+def _selectors(resource: Resource) -> list[str]:
+    settings = settings_for(options_from(["run", "--no-webhook"]))
     return list(settings.watching.label_selectors.collect(resource))
 
 
 @pytest.mark.parametrize(("group", "version", "plural"), OWNED,
                          ids=[f"{g or 'core'}/{p}" for g, _, p in OWNED])
-def test_a_tenants_objects_never_reach_the_operator(group, version, plural, tmp_path):
+def test_a_tenants_objects_never_reach_the_operator(group, version, plural):
     resource = Resource(group, version, plural, namespaced=True)
-    assert _selectors(resource, tmp_path) == [DEPLOYMENT], f"{plural} are listed and watched unfiltered"
+    assert _selectors(resource) == [DEPLOYMENT], f"{plural} are listed and watched unfiltered"
 
 
 @pytest.mark.parametrize("resource", [
@@ -34,5 +34,5 @@ def test_a_tenants_objects_never_reach_the_operator(group, version, plural, tmp_
     Resource("", "v1", "namespaces", namespaced=False),
     Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False),
     Resource("", "v1", "secrets", namespaced=True)], ids=lambda r: r.plural)
-def test_what_is_not_ours_by_label_is_not_filtered_by_it(resource, tmp_path):
-    assert _selectors(resource, tmp_path) == []
+def test_what_is_not_ours_by_label_is_not_filtered_by_it(resource):
+    assert _selectors(resource) == []

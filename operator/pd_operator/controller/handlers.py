@@ -1,4 +1,5 @@
-"""The kopf handlers: thin triggers of the one reconcile (see runner.py) and the admission webhook.
+"""The kopf handlers: thin triggers of the one reconcile (see runner.py), and the webhook's health
+(the webhook itself is served apart from kopf: webhook.py).
 Every handler of PDDeployments and their children is an event handler: kopf keeps no per-object
 state for them (on.create/on.update would store their progress and the last-handled spec in
 annotations on the user's PDDeployment, one more write and admission call per spec change).
@@ -18,9 +19,8 @@ import kopf
 
 from pd_operator.api.labels import DEPLOYMENT
 from pd_operator.api.types import GROUP, PLURAL, VERSION
-from pd_operator.controller import admission
 from pd_operator.controller.runner import Runner, index_id
-from pd_operator.controller.webhook import WEBHOOK_ID, WebhookHealth
+from pd_operator.controller.webhook import WebhookHealth
 from pd_operator.render.kinds import CHILD_RESOURCES
 
 OWNED: list[tuple[str, str, str]] = [*CHILD_RESOURCES, ("", "v1", "pods")]
@@ -104,11 +104,3 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
         def webhook_health(**_: Any) -> dict[str, Any]:
             return webhook.report()
 
-        @kopf.on.validate(*resource, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
-        def validate_pdd(*, body: kopf.Body, warnings: list[str], operation: str | None = None,
-                         **_: Any) -> None:
-            verdict = admission.verdict(dict(body), operation or "CREATE", runner.host_path_policy,
-                                        runner.tools_image, runner.node_access)
-            warnings.extend(verdict.warnings)
-            if not verdict.allowed:
-                raise kopf.AdmissionError(verdict.message, code=422)

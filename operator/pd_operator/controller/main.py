@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import os
 import pathlib
 import random
@@ -22,7 +24,7 @@ from pydantic import ValidationError
 
 from pd_operator.api.labels import FINALIZER
 from pd_operator.api.types import GROUP, ClientPeer
-from pd_operator.controller import handlers, logs, webhook
+from pd_operator.controller import admission, handlers, logs, webhook
 from pd_operator.controller.client import Client, connect
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.runner import Runner
@@ -138,9 +140,8 @@ def options_from(argv: Sequence[str]) -> Options:
                    drift_interval_s=args.drift_interval, boundary=boundary, **validator)
 
 
-def settings_for(options: Options, workdir: pathlib.Path, client: Client | None = None,
-                 health: webhook.WebhookHealth | None = None) -> kopf.OperatorSettings:
-    """kopf's settings; `client` and `health` serve the webhook (required unless --no-webhook)."""
+def settings_for(options: Options) -> kopf.OperatorSettings:
+    """kopf's settings (the webhook is not kopf's: `serving_webhook`)."""
     settings = kopf.OperatorSettings()
     # Everything kopf writes onto objects carries the operator's own prefix.
     settings.persistence.finalizer = FINALIZER
@@ -153,16 +154,20 @@ def settings_for(options: Options, workdir: pathlib.Path, client: Client | None 
         # peering.py), so equal replicas would all stand still: a random priority per process
         # makes the highest one work and the others wait as hot standbys.
         settings.peering.priority = random.randrange(1, 2**31)
-    if options.webhook:
-        if client is None or health is None:
-            raise TypeError("the webhook needs a client and its health")
-        # Not kopf's settings.admission.managed: webhook.py says why.
-        configurator = (webhook.Configurator(client, options.webhook_config_name, options.namespaces, health)
-                        if options.webhook_config_name else None)
-        settings.admission.server = webhook.server(
-            port=options.webhook_port, cert_dir=options.webhook_cert_dir, workdir=workdir, health=health,
-            configurator=configurator)
     return settings
+
+
+def serving_webhook(options: Options, workdir: pathlib.Path, client: Client, health: webhook.WebhookHealth,
+                    runner: Runner) -> webhook.Serving:
+    """The admission webhook, on a thread of its own, judging with the reconcile's validator settings."""
+    # Not kopf's settings.admission.managed: webhook.py says why.
+    configurator = (webhook.Configurator(client, options.webhook_config_name, options.namespaces, health)
+                    if options.webhook_config_name else None)
+    server = webhook.server(port=options.webhook_port, cert_dir=options.webhook_cert_dir, workdir=workdir,
+                            health=health, configurator=configurator)
+    return webhook.Serving(server, functools.partial(
+        admission.verdict, host_path_policy=runner.host_path_policy, tools_image=runner.tools_image,
+        node_access=runner.node_access))
 
 
 def run(options: Options, *, stop_flag: threading.Event | None = None,
@@ -179,9 +184,13 @@ def run(options: Options, *, stop_flag: threading.Event | None = None,
     handlers.register(registry, runner, webhook=health)
     server, thread = prometheus_client.start_http_server(options.metrics_port, registry=metrics.registry)
     try:
-        with tempfile.TemporaryDirectory(prefix="pd-operator-") as workdir:
+        with (tempfile.TemporaryDirectory(prefix="pd-operator-") as workdir,
+              contextlib.ExitStack() as webhook_serving):
+            if health is not None:
+                webhook_serving.enter_context(serving_webhook(options, pathlib.Path(workdir), client, health,
+                                                              runner))
             asyncio.run(kopf.operator(
-                registry=registry, settings=settings_for(options, pathlib.Path(workdir), client, health),
+                registry=registry, settings=settings_for(options),
                 standalone=options.peering is None, peering_name=options.peering,
                 clusterwide=not options.namespaces, namespaces=options.namespaces,
                 liveness_endpoint=f"http://0.0.0.0:{options.health_port}/healthz",

@@ -70,7 +70,7 @@ RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
 RECONCILE_WORKERS = 8
 """Reconciles at once. Each runs in a thread of its own (it blocks on its API requests, which it
 sends in parallel where it can: client.concurrently); more would add to the time each holds the
-GIL that the event loop (watches, the admission webhook) needs too."""
+GIL that kopf's event loop (watches) and the webhook's thread need too."""
 SPEC_TRIGGERS = {None: "resume", "ADDED": "create"}
 """The trigger of a PDDeployment's new spec by its watch event type (None: kopf's initial listing);
 any other event with a new generation is an `update`."""

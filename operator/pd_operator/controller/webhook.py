@@ -1,11 +1,17 @@
 """The admission webhook's server and, when self-signed, its ValidatingWebhookConfiguration.
 
-Both are supervised so that a webhook problem never stops reconciling: kopf ends the whole operator
-when its webhook server or its configuration manager (kopf's `settings.admission.managed`) fails,
-so the operator does not use kopf's manager at all. `WebhookServer` here retries its own failures
-(a port in use, a certificate it cannot read) and, once it serves, writes its URL and CA into the
-configuration the Helm chart created, retrying a refused write (RBAC, a configuration that is
-missing). The state is in the operator's health (`/healthz` under "webhook") and its log.
+The webhook runs on a thread and event loop of its own (`Serving`), not kopf's: on kopf's loop a
+review waited behind kopf's processing of every watch event and the reconciles' bookkeeping, so
+admission slowed down exactly when many PDDeployments were created at once. kopf's admission
+machinery is not used at all: the one validator (render/runnable.py, through admission.py)
+answers each review directly; only kopf's server class is kept (TLS, certificate reloads).
+
+Server and configuration are supervised so that a webhook problem never stops reconciling (kopf
+ended the whole operator when its webhook server or its configuration manager, kopf's
+`settings.admission.managed`, failed; the operator uses neither). `WebhookServer` here retries its
+own failures (a port in use, a certificate it cannot read) and, once it serves, writes its URL and
+CA into the configuration the Helm chart created, retrying a refused write (RBAC, a configuration
+that is missing). The state is in the operator's health (`/healthz` under "webhook") and its log.
 
 kopf's manager also created a MutatingWebhookConfiguration of the same name (kopf 1.45:
 _core/engines/admission.py runs a validating and a mutating manager), which the chart does not
@@ -16,29 +22,35 @@ which the API server refuses unless that makes three dot-separated segments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pathlib
 import socket
-from collections.abc import AsyncIterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp.web
 import kopf
 
 from pd_operator.api.labels import NAMESPACE_NAME
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller import certs
+from pd_operator.controller.admission import Verdict
 from pd_operator.controller.client import ApiError, Client
 
 WEBHOOK_ID = "validate-pddeployment"
-"""The handler id, which kopf serves as the URL path (the chart's cert-manager Service points at it)."""
+"""The URL path of the webhook (the chart's cert-manager configuration points at it)."""
 WEBHOOK_NAME = f"validate.{PLURAL}.{GROUP}"
 """The webhook's name in its configuration: a domain with at least three segments, as the API
 server requires (k8s.io/kubernetes: pkg/apis/admissionregistration/validation @ v1.36.3)."""
 TIMEOUT_S = 30
 """The API server waits this long for a review (its maximum) before failing the write closed."""
 RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
+REJECTED = 422
+"""The status code of a rejected PDDeployment: the API server passes it on to the client."""
 HINTS = {403: " (the operator's RBAC must allow patching it)",
          404: " (the Helm chart creates it; install the chart or create it)"}
 
@@ -194,3 +206,73 @@ def server(*, port: int, cert_dir: str | None, workdir: pathlib.Path, health: We
     return WebhookServer(health=health, configurator=configurator,
                          addr="0.0.0.0", port=port, host=host, certfile=workdir / "tls.crt",
                          pkeyfile=workdir / "tls.key", cadata=ca)
+
+
+VerdictFn = Callable[[dict, str], Verdict]
+"""The verdict on a PDDeployment (the review's object) for an operation (CREATE, UPDATE)."""
+
+
+def answer(review: dict[str, Any], verdict_of: VerdictFn) -> dict[str, Any]:
+    """The AdmissionReview (admission.k8s.io/v1) answering `review`."""
+    request = review.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("object"), dict):
+        raise aiohttp.web.HTTPBadRequest(reason="the AdmissionReview has no request.object")
+    verdict = verdict_of(request["object"], request.get("operation") or "CREATE")
+    response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": verdict.allowed}
+    if verdict.warnings:
+        response["warnings"] = verdict.warnings
+    if not verdict.allowed:
+        response["status"] = {"message": verdict.message, "code": REJECTED}
+    return {"apiVersion": review.get("apiVersion", "admission.k8s.io/v1"), "kind": "AdmissionReview",
+            "response": response}
+
+
+class Serving:
+    """`server` answering reviews with `verdict_of`, on a thread and event loop of its own, from
+    `start()` until `stop()` (or as a context manager): neither kopf's loop nor the reconciles'
+    threads stand between the API server and the verdict (only the GIL, for the verdict's CPU)."""
+
+    def __init__(self, server: WebhookServer, verdict_of: VerdictFn) -> None:
+        self.server = server
+        self.verdict_of = verdict_of
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), name="webhook",
+                                        daemon=True)
+        self._running = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        self._running.wait()
+
+    def stop(self) -> None:
+        """Stop serving (the port is closed when this returns) and configuring."""
+        if self._loop is not None and self._task is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed since: already stopped
+                self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join()
+
+    def __enter__(self) -> Serving:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    async def _serve(self) -> None:
+        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        self._running.set()
+        try:
+            async for _client_config in self.server(self._review):
+                pass
+        except asyncio.CancelledError:
+            pass
+
+    async def _review(self, request: Any, *, webhook: str | None = None, headers: Any = None,
+                      sslpeer: Any = None) -> Any:
+        """kopf's server calls this (kopf.WebhookFn, whose TypedDicts kopf does not export) with the
+        review and the id from the URL path."""
+        if webhook != WEBHOOK_ID:
+            raise aiohttp.web.HTTPNotFound(reason=f"no webhook at /{webhook}; this one is /{WEBHOOK_ID}")
+        # In the loop itself: this loop serves nothing else, and a thread would only wait for the GIL.
+        return answer(request, self.verdict_of)
