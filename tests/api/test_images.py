@@ -50,12 +50,26 @@ def runner(doc: dict) -> set[str]:
     ("quay.io/ascend/vllm-ascend:v0.23.0-a3", "0.23.0"),
     ("mirror.local:5000/ascend/vllm-ascend:v0.28.0rc1-a3-openeuler", "0.28.0rc1"),
     ("quay.io/ascend/vllm-ascend:v0.23.0.post1", "0.23.0.post1"),
+    # Pinned by digest: the tag still names the release.
+    ("quay.io/ascend/vllm-ascend:v0.30.0rc2-a3@sha256:" + "0" * 64, "0.30.0rc2"),
+    ("quay.io/ascend/vllm-ascend@sha256:" + "0" * 64, None),   # no tag: vllmAscendVersion says which
+    ("quay.io/ascend/vllm-ascend:v0.30.0rc2@sha256:0abc", None),   # not a digest
     ("registry.example.com/pd-vllm-ascend:v0.30.0rc2-seed", None),   # not a release repository
     ("quay.io/ascend/vllm-ascend:latest", None),
     ("quay.io/ascend/vllm-ascend:glm-5.3-flash-a3", None),
 ])
 def test_release_of_tag(tag, version):
     assert capabilities.release_of_tag(tag) == version
+
+
+def test_a_release_pinned_by_digest_serves_as_its_tag_says_and_runs_by_its_digest():
+    """A tag can be pushed again, a digest cannot: `vllm-ascend:v0.30.0rc2-a3@sha256:...` is the
+    release its tag names, and every serving container runs exactly that reference."""
+    pinned = {"name": STOCK_030["name"] + "@sha256:" + "5" * 64}
+    assert codes(on(GLM, pinned)) == codes(on(GLM, STOCK_030)) == []
+    images = {c["image"] for m in render(validate(on(GLM, pinned)).resolved) if m["kind"] == "StatefulSet"
+              for c in m["spec"]["template"]["spec"]["containers"]}
+    assert pinned["name"] in images
 
 
 def test_glm_on_a_stock_023_image_is_refused_by_pdctl_validate(tmp_path, capsys):

@@ -20,6 +20,7 @@ from pd_operator.render.pod import pod_template
 from pd_operator.render.runnable import validate
 from pd_operator.spec.validate import Resolved
 from support.controller_fakes import MemoryClient, pods_of, with_status
+from support.helm_chart import operator_args
 from support.specs import example
 
 OLD = "ghcr.io/pd-serving/pd-operator:0.9.0"
@@ -115,17 +116,35 @@ def _pods(children: list[dict]) -> list[dict]:
     return pods
 
 
+DIGEST = "sha256:" + "5" * 64
+
+
+def _chart_tools_image(*settings: str) -> str:
+    """The --tools-image the chart passes the operator with these `--set` settings."""
+    (arg,) = [a for a in operator_args(*settings) if a.startswith("--tools-image=")]
+    return arg.partition("=")[2]
+
+
+# An operator upgrade is a new tools image: a new tag, or the admin pinning the operator image by its
+# digest (the chart's image.digest) so that a tag pushed again cannot change what every engine runs.
+UPGRADES = {"new-tag": lambda: (OLD, NEW),
+            "to-its-digest": lambda: (_chart_tools_image(), _chart_tools_image(f"image.digest={DIGEST}"))}
+
+
+@pytest.mark.parametrize("upgrade", UPGRADES)
 @pytest.mark.parametrize(("tools_update", "rolls"), [("WithNextChange", False), ("WithOperator", True)])
-def test_an_operator_upgrade_restarts_no_engine_and_says_so(tools_update, rolls):
-    """The whole reconcile, with an in-memory API: the children and pods an OLD operator made, then
-    the reconcile of the NEW one."""
+def test_an_operator_upgrade_restarts_no_engine_and_says_so(upgrade, tools_update, rolls):
+    """The whole reconcile, with an in-memory API: the children and pods an old operator made, then
+    the reconcile of the new one; switching the tools image to its digest restarts no engine either."""
+    old, new = UPGRADES[upgrade]()
+    assert new != old and (upgrade != "to-its-digest" or new == f"{old}@{DIGEST}")
     body = _doc(toolsUpdate=tools_update)
     first = MemoryClient()
-    reconcile_mod.reconcile(first, ProxyStateReader(), body, [], [], tools_image=OLD)  # type: ignore[arg-type]
+    reconcile_mod.reconcile(first, ProxyStateReader(), body, [], [], tools_image=old)  # type: ignore[arg-type]
     children = with_status([m for verb, m in first.writes if verb in ("apply", "create")])
     upgraded = MemoryClient()
     reconcile_mod.reconcile(upgraded, ProxyStateReader(), body, children, _pods(children),  # type: ignore[arg-type]
-                            tools_image=NEW)
+                            tools_image=new)
     written = [m for verb, m in upgraded.writes if verb == "apply" and m["kind"] == "StatefulSet"]
     (status,) = [s for verb, s in upgraded.writes if verb == "status"]
     (tools_current,) = [c for c in status["conditions"] if c["type"] == "ToolsCurrent"]
@@ -133,7 +152,7 @@ def test_an_operator_upgrade_restarts_no_engine_and_says_so(tools_update, rolls)
     if rolls:  # the rollout starts: the new tools reach the templates, and with the default rollout
         # (one surge instance per role, none unavailable) a surge instance of each role comes up first
         surge = {f"{body['metadata']['name']}-{role}-2" for role in ROLES}
-        assert written and all(_tools_image(m) == NEW for m in written)
+        assert written and all(_tools_image(m) == new for m in written)
         assert surge <= {m["metadata"]["name"] for m in written} and replaced == []
         assert status["prefill"]["revision"] != children_revision(children, "prefill")
     else:
@@ -145,7 +164,7 @@ def test_an_operator_upgrade_restarts_no_engine_and_says_so(tools_update, rolls)
         instances = status[role]["instances"]
         # Every instance (rolling: those this pass did not replace yet).
         assert len(instances) == 2 or (rolls and instances), instances
-        assert {i["tools"] for i in instances} == {OLD}
+        assert {i["tools"] for i in instances} == {old}
         assert all(i["name"] in tools_current["message"] for i in instances)
 
 

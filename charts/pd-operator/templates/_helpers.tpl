@@ -78,7 +78,7 @@ A self-signed certificate is made per process, so several replicas behind one Se
 present a different CA: that combination is refused here.
 */}}
 {{- define "pd-operator.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{ with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{- define "pd-operator.args" -}}

@@ -38,8 +38,11 @@ PD_CONNECTORS = (CONNECTOR_V2, CONNECTOR_V1)
 GLM_NEXT = "glm-next"
 """GLM-Next (GLM-5.3-Flash): NoPE MLA, a compressed sparse indexer and KDA linear attention."""
 VERSION_PATTERN = r"^\d+\.\d+\.\d+(rc\d+|\.post\d+)?$"
-# quay.io/ascend/vllm-ascend:v0.30.0rc2-a3 (any registry or mirror whose repository is vllm-ascend).
-_RELEASE_TAG = re.compile(r"(?:^|/)vllm-ascend:v(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)(?:-[a-z0-9.]+)*$")
+# quay.io/ascend/vllm-ascend:v0.30.0rc2-a3 (any registry or mirror whose repository is vllm-ascend),
+# also pinned by digest (`...:v0.30.0rc2@sha256:<64 hex>`: the runtime pulls the digest, the tag
+# still says which release it is).
+_RELEASE_TAG = re.compile(
+    r"(?:^|/)vllm-ascend:v(\d+\.\d+\.\d+(?:rc\d+|\.post\d+)?)(?:-[a-z0-9.]+)*(?:@sha256:[0-9a-f]{64})?$")
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,8 @@ class ImageCapabilities(ApiModel):
 
 
 def release_of_tag(image: str) -> str | None:
-    """The vllm-ascend release a release image's tag names (`...vllm-ascend:v0.30.0rc2-a3`), or None."""
+    """The vllm-ascend release a release image's tag names (`...vllm-ascend:v0.30.0rc2-a3`, with or
+    without a digest after it), or None."""
     match = _RELEASE_TAG.search(image)
     return match.group(1) if match else None
 
