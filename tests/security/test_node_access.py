@@ -222,22 +222,40 @@ class MemoryClient:
         return write
 
 
-def test_an_upgrade_keeps_a_running_host_network_deployment_serving():
-    """Before this rule hostNetwork was a warning: such a PDDeployment runs. The new operator refuses
-    its spec and says which option to set, but deletes and rewrites none of its children."""
-    doc = sniffer()
-    doc["spec"]["decode"] |= {"tolerations": [], "nodeSelector": {}, "hostMounts": {"generation": "A3"}}
-    running = validate(doc, node_access=NodeAccess(host_network=True))
+# What an older operator ran that this one refuses: (the decode fields, what allows them, the finding,
+# the flag and the chart value its message names).
+REFUSED_AFTER_UPGRADE = {
+    "host-network": ({"hostNetwork": True}, NodeAccess(host_network=True), "HostNetworkNotAllowed",
+                     "--allow-host-network", "nodeAccess.hostNetwork"),
+    "tolerate-everything": ({"tolerations": [{"operator": "Exists"}]},
+                            NodeAccess(control_plane_tolerations=True), "TolerationNotAllowed",
+                            "--allow-control-plane-tolerations", "nodeAccess.controlPlaneTolerations"),
+    "create-on-the-node": ({"hostMounts": {"generation": "A3", "paths": [
+                               {"path": "/data/models", "type": "DirectoryOrCreate"}]}},
+                           NodeAccess(host_path_creation=True), "HostPathCreationNotAllowed",
+                           "--allow-host-path-creation", "nodeAccess.hostPathCreation"),
+}
+
+
+@pytest.mark.parametrize("refused", REFUSED_AFTER_UPGRADE)
+def test_an_upgrade_keeps_a_running_deployment_the_new_rules_refuse_serving(refused):
+    """Before these rules hostNetwork was a warning and the rest passed: such a PDDeployment runs. The
+    new operator refuses its spec and names the option to set, but deletes and rewrites none of its
+    children."""
+    fields, allowing, code, flag, value = REFUSED_AFTER_UPGRADE[refused]
+    doc = example()
+    doc["spec"]["decode"] |= fields
+    running = validate(doc, node_access=allowing)
     children = desired(running)
     body = copy.deepcopy(doc)
     body["metadata"] |= {"namespace": running.deployment.namespace, "uid": OWNER_UID, "generation": 2}
     body["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "Serving", "message": "",
                                       "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     client = MemoryClient()
-    with pytest.raises(reconcile_mod.InvalidSpec, match="--allow-host-network"):
+    with pytest.raises(reconcile_mod.InvalidSpec, match=flag):
         reconcile_mod.reconcile(client, ProxyStateReader(), body, children, [])  # type: ignore[arg-type]
     (status,) = [s for verb, s in client.writes if verb == "status"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "HostNetworkNotAllowed")
-    assert "--allow-host-network" in ready["message"] and "nodeAccess.hostNetwork" in ready["message"]
+    assert (ready["status"], ready["reason"]) == ("False", code)
+    assert flag in ready["message"] and value in ready["message"]
     assert {verb for verb, _ in client.writes} <= {"status", "event"}

@@ -1,8 +1,8 @@
 """Every rendered pod, of every example and of generated valid specs: not privileged, no privilege
 escalation, no capabilities (every container drops ALL, the engine's too), seccomp
 RuntimeDefault, no API token unless the pod names a ServiceAccount of its own, the proxy non-root
-on a read-only root, no host PID/IPC, host paths read-only, and the host network only when the spec
-asks for it and the admin allows it (spec/node_access.py), which the validator then reports
+on a read-only root, no host PID/IPC, no host port, host paths read-only, and the host network only
+when the spec asks for it and the admin allows it (spec/node_access.py), which the validator then reports
 (HostNetwork)."""
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def pod_problems(name: str, pod: dict) -> list[str]:
             out.append(f"{name}/{c['name']}: adds capabilities")
         if (ctx.get("capabilities") or {}).get("drop") != ["ALL"]:
             out.append(f"{name}/{c['name']}: keeps capabilities")
+        if [p for p in c.get("ports", []) if "hostPort" in p] and not pod.get("hostNetwork"):
+            out.append(f"{name}/{c['name']}: binds a host port")
         if c["name"] == "proxy" and not (ctx.get("runAsNonRoot") and ctx.get("readOnlyRootFilesystem")):
             out.append(f"{name}/{c['name']}: may run as root or write its root file system")
         for mount in c.get("volumeMounts", []):
@@ -69,9 +71,10 @@ def check(doc: dict) -> None:
 def test_the_checker_sees_each_problem():
     bad = {"hostPID": True, "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
            "containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}},
+                           "ports": [{"containerPort": 80, "hostPort": 80}],
                            "volumeMounts": [{"name": "h", "mountPath": "/host"}]}]}
-    # host PID, seccomp, token, privileged, escalation, added capability, kept ones, host path
-    assert len(pod_problems("bad", bad)) == 8
+    # host PID, seccomp, token, privileged, escalation, added capability, kept ones, host port, host path
+    assert len(pod_problems("bad", bad)) == 9
     proxy = {"automountServiceAccountToken": False,
              "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
              "containers": [{"name": "proxy", "securityContext": {
