@@ -44,14 +44,17 @@ def _by_name(drains):
     return {d.name: d for d in drains}
 
 
-def test_departing_is_the_owned_statefulsets_beyond_the_counts():
+def test_departing_is_the_owned_statefulsets_not_among_the_instances_to_run():
     children = desired(validated(prefill__replicas=2, decode__replicas=3))
-    assert drain.departing(children, OWNER_UID, {"prefill": 2, "decode": 1}) == {
+    assert drain.departing(children, OWNER_UID, {"prefill": {0, 1}, "decode": {0}}) == {
         ("decode", 1): "glm-flash-decode-1", ("decode", 2): "glm-flash-decode-2"}
-    assert drain.departing(children, "someone-else", {"prefill": 0, "decode": 0}) == {}
+    # A scale-down mid-surge keeps the new instance past replicas and drains the old one below it.
+    assert drain.departing(children, OWNER_UID, {"prefill": {0, 1}, "decode": {0, 2}}) == {
+        ("decode", 1): "glm-flash-decode-1"}
+    assert drain.departing(children, "someone-else", {"prefill": set(), "decode": set()}) == {}
     terminating = [dict(c, metadata={**c["metadata"], "deletionTimestamp": "2026-12-04T00:00:00Z"})
                    for c in children]
-    assert drain.departing(terminating, OWNER_UID, {"prefill": 0, "decode": 0}) == {}
+    assert drain.departing(terminating, OWNER_UID, {"prefill": set(), "decode": set()}) == {}
 
 
 @pytest.mark.parametrize(("read", "holds_decode", "holds_prefill"), [

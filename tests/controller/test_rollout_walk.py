@@ -76,7 +76,7 @@ def apply(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceStat
         out = {role: {i: replace(s, leaving=(role, i) in step.leave) for i, s in state[role].items()}
                for role in ROLES}
         for role in ROLES:
-            for i in range(params[role].replicas, step.instances[role]):
+            for i in step.instances[role]:
                 out[role].setdefault(i, InstanceState(updated=True, ready=False, layout=new))
         if out == state:
             return state, step
@@ -118,7 +118,7 @@ def events(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceSta
             elif s.updated and not s.ready and (role == "prefill"
                                                 or s.layout in routable["prefill"].values()):
                 yield {**state, role: {**state[role], i: replace(s, ready=True)}}, blips
-            if i >= step.instances[role]:  # a surge instance the plan no longer wants drained away
+            if i not in step.instances[role]:  # one past replicas the plan no longer wants drained away
                 yield {**state, role: {k: v for k, v in state[role].items() if k != i}}, blips
 
 
@@ -136,16 +136,30 @@ def check_invariants(params: dict[str, RoleParams], state: dict[str, dict[int, I
             assert state[role][i].layout == layout and state[role][i].ready
 
 
+def check_surplus(params: dict[str, RoleParams], state: dict[str, dict[int, InstanceState]], step: Plan
+                  ) -> None:
+    """Of the instances past replicas, the plan never keeps an outdated one while it drops an
+    updated one (a scale-down mid-surge keeps the new instance)."""
+    for role in ROLES:
+        past = {i: s for i, s in state[role].items() if i >= params[role].replicas}
+        kept = [s for i, s in past.items() if i in step.instances[role]]
+        dropped = [s for i, s in past.items() if i not in step.instances[role]]
+        assert not (any(not s.updated for s in kept) and any(s.updated for s in dropped)), (role, state, step)
+
+
 def walk(params: dict[str, RoleParams], new: str, blips: int = 0, ratio: RatioBounds | None = None,
          ends: list[tuple[dict[str, dict[int, InstanceState]], Plan]] | None = None,
-         floor: dict[str, int] | None = None) -> tuple[int, set[str]]:
-    """(states visited, blocked messages at the ends) from every instance old and Ready; `blips`:
-    how many times some Ready instance may lose readiness for a while on the way (then the serving
-    minimum is not the planner's to keep, the budget is). `ratio`: spec.scaling.ratio; `ends`
-    collects the end states and their plans, `floor` the fewest instances of each role serving in
-    any state (without blips)."""
-    start = {role: {i: InstanceState(False, True, OLD) for i in range(params[role].replicas)}
-             for role in ROLES}
+         floor: dict[str, int] | None = None, start: dict[str, dict[int, InstanceState]] | None = None,
+         strict: bool = True, visited: list[dict[str, dict[int, InstanceState]]] | None = None
+         ) -> tuple[int, set[str]]:
+    """(states visited, blocked messages at the ends) from `start` (default: every instance old and
+    Ready); `blips`: how many times some Ready instance may lose readiness for a while on the way
+    (then the serving minimum is not the planner's to keep, the budget is; nor with `strict` off:
+    after a replica change). `ratio`: spec.scaling.ratio; `ends` collects the end states and their
+    plans, `visited` every state, `floor` the fewest instances of each role serving in any state
+    (without blips)."""
+    start = start or {role: {i: InstanceState(False, True, OLD) for i in range(params[role].replicas)}
+                      for role in ROLES}
     seen: set[tuple[Frozen, int]] = set()
     todo = [(start, blips)]
     blocked: set[str] = set()
@@ -156,7 +170,10 @@ def walk(params: dict[str, RoleParams], new: str, blips: int = 0, ratio: RatioBo
         if key in seen:
             continue
         seen.add(key)
-        if left == blips:
+        if visited is not None:
+            visited.append(state)
+        check_surplus(params, state, step)
+        if left == blips and strict:
             check_invariants(params, state, step)
             if floor is not None:
                 for role in ROLES:
@@ -273,7 +290,7 @@ def test_one_step_from_any_state(p: int, d: int) -> None:
 def test_serving_counts_only_paired_layouts() -> None:
     state = {"prefill": {0: InstanceState(False, True, OLD), 1: InstanceState(True, True, NEW)},
              "decode": {0: InstanceState(True, True, NEW)}}
-    assert serving(state, {"prefill": 2, "decode": 1}, frozenset()) == {"prefill": 1, "decode": 1}
+    assert serving(state, {"prefill": {0, 1}, "decode": {0}}, frozenset()) == {"prefill": 1, "decode": 1}
     assert other("prefill") == "decode"
 
 
@@ -285,7 +302,7 @@ def test_halted_moves_nothing_new_and_keeps_surge() -> None:
              "decode": {0: InstanceState(False, True, OLD), 1: InstanceState(False, True, OLD)}}
     params = params_for(2, 2, 1, 1, halted=True)
     step = plan(params, state, NEW)
-    assert step.leave == frozenset() and step.instances["prefill"] == 3
+    assert step.leave == frozenset() and step.instances["prefill"] == {0, 1, 2}
     assert not step.complete and step.blocked is None
 
 
@@ -385,7 +402,7 @@ def test_the_clock_stops_while_paused() -> None:
     resumed = clock_step(clock_spec(), old_pair(), **paused_then)
     assert not halted(resumed) and resumed.since == LATER
     # It moves again: with the defaults a surge instance of each role comes up first.
-    assert resumed.plan.instances == {"prefill": 2, "decode": 2}
+    assert resumed.plan.instances == {"prefill": {0, 1}, "decode": {0, 1}}
 
 
 def test_the_clock_stops_while_blocked() -> None:
@@ -474,7 +491,48 @@ def test_asymmetric_partitions_strand_no_old_instance(partition: tuple[int, int]
         ends: list[tuple[dict[str, dict[int, InstanceState]], Plan]] = []
         _, blocked = walk(params, NEW, ends=ends)
         for state, last in ends:
-            ready = {role: sum(1 for i, s in state[role].items() if s.ready and i < last.instances[role]
+            ready = {role: sum(1 for i, s in state[role].items() if s.ready and i in last.instances[role]
                                and (role, i) not in last.leave) for role in ROLES}
             assert last.serving == ready, (p, d, mu, ms, partition, state)
         assert all("partition" in b or "maxSurge" in b for b in blocked), blocked
+
+
+def test_a_scale_down_mid_surge_keeps_the_new_instance_and_drains_the_old() -> None:
+    """2 decode instances, one surge instance on the new template Ready, then a scale-down to 1:
+    the old instance 1 (now past replicas) leaves, the new one (2) stays as the surge and serves
+    while instance 0 is replaced; a new one loading stays too, before an old one past replicas."""
+    for ready in (True, False):
+        state = {"prefill": {0: InstanceState(True, True, OLD)},
+                 "decode": {0: InstanceState(False, True, OLD), 1: InstanceState(False, True, OLD),
+                            2: InstanceState(True, ready, OLD)}}
+        step = plan({"prefill": RoleParams(1, 0, 1), "decode": RoleParams(1, 0, 1)}, state, OLD)
+        assert step.instances["decode"] == {0, 2}, (ready, step)
+        assert (step.leave == {("decode", 0)}) is ready, (ready, step)
+
+
+RESCALES = [(0, 1), (0, -1), (1, 1), (1, -1)]
+"""(role index, change of its replicas)."""
+
+
+@pytest.mark.parametrize("p,d", [(p, d) for p, d in SHAPES if p + d <= 3])
+@pytest.mark.parametrize("layout_change", [False, True])
+def test_walk_with_a_replica_change_midway(p: int, d: int, layout_change: bool) -> None:
+    """From every state a rollout reaches, a role scaled up or down by one (spec.<role>.replicas,
+    a PDRole's count) and the walk continues on the new counts: every plan keeps the budget, never
+    keeps an outdated instance past replicas while it drops an updated one there, and the walk ends
+    updated on the new counts, or held with advice."""
+    new = NEW if layout_change else OLD
+    for (mu, ms), (which, change) in itertools.product(SETTINGS, RESCALES):
+        before = params_for(p, d, mu, ms)
+        role = ROLES[which]
+        if before[role].replicas + change < 1:
+            continue
+        after = {**before, role: replace(before[role], replicas=before[role].replicas + change)}
+        ends: list[tuple[dict[str, dict[int, InstanceState]], Plan]] = []
+        midway: list[dict[str, dict[int, InstanceState]]] = []
+        walk(before, new, ends=ends, visited=midway)
+        for state in midway:
+            _, blocked = walk(after, new, start=state, strict=False)
+            assert all("maxSurge" in b for b in blocked), (mu, ms, role, change, state, blocked)
+            if not layout_change and ms:
+                assert not blocked, (mu, ms, role, change, state, blocked)

@@ -29,7 +29,7 @@ by the reconcile's prune; one that the roles want again before that simply stays
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -100,13 +100,14 @@ def instance_of(obj: dict) -> Instance | None:
     return None
 
 
-def departing(children: Iterable[dict], owner_uid: str, counts: dict[str, int]) -> dict[Instance, str]:
-    """Instances with an owned, live StatefulSet that the effective counts no longer include, by
-    (role, index) -> the StatefulSet's name."""
+def departing(children: Iterable[dict], owner_uid: str, members: Mapping[str, Collection[int]]
+              ) -> dict[Instance, str]:
+    """Instances with an owned, live StatefulSet that the indices to run (`members`, per role: the
+    spec's and the rollout's surge) no longer include, by (role, index) -> the StatefulSet's name."""
     out = {}
     for obj in children:
         inst = instance_of(obj)
-        if (obj["kind"] == "StatefulSet" and inst is not None and inst[1] >= counts[inst[0]]
+        if (obj["kind"] == "StatefulSet" and inst is not None and inst[1] not in members[inst[0]]
                 and is_owned_by(obj, owner_uid) and not is_terminating(obj)):
             out[inst] = obj["metadata"]["name"]
     return out

@@ -119,7 +119,8 @@ def _now() -> datetime:
 def _desired(resolved: Resolved, rendered: Templates, body: dict, the_plan: rollout.Plan, routable: Routable,
              boundary: Boundary) -> list[dict]:
     """The manifests to apply: the spec's instances plus the rollout's surge, the membership `routable`."""
-    surge: dict[str, int] = {role: the_plan.instances[role] - resolved.role(role).replicas for role in ROLES}
+    surge: dict[str, set[int]] = {
+        role: {i for i in the_plan.instances[role] if i >= resolved.role(role).replicas} for role in ROLES}
     manifests = render(resolved, routable=routable, boundary=boundary, surge=surge, rendered=rendered)
     return [stamp(pdroles.applied_form(m), body) for m in manifests]
 

@@ -13,7 +13,10 @@ exhaustive walk over small shapes in its tests (tests/controller/test_rollout_wa
 
 The rule, per role (`spec.<role>.rollout`, named as Deployments and StatefulSets name them):
 - up to `maxSurge` extra instances (ordinals from `replicas` on) run the new template while
-  outdated instances remain, and leave (drained, as a scale-down) when none does;
+  outdated instances remain, and leave (drained, as a scale-down) when none does; of the instances
+  past `replicas` (surge ones, or ones a scale-down left there), one on the current revision stays
+  before an outdated one, a Ready one before one loading (a scale-down mid-surge removes the old
+  instance, not the new one it would have to replace again);
 - an outdated instance at or above `partition` may leave when, after it left, its role keeps
   `replicas - maxUnavailable` instances available (`available`: all but the leaving, the missing
   and the new ones still loading; one budget, as a Deployment's), and every role still has at least
@@ -43,6 +46,7 @@ the rollout is paused or blocked; a passed deadline stops further steps until so
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -111,6 +115,9 @@ def params_of(resolved: Resolved, halted: Collection[str] = ()) -> dict[str, Rol
     return out
 
 
+Members = Mapping[str, Collection[int]]
+"""Per role: the indices of the instances a plan runs (Plan.instances)."""
+
 State = Mapping[str, Mapping[int, InstanceState]]
 """Per role, per index: every instance that exists (surge ones from `replicas` on). An index below
 `replicas` without an entry is an instance still to be created (from the current template)."""
@@ -121,8 +128,8 @@ class Plan:
     leave: frozenset[Key]
     """Instances out of the membership that drain, then have their pods replaced: those already
     leaving and those this step adds."""
-    instances: dict[str, int]
-    """Per role: how many instances to run (replicas plus surge)."""
+    instances: dict[str, frozenset[int]]
+    """Per role: the indices of the instances to run (the spec's, plus surge ones past them)."""
     serving: dict[str, int]
     """Per role: instances serving once `leave` left."""
     outdated: dict[str, int]
@@ -133,7 +140,7 @@ class Plan:
     def routable(self, state: State) -> dict[str, dict[int, str]]:
         """What the proxy may list: Ready instances that stay, by index, with their layout."""
         return {role: {i: s.layout for i, s in state.get(role, {}).items()
-                       if s.ready and (role, i) not in self.leave and i < self.instances[role]}
+                       if s.ready and (role, i) not in self.leave and i in self.instances[role]}
                 for role in ROLES}
 
     @property
@@ -162,17 +169,17 @@ class Rollout:
         return left + 1 if left > 0 else None
 
 
-def serving(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> dict[str, int]:
+def serving(state: State, members: Members, leave: frozenset[Key]) -> dict[str, int]:
     """Per role: instances that are Ready, stay, and have a partner of the other role on their
     layout."""
     up = {role: {i: s.layout for i, s in state.get(role, {}).items()
-                 if s.ready and i < counts[role] and (role, i) not in leave}
+                 if s.ready and i in members[role] and (role, i) not in leave}
           for role in ROLES}
     return {role: sum(1 for layout in up[role].values() if layout in set(up[other(role)].values()))
             for role in ROLES}
 
 
-def available(state: State, counts: Mapping[str, int], leave: frozenset[Key], role: str) -> int:
+def available(state: State, members: Members, leave: frozenset[Key], role: str) -> int:
     """Instances of `role` that serve or may again without the rollout's help: every one that
     stays except a new one still loading (an outdated one that lost readiness may regain it, a
     blip). What the unavailability budget counts, as a Deployment's rolling update counts its pods
@@ -180,7 +187,20 @@ def available(state: State, counts: Mapping[str, int], leave: frozenset[Key], ro
     out an un-Ready outdated instance spends the budget like a Ready one, so a readiness blip
     replaces at most maxUnavailable (plus surge) instances at once, not all of them."""
     return sum(1 for i, s in state.get(role, {}).items()
-               if i < counts[role] and (role, i) not in leave and (s.ready or not s.updated))
+               if i in members[role] and (role, i) not in leave and (s.ready or not s.updated))
+
+
+def _members(params: RoleParams, instances: Mapping[int, InstanceState], surge: int) -> frozenset[int]:
+    """The indices to run: the spec's, and `surge` past them. Of those running past `replicas`, one on
+    the current revision stays before an outdated one (a scale-down mid-surge left it there: it
+    would have to be replaced again), a Ready one before one loading, as a ReplicaSet's scale-down
+    deletes un-Ready pods first (kubernetes: pkg/controller/controller_utils.go @ v1.36.3,
+    ActivePods); then new indices from `replicas` on."""
+    past = sorted((i for i in instances if i >= params.replicas),
+                  key=lambda i: (not instances[i].updated, not instances[i].ready, i))[:surge]
+    free = (i for i in itertools.count(params.replicas) if i not in instances)
+    return frozenset(range(params.replicas)) | frozenset(past) | frozenset(
+        itertools.islice(free, surge - len(past)))
 
 
 def surplus(params: Mapping[str, RoleParams], state: State) -> list[Key]:
@@ -220,13 +240,13 @@ def _held_layouts(params: Mapping[str, RoleParams], state: State, layout: str) -
             for role in ROLES}
 
 
-def _partners_kept(state: State, counts: Mapping[str, int], held: Mapping[str, set[str]],
+def _partners_kept(state: State, members: Members, held: Mapping[str, set[str]],
                    before: frozenset[Key], after: frozenset[Key]) -> bool:
     """Whether every old layout a partition holds instances on keeps an instance of the other role
     that `before` kept: else the held instances would stay, on their old template, pairing with
     nothing (partitions may differ per role)."""
     def kept(role: str, layout: str, leave: frozenset[Key]) -> bool:
-        return any(s.layout == layout and i < counts[role] and (role, i) not in leave
+        return any(s.layout == layout and i in members[role] and (role, i) not in leave
                    for i, s in state.get(role, {}).items())
     return all(kept(other(role), old, after) or not kept(other(role), old, before)
                for role in ROLES for old in held[role])
@@ -245,21 +265,22 @@ def plan(params: Mapping[str, RoleParams], state: State, layout: str, ratio: Rat
     stranded = _stranded(params, state, layout)
     held = _held_layouts(params, state, layout)
     # A stranded role starts no surge: a new instance would pair with nothing.
-    counts = {role: params[role].replicas + _surge(params[role], state.get(role, {}),
-                                                   0 if role in stranded else len(outdated[role]))
-              for role in ROLES}
+    members = {role: _members(params[role], state.get(role, {}),
+                              _surge(params[role], state.get(role, {}),
+                                     0 if role in stranded else len(outdated[role])))
+               for role in ROLES}
     leave = frozenset((role, i) for role in ROLES for i in outdated[role] if state[role][i].leaving)
-    now = serving(state, counts, leave)
+    now = serving(state, members, leave)
 
     def refusal(group: frozenset[Key]) -> str | None:
         """Why `group` may not leave on top of `leave` (None: it may)."""
         trial = leave | group
-        after = serving(state, counts, trial)
-        if any(available(state, counts, trial, role) < params[role].minimum for role, _ in group):
+        after = serving(state, members, trial)
+        if any(available(state, members, trial, role) < params[role].minimum for role, _ in group):
             return "budget"
         if not all(after[r] >= now[r] or after[r] >= params[r].minimum for r in ROLES):
             return "serving"
-        if not _partners_kept(state, counts, held, leave, trial):
+        if not _partners_kept(state, members, held, leave, trial):
             return REFUSED_BY_PARTITION
         if ratio_excess(after["prefill"], after["decode"], ratio) > \
                 ratio_excess(now["prefill"], now["decode"], ratio):
@@ -288,22 +309,22 @@ def plan(params: Mapping[str, RoleParams], state: State, layout: str, ratio: Rat
             why = refusal(group)
         if why is None:
             leave |= group
-            now = serving(state, counts, leave)
+            now = serving(state, members, leave)
         else:
             refused |= {why, alone or why}
-    return Plan(leave, counts, now, {role: len(outdated[role]) for role in ROLES},
-                _blocked(params, state, counts, outdated, leave, stranded, held, refused))
+    return Plan(leave, members, now, {role: len(outdated[role]) for role in ROLES},
+                _blocked(params, state, members, outdated, leave, stranded, held, refused))
 
 
-def _pending(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> bool:
+def _pending(state: State, members: Members, leave: frozenset[Key]) -> bool:
     """Whether something will change without another instance leaving: an instance to be created,
     a new one loading (a decode one only once a prefill instance of its layout serves or loads:
     its KV link needs one)."""
     prefill_layouts = {s.layout for i, s in state.get("prefill", {}).items()
-                       if i < counts["prefill"] and ("prefill", i) not in leave and (s.ready or s.updated)}
+                       if i in members["prefill"] and ("prefill", i) not in leave and (s.ready or s.updated)}
     for role in ROLES:
         have = state.get(role, {})
-        for i in range(counts[role]):
+        for i in sorted(members[role]):
             if i not in have:
                 return True
             s = have[i]
@@ -312,7 +333,7 @@ def _pending(state: State, counts: Mapping[str, int], leave: frozenset[Key]) -> 
     return False
 
 
-def _blocked(params: Mapping[str, RoleParams], state: State, counts: Mapping[str, int],
+def _blocked(params: Mapping[str, RoleParams], state: State, members: Members,
              outdated: Mapping[str, list[int]], leave: frozenset[Key], stranded: list[str],
              held: Mapping[str, set[str]], refused: Collection[str]) -> str | None:
     """Nothing moves and nothing is on its way, yet instances wait to move: no order keeps enough
@@ -324,7 +345,7 @@ def _blocked(params: Mapping[str, RoleParams], state: State, counts: Mapping[str
                     f"spec.{other(role)}.rollout.partition keeps every {other(role)} instance on the old "
                     f"one: new {role} instances could pair with none. Lower "
                     f"spec.{other(role)}.rollout.partition, or return spec.{role} to the old template.")
-    if not waiting or leave or _pending(state, counts, leave):
+    if not waiting or leave or _pending(state, members, leave):
         return None
     roles = " and ".join(waiting)
     if REFUSED_BY_PARTITION in refused:

@@ -337,8 +337,8 @@ def _held_by_partition(resolved: Resolved, moving: Rollout | None) -> list[str]:
 def _unschedulable_surge(moving: Rollout, pods: list[dict]) -> list[tuple[str, str, str]]:
     """(role, pod, the scheduler's message) of each pod of a surge instance that cannot be
     scheduled."""
-    surge = {(role, i) for role in ROLES
-             for i in range(moving.params[role].replicas, moving.plan.instances[role])}
+    surge = {(role, i) for role in ROLES for i in moving.plan.instances[role]
+             if i >= moving.params[role].replicas}
     return sorted((role, p["metadata"]["name"], why) for (role, index), group in by_instance(pods).items()
                   if (role, index) in surge for p in group if (why := unschedulable(p)))
 

@@ -13,7 +13,7 @@ Owner references are left to the controller, which adopts what it applies.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from pd_operator.api.types import ROLES
 from pd_operator.render import proxy, scheduling, serving_config
@@ -36,11 +36,12 @@ __all__ = ["Boundary", "Routable", "render"]
 
 
 def render(ctx: Resolved, routable: Routable | None = None, boundary: Boundary = CHART_DEFAULT,
-           surge: Mapping[str, int] | None = None, rendered: Templates | None = None) -> list[dict]:
+           surge: Mapping[str, Collection[int]] | None = None, rendered: Templates | None = None
+           ) -> list[dict]:
     """`routable`: the instances the proxy's membership lists (controller/gate.py); None: every one.
     `boundary`: the operator's namespace and the metrics scrapers the NetworkPolicies admit
     (render/policy.py).
-    `surge`: per role, extra instances a rollout runs on the current template (controller/rollout.py).
+    `surge`: per role, the indices of extra instances a rollout runs past the spec's (controller/rollout.py).
     `rendered`: templates(ctx) when the caller has them (the controller does); None: rendered here."""
     rendered = rendered or templates(ctx)
     proxy_on = ctx.deployment.spec.proxy.enabled

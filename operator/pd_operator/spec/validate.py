@@ -12,7 +12,7 @@ the pair.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,11 +99,12 @@ class Resolved:
         """Where the role's engines publish vLLM's KV events (precise prefix routing), or None."""
         return events_port(self.deployment, role)
 
-    def instances(self, surge: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
-        """(role, index) of every engine instance, prefill first, with `surge` extra ones per role (a
-        rollout's, controller/rollout.py)."""
+    def instances(self, surge: Mapping[str, Collection[int]] | None = None) -> list[tuple[str, int]]:
+        """(role, index) of every engine instance, prefill first, with `surge` extra ones per role: a
+        rollout's, by index past the spec's (controller/rollout.py)."""
         extra = surge or {}
-        return [(role, i) for role in ROLES for i in range(self.role(role).replicas + extra.get(role, 0))]
+        return [(role, i) for role in ROLES
+                for i in sorted(set(range(self.role(role).replicas)) | set(extra.get(role, ())))]
 
     def serving_pull_policy(self) -> str:
         """spec.image.pullPolicy, or Always when the admin forces it (`--always-pull-images`)."""
