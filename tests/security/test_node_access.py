@@ -26,40 +26,18 @@ from pd_operator.spec.node_access import NodeAccess
 from support.controller_fakes import OWNER_UID, desired
 from support.helm_chart import operator_args, template
 from support.rendered_pods import pod_specs
-from support.specs import example
+from support.specs import SNIFFER_FIELDS, example, sniffer
 
 pytestmark = pytest.mark.security
 
 EVERYTHING = NodeAccess(host_network=True, control_plane_tolerations=True, host_path_creation=True)
 NODE_ACCESS_CODES = {"HostNetworkNotAllowed", "TolerationNotAllowed", "HostPathCreationNotAllowed"}
-
-
-def sniffer() -> dict:
-    """The attack of the issue: decode on the host network, tolerating every taint, on a
-    control-plane node, creating a root-owned file the A3 preset does not mount."""
-    doc = example()
-    doc["spec"]["decode"] |= {
-        "hostNetwork": True,
-        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
-        "tolerations": [{"key": "huawei.com/ascend-1980", "operator": "Exists", "effect": "NoSchedule"},
-                        {"operator": "Exists"}],
-        "hostMounts": {"generation": "A3",
-                       "paths": [{"path": "/etc/hccl_rootinfo.json", "type": "FileOrCreate"}]},
-    }
-    return doc
-
-
 NONE_ALLOWED = NodeAccess()
 
 
 def node_access_errors(doc: dict, access: NodeAccess = NONE_ALLOWED, **options: Any) -> dict[str, str]:
     return {f.path: f.code for f in validate(doc, node_access=access, **options).errors
             if f.code in NODE_ACCESS_CODES}
-
-
-SNIFFER_FIELDS = {"spec.decode.hostNetwork": "HostNetworkNotAllowed",
-                  "spec.decode.tolerations[1]": "TolerationNotAllowed",
-                  "spec.decode.hostMounts.paths[0].type": "HostPathCreationNotAllowed"}
 
 
 def test_the_sniffer_is_refused_at_every_field_by_every_door(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""PDDeployment documents for tests: the examples as dicts, and the validator's Resolved for them."""
+"""PDDeployment documents for tests: the examples as dicts, the node-access attack, and the validator's
+Resolved for them."""
 
 from __future__ import annotations
 
@@ -32,3 +33,24 @@ def resolved_of(validation: Validation) -> Resolved:
 
 def resolve(doc: dict[str, Any]) -> Resolved:
     return resolved_of(validate(doc))
+
+
+def sniffer() -> dict:
+    """The attack of the issue: decode on the host network, tolerating every taint, on a
+    control-plane node, creating a root-owned file the A3 preset does not mount."""
+    doc = example()
+    doc["spec"]["decode"] |= {
+        "hostNetwork": True,
+        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+        "tolerations": [{"key": "huawei.com/ascend-1980", "operator": "Exists", "effect": "NoSchedule"},
+                        {"operator": "Exists"}],
+        "hostMounts": {"generation": "A3",
+                       "paths": [{"path": "/etc/hccl_rootinfo.json", "type": "FileOrCreate"}]},
+    }
+    return doc
+
+
+SNIFFER_FIELDS = {"spec.decode.hostNetwork": "HostNetworkNotAllowed",
+                  "spec.decode.tolerations[1]": "TolerationNotAllowed",
+                  "spec.decode.hostMounts.paths[0].type": "HostPathCreationNotAllowed"}
+"""Where the validator refuses the sniffer without the admin's options, and the finding."""
