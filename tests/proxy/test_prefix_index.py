@@ -3,7 +3,10 @@ eviction, lookup cost, departure, two layouts at once. Pure."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -23,6 +26,27 @@ def test_keys_are_whole_blocks_chained_from_the_first():
     assert block_keys(tokens[:3], 4) == []
     with pytest.raises(ValueError, match="block_tokens"):
         block_keys(tokens, 0)
+
+
+def test_ids_key_by_value_as_vllm_reads_them_and_an_unhashable_one_ends_the_keys():
+    # vLLM's request model reads 1.0 and true as the id 1 (pydantic's lax int), and so do the keys;
+    # a string it reads as an id too, but the keys only miss it.
+    ones = block_keys([1] * 8, 4)
+    assert block_keys([1, 1.0, True, 1] * 2, 4) == ones
+    assert block_keys(["1"] * 8, 4)[0] != ones[0]
+    # A list inside the ids (vLLM rejects the prompt) ends its keys before that block.
+    assert block_keys([1] * 4 + [1, [2], 1, 1], 4) == ones[:1]
+    assert block_keys(list(range(8)), 4) == block_keys(tuple(range(8)), 4)
+
+
+def test_keys_do_not_depend_on_the_process():
+    # Ints and tuples of ints hash alike in every process (only str and bytes hashes are seeded), and
+    # the root is a digest: another process with another hash seed computes the same keys.
+    code = ("from pd_operator.proxy.prefix_index import block_keys; "
+            "print(block_keys(list(range(10**6, 10**6 + 40)), 8, 'salt'))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": "12345"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(block_keys(list(range(10**6, 10**6 + 40)), 8, "salt"))
 
 
 def test_different_salts_and_block_sizes_never_share_a_key():
@@ -105,6 +129,10 @@ def test_departure_drops_a_holder_and_its_keys_only():
     assert index.hits(keys, ["p0", "p1"]) == {"p0": 0, "p1": 2}
     assert index.size("p0") == 0 and index.capacity("p0") == 100
     assert index.size() == 2
+    # A new holder takes the departed one's place in the map, and nothing it held.
+    index.store("p2", keys[:1])
+    assert index.hits(keys, ["p0", "p1", "p2"]) == {"p0": 0, "p1": 2, "p2": 1}
+    index.drop("p2")
     index.clear("p1")  # a cleared cache keeps its capacity
     assert index.size() == 0 and not index._holders
 

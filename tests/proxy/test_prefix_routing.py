@@ -166,8 +166,11 @@ def test_two_layouts_at_once_each_hashed_at_its_own_block():
     ("/v1/completions", {"prompt": "text"}, None),
     ("/v1/completions", {"prompt": ["text"]}, None),
     ("/v1/completions", {"prompt": []}, None),
-    ("/v1/completions", {"prompt": [1, True]}, None),
-    ("/v1/completions", {"prompt": [1, -1]}, None),
+    ("/v1/completions", {"prompt": ["1", 2]}, None),  # a string first: a batch of texts
+    # Ids are not checked one by one (vLLM does): 1, 1.0 and true are the id vLLM reads as 1, and a
+    # prompt vLLM rejects (-1) fails wherever it goes.
+    ("/v1/completions", {"prompt": [1, True, 1.0]}, PromptTokens((1, 1, 1))),
+    ("/v1/completions", {"prompt": [1, -1]}, PromptTokens((1, -1))),
     ("/v1/completions", {"prompt": [1, 2], "cache_salt": 5}, PromptTokens((1, 2))),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, None),
 ])

@@ -8,13 +8,29 @@ key. Each block's key chains its parent's key with its own tokens (as vLLM's blo
 project/vllm: vllm/v1/core/kv_cache_utils.py @ v0.34.0, `hash_block_tokens`), so a key stands for the
 whole prefix up to it. The chain starts from a root made of `block_tokens` and the request's
 `cache_salt`: requests with different salts, or hashed for layouts of different block sizes, never
-share a key. Keys are the proxy's own (BLAKE2b), not vLLM's: vLLM seeds its hashes per process, and
-the precise mode (proxy/kv_events.py) turns each engine hash into the proxy's key from the token ids
-the event carries.
+share a key. Keys are the proxy's own, not vLLM's: vLLM seeds its hashes per process, and the precise
+mode (proxy/kv_events.py) turns each engine hash into the proxy's key from the token ids the event
+carries.
+
+A key is Python's 64-bit hash of (parent key, the block's ids as a tuple): hashing the ids where
+the parsed body holds them costs a few nanoseconds a token, where packing them into bytes first for
+a digest cost several times that (bench/routing.py `routing_overhead_p99_ms`). It is deterministic
+(ints and tuples of ints hash alike in every process; the root is a BLAKE2b digest). It is not
+collision-resistant against a crafted prompt: a collision can only send a request to a prefill
+expected to hold a prefix it does not hold (the engine keys its own cache by its own hashes), which
+costs that request a recomputed prefix, as a miss does; an accidental one among the index's keys has
+odds near 2^-64 per lookup and held key. Numbers hash by value (1, 1.0 and true alike), as vLLM's
+request model reads them alike as token ids (pydantic's lax int: vllm/entrypoints/openai/completion/
+protocol.py @ v0.34.0); an id it reads otherwise ("2") only misses. The ids are not checked here:
+vLLM answers a prompt with an id it rejects (negative, past the vocabulary) with a 400, wherever it
+went; an element that has no hash (a list, an object) ends the prompt's keys before its block.
 
 Holders. A holder is a string: an instance name in approximate mode, an instance's DP rank's
-publisher in precise mode (`<instance>/dp<rank>`: each DP rank caches on its own). Per key, the set
-of holders; per holder, its keys in least-recently-used order and a capacity in blocks. `hits`
+publisher in precise mode (`<instance>/dp<rank>`: each DP rank caches on its own). Per key, its
+holders as a bit mask (each known holder has a bit; a dropped holder's bit is reused): an int per key
+rather than a set keeps the index out of the garbage collector's way (a set per key made each full
+collection walk every held key, milliseconds on a request's path) and makes a lookup one AND per
+block. Per holder, its keys in least-recently-used order and a capacity in blocks. `hits`
 walks a request's keys from the first and stops at the first key none of the candidates holds, so
 its cost grows with the request's matched blocks and the candidates, never with what the index
 holds; holding, touching and forgetting a key are O(1) each. Memory is bounded: each holder holds at
@@ -24,43 +40,40 @@ most its capacity, the oldest key going first (and so a departed or cleared hold
 from __future__ import annotations
 
 import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-Key = bytes
-KEY_BYTES = 16
+Key = int
 MAX_CAPACITY = 10_000_000
-"""A holder never holds more keys than this, whatever its capacity says (about 1.5 GB of index)."""
+"""A holder never holds more keys than this, whatever its capacity says (about 2 GB of index at some 190 bytes a key)."""
 
 
-def block_keys(tokens: Sequence[int], block_tokens: int, salt: str = "") -> list[Key]:
-    """The chained keys of the whole `block_tokens` blocks of `tokens` under `salt`."""
+def block_keys(tokens: Sequence[object], block_tokens: int, salt: str = "") -> list[Key]:
+    """The chained keys of the whole `block_tokens` blocks of `tokens` under `salt` (up to a block
+    holding an element without a hash)."""
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, not {block_tokens}")
+    ids = tokens if isinstance(tokens, tuple) else tuple(tokens)
     parent = root_key(block_tokens, salt)
-    data = array("q", tokens).tobytes()
-    step = block_tokens * 8
     out = []
-    for start in range(0, (len(tokens) // block_tokens) * step, step):
-        parent = chain_key(parent, data[start:start + step])
-        out.append(parent)
+    try:
+        for start in range(0, len(ids) - block_tokens + 1, block_tokens):
+            parent = hash((parent, ids[start:start + block_tokens]))
+            out.append(parent)
+    except TypeError:  # an unhashable element: vLLM rejects the prompt
+        pass
     return out
 
 
 def root_key(block_tokens: int, salt: str) -> Key:
     """Where every chain of `block_tokens` blocks under `salt` starts."""
-    return hashlib.blake2b(f"pd-prefix\0{block_tokens}\0{salt}".encode(), digest_size=KEY_BYTES).digest()
-
-
-def chain_key(parent: Key, block: bytes) -> Key:
-    """The key of a block of packed token ids (array('q')) after the block keyed `parent`."""
-    return hashlib.blake2b(parent + block, digest_size=KEY_BYTES).digest()
+    digest = hashlib.blake2b(f"pd-prefix\0{block_tokens}\0{salt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def tokens_key(parent: Key, tokens: Sequence[int]) -> Key:
-    """chain_key of a block given as token ids."""
-    return chain_key(parent, array("q", tokens).tobytes())
+    """The key of a block of token ids after the block keyed `parent`."""
+    return hash((parent, tuple(tokens)))
 
 
 class PrefixIndex:
@@ -68,21 +81,36 @@ class PrefixIndex:
 
     def __init__(self, default_capacity: int) -> None:
         self.default_capacity = _bounded(default_capacity)
-        self._holders: dict[Key, set[str]] = {}
+        self._holders: dict[Key, int] = {}
+        """Per key, the bits of its holders."""
         self._held: dict[str, OrderedDict[Key, None]] = {}
         self._capacity: dict[str, int] = {}
+        self._bits: dict[str, int] = {}
+        """Per holder, its bit."""
+        self._free_bits: list[int] = []
+        """Bits of dropped holders, for the next new ones."""
 
     # --- what is held --------------------------------------------------------------------------------
 
     def hits(self, keys: Sequence[Key], candidates: Iterable[str]) -> dict[str, int]:
         """Per candidate, how many of `keys` it holds from the first on (0: none)."""
         out = dict.fromkeys(candidates, 0)
-        alive = set(out)
-        for depth, key in enumerate(keys, 1):
-            alive &= self._holders.get(key, set())
-            if not alive:
-                break
-            for holder in alive:
+        bits = {holder: bit for holder in out if (bit := self._bits.get(holder))}
+        alive = sum(bits.values())
+        holders = self._holders
+        depth = 0
+        for key in keys:
+            still = alive & holders.get(key, 0)
+            if still != alive:
+                for holder, bit in bits.items():
+                    if alive & bit and not still & bit:
+                        out[holder] = depth
+                alive = still
+                if not alive:
+                    return out
+            depth += 1
+        for holder, bit in bits.items():
+            if alive & bit:
                 out[holder] = depth
         return out
 
@@ -115,12 +143,14 @@ class PrefixIndex:
         """`holder` holds `keys` (each, in the order given, becomes its most recent); past its
         capacity its least recently stored keys go."""
         held = self._held.setdefault(holder, OrderedDict())
+        bit = self._bit(holder)
+        holders = self._holders
         for key in keys:
             if key in held:
                 held.move_to_end(key)
             else:
                 held[key] = None
-                self._holders.setdefault(key, set()).add(holder)
+                holders[key] = holders.get(key, 0) | bit
         self._evict(holder)
 
     def touch(self, holder: str, keys: Sequence[Key]) -> None:
@@ -147,9 +177,12 @@ class PrefixIndex:
             self._unhold(key, holder)
 
     def drop(self, holder: str) -> None:
-        """`holder` is gone: its keys and its capacity."""
+        """`holder` is gone: its keys, its capacity and its bit."""
         self.clear(holder)
         self._capacity.pop(holder, None)
+        bit = self._bits.pop(holder, None)
+        if bit is not None:
+            self._free_bits.append(bit)
 
     def _evict(self, holder: str) -> None:
         held = self._held.get(holder)
@@ -163,10 +196,17 @@ class PrefixIndex:
             del self._held[holder]
 
     def _unhold(self, key: Key, holder: str) -> None:
-        holders = self._holders[key]
-        holders.discard(holder)
-        if not holders:
+        rest = self._holders[key] & ~self._bits[holder]
+        if rest:
+            self._holders[key] = rest
+        else:
             del self._holders[key]
+
+    def _bit(self, holder: str) -> int:
+        bit = self._bits.get(holder)
+        if bit is None:
+            bit = self._bits[holder] = self._free_bits.pop() if self._free_bits else 1 << len(self._bits)
+        return bit
 
 
 def _bounded(blocks: int) -> int:

@@ -1,9 +1,12 @@
 """The prompt token ids a request carries, and its cache salt, for prefix routing. Pure.
 
 The proxy hashes what the engine prefills: a completion whose `prompt` is token ids (one list of
-ints, or a batch of exactly one) is prefilled as those ids, as they are (vLLM adds no special
+numbers, or a batch of exactly one) is prefilled as those ids, as they are (vLLM adds no special
 tokens to a token prompt: vllm-project/vllm: vllm/entrypoints/openai/completion/serving.py @ v0.34.0
-passes them to the engine as `prompt_token_ids`). A text prompt or a chat request becomes token ids
+passes them to the engine as `prompt_token_ids`). A list is taken as ids by its first element (a
+number; a string makes it a batch of texts, a list a batch of prompts), and the ids are not checked
+one by one: that would be a pass over every id on each request's path, and vLLM checks them anyway
+(how the index keys them, and why an id vLLM rejects does no harm: proxy/prefix_index.py). A text prompt or a chat request becomes token ids
 only through the model's tokenizer and chat template, which pd-proxy does not load: such requests
 carry no token ids here and are routed by load alone (docs/architecture.md, "Routing by cached
 prefix"). A batch of several prompts is several engine requests with different prefixes: no single
@@ -35,11 +38,7 @@ def prompt_tokens(path: str, body: dict) -> PromptTokens | None:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
-    if not isinstance(prompt, list) or not prompt or not all(_token(t) for t in prompt):
+    if not isinstance(prompt, list) or not prompt or not isinstance(prompt[0], int | float):
         return None
     salt = body.get("cache_salt")
     return PromptTokens(tuple(prompt), salt if isinstance(salt, str) else "")
-
-
-def _token(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
