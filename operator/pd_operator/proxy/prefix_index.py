@@ -45,7 +45,8 @@ from collections.abc import Iterable, Sequence
 
 Key = int
 MAX_CAPACITY = 10_000_000
-"""A holder never holds more keys than this, whatever its capacity says (about 2 GB of index at some 190 bytes a key)."""
+"""A holder never holds more keys than this, whatever its capacity says (about 2 GB of index, at
+some 190 bytes a key)."""
 
 
 def block_keys(tokens: Sequence[object], block_tokens: int, salt: str = "") -> list[Key]:

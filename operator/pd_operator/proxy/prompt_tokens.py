@@ -6,11 +6,12 @@ tokens to a token prompt: vllm-project/vllm: vllm/entrypoints/openai/completion/
 passes them to the engine as `prompt_token_ids`). A list is taken as ids by its first element (a
 number; a string makes it a batch of texts, a list a batch of prompts), and the ids are not checked
 one by one: that would be a pass over every id on each request's path, and vLLM checks them anyway
-(how the index keys them, and why an id vLLM rejects does no harm: proxy/prefix_index.py). A text prompt or a chat request becomes token ids
-only through the model's tokenizer and chat template, which pd-proxy does not load: such requests
-carry no token ids here and are routed by load alone (docs/architecture.md, "Routing by cached
-prefix"). A batch of several prompts is several engine requests with different prefixes: no single
-prefix to route by, so load alone too.
+(how the index keys them, and why an id vLLM rejects does no harm: proxy/prefix_index.py).
+
+A text prompt or a chat request becomes token ids only through the model's tokenizer and chat
+template, which pd-proxy does not load: such requests carry no token ids here and are routed by load
+alone (docs/architecture.md, "Routing by cached prefix"). A batch of several prompts is several
+engine requests with different prefixes: no single prefix to route by, so load alone too.
 
 `cache_salt` (vLLM's request field; vllm: vllm/entrypoints/openai/engine/protocol.py @ v0.34.0) keys
 the first block's hash in vLLM, so requests with different salts never share cached blocks; the
