@@ -5,8 +5,8 @@ the same run, and the rollouts of issue 32 that must fail no request.
 One control plane (tests/support: kube-apiserver v1.36.3, etcd, controller-manager, scheduler, kwok
 nodes whose pods get loopback IPs) and the operator as the chart installs it. The GLM example with
 2 + 2 instances (one pod each) runs with what its pods would run (support/podnet.py: the real
-`pd-proxy`, fake engines in the instances' leader pods, each engine pod Ready only once its engine
-listens) under a client load through the proxy pod for the whole run. Each repetition, in turn:
+`pd-proxy`, fake engines in the instances' leader pods) under a client load through the proxy pod
+for the whole run. Each repetition, in turn:
 
 1. bare: a 4-pod StatefulSet's image changes (RollingUpdate, the default: one pod at a time,
    highest ordinal first) until every pod runs the update revision and is Ready;

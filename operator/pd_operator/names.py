@@ -71,6 +71,11 @@ class Names:
         return f"{self.deployment}-prefill-peers"
 
     @property
+    def last_valid_spec(self) -> str:
+        """The operator's record of the last spec it could serve (controller/last_valid.py)."""
+        return f"{self.deployment}-last-valid-spec"
+
+    @property
     def network_policy(self) -> str:
         return f"{self.deployment}-kv"
 

@@ -13,10 +13,13 @@ import yaml
 
 from pd_operator.controller import gate, pdroles, rollout
 from pd_operator.controller.diff import stamp
+from pd_operator.controller.proxy_state import ProxyUnreachable
 from pd_operator.controller.status import Observed
+from pd_operator.proxy.membership import ProxyState, parse_document
 from pd_operator.render import render, workloads
 from pd_operator.render.runnable import validate
 from pd_operator.spec.validate import Validation
+from pd_operator.transfer.gate_state import GateState
 from support.renders import proxy_membership
 from support.specs import EXAMPLES, example
 
@@ -195,3 +198,62 @@ def reconciled_body(example: str) -> dict:
     doc = yaml.safe_load((EXAMPLES / example).read_text())
     doc["metadata"] |= {"namespace": "default", "uid": RECONCILED_UID, "generation": 1}
     return doc
+
+
+RUNNING_UID = "0b1c2d3e-0000-4000-8000-000000000032"
+P1 = "glm-flash-prefill-1"
+
+
+class RunningClient(MemoryClient):
+    """The API as the reconcile uses it on a deployment that already runs: its PDRoles' counts are
+    forwarded and what it prunes or drains is recorded."""
+
+    def forward_replicas(self, namespace: str, name: str, patch: dict) -> dict:
+        self.writes.append(("forward", name))
+        return {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDRole",
+                "metadata": {"name": name, "namespace": namespace, **patch.get("metadata", {})},
+                "spec": patch.get("spec", {})}
+
+    def delete(self, obj: dict) -> None:
+        self.writes.append(("delete", f"{obj['kind']}/{obj['metadata']['name']}"))
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        self.writes.append(("delete", f"Pod/{name}"))
+
+
+class GateDialer:
+    """Proxies that let every removed instance go; gates that report `behind` (a membership still
+    listing prefill 1) or what was pushed."""
+
+    def __init__(self, behind: bool) -> None:
+        self.behind = behind
+        self.pushed: list[tuple[list[str], dict]] = []
+
+    def read_all(self, pods: dict, token: str | None = None) -> dict:
+        return {name: ProxyState("v", {}) for name in pods}
+
+    def push_all(self, pods: dict, document: dict) -> dict:
+        self.pushed.append((sorted(pods), document))
+        members = [u.name for u in parse_document(document).prefill]
+        if self.behind:
+            return {name: GateState("old", ("glm-flash-prefill-0", P1), True, 0, None) for name in pods}
+        return {name: GateState(document["version"], tuple(members), True, 0, None) for name in pods}
+
+    def gate(self, pod_ip: str, port: int = 0) -> GateState:
+        raise ProxyUnreachable("connection refused", refused=True)
+
+
+def glm_body(prefill: int) -> dict:
+    """The GLM example as the reconcile receives it, with `prefill` instances."""
+    doc = yaml.safe_load((EXAMPLES / "glm-5.3-flash-tp8-dp2tp4.yaml").read_text())
+    doc["metadata"] |= {"namespace": "default", "uid": RUNNING_UID, "generation": 1}
+    doc["spec"]["prefill"]["replicas"] = prefill
+    return doc
+
+
+def running_pods(applied: list[dict]) -> list[dict]:
+    """The pods of `applied`, running with an address."""
+    pods = pods_of(with_status(applied))
+    for i, pod in enumerate(pods):
+        pod["status"]["podIP"] = f"10.0.0.{i + 1}"
+    return pods

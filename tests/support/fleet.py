@@ -114,7 +114,10 @@ def pods(cp: ControlPlane, namespace: str) -> dict[str, dict]:
 
 
 def expected_children(doc: dict) -> set[str]:
-    return {f"{m['kind']}/{m['metadata']['name']}" for m in render(resolve(doc))}
+    """What the operator applies for `doc`: its render, and its record of the last valid spec."""
+    resolved = resolve(doc)
+    return {f"{m['kind']}/{m['metadata']['name']}" for m in render(resolved)} | {
+        f"ConfigMap/{resolved.names.last_valid_spec}"}
 
 
 def problems(cp: ControlPlane, namespace: str, specs: dict[str, dict],

@@ -3,8 +3,7 @@ pods run by support/podnet.py: what the rollout tier's tests (tests/scaling/test
 bench/rollout.py share.
 
 The proxy's image is set apart from the engines' (`two_by_two`), so an image change rolls the
-instances and not the proxy Deployment (a proxy pod replaced under load is another matter); its
-engine pods are Ready only once their engine listens (`ready_when_serving`).
+instances and not the proxy Deployment (a proxy pod replaced under load is another matter).
 `CrashingImage` is a bad image as a kubelet reports it: kwok would mark the pods Ready at once.
 """
 
@@ -23,7 +22,7 @@ import yaml
 from pd_operator.api.labels import DEPLOYMENT, REVISION, ROLE
 from pd_operator.api.types import ROLES
 from support.audit import Event
-from support.cluster import DEFAULT_NODES, NEVER_READY_IMAGE, READY_WHEN_SERVING_ENV, ControlPlane
+from support.cluster import DEFAULT_NODES, NEVER_READY_IMAGE, ControlPlane
 from support.fakevllm import until
 from support.fixtures import keep_workdir
 from support.installed import condition, get_pdd, weights_claim
@@ -48,17 +47,8 @@ def loopback_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     cp.stop(keep=keep_workdir(request))
 
 
-def ready_when_serving(doc: dict) -> dict:
-    """`doc` with its engine pods Ready only once their fake engine listens, as readiness probes make
-    them (READY_WHEN_SERVING_ENV; support/podnet.py): the operator routes to no instance, a new or
-    a replaced one, before it serves."""
-    for role in ROLES:
-        doc["spec"][role].setdefault("env", []).append({"name": READY_WHEN_SERVING_ENV, "value": "1"})
-    return doc
-
-
 def two_by_two(namespace: str) -> dict:
-    doc = ready_when_serving(example(namespace=namespace))
+    doc = example(namespace=namespace)
     doc["spec"]["prefill"]["replicas"] = doc["spec"]["decode"]["replicas"] = 2
     doc["spec"].setdefault("proxy", {})["image"] = PROXY_IMAGE
     return doc

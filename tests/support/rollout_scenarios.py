@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 from pd_operator.api.types import ROLES, RolloutSpec
 from pd_operator.proxy.membership import Membership
-from support.cluster import ApiError, ControlPlane
+from support.cluster import READY_WHEN_SERVING_ENV, ApiError, ControlPlane
 from support.fakevllm import FakeEngine, Load, until
 from support.podnet import API_POLL_S, Kubelet, plain_engine
-from support.rollout import TIMEOUT_S, apply, create, progressing, ready_when_serving, status, status_until
+from support.rollout import TIMEOUT_S, apply, create, progressing, status, status_until
 from support.specs import example
 
 EXAMPLE_1P1D = "glm-5.3-flash-1p1d-tp4.yaml"
@@ -143,7 +143,10 @@ def scenario_engine(instance: str, role: str, pod: dict, container: dict) -> Fak
 
 def scenario_doc(scenario: Scenario, namespace: str) -> dict:
     """The scenario's example in `namespace`, its engine pods Ready only once their engine serves."""
-    return ready_when_serving(example(scenario.example, namespace=namespace))
+    doc = example(scenario.example, namespace=namespace)
+    for role in ROLES:
+        doc["spec"][role].setdefault("env", []).append({"name": READY_WHEN_SERVING_ENV, "value": "1"})
+    return doc
 
 
 async def run_scenario(cp: ControlPlane, namespace: str, workdir: pathlib.Path,

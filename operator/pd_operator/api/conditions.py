@@ -80,7 +80,7 @@ REASONS: list[tuple[str, str, str, str]] = [
     (KV_COMPATIBLE, "True", COMPATIBLE, "Prefill and decode KV layouts pair; the message gives both "
      "engine block sizes and the segment size."),
     (KV_COMPATIBLE, "False", FINDING, "The KV check failed; the message names the field to change. "
-     "Children of the last valid spec keep running."),
+     "Children of the last valid spec keep running, gated, drained and scaled on that spec."),
     (KV_COMPATIBLE, "False", LAYOUT_UNRESOLVED, "The model's KV description or a role's KV layout could "
      "not be resolved, without a finding saying why."),
     *((ROLE_READY[role], status, reason, text) for role in ("prefill", "decode")

@@ -2,7 +2,9 @@
 drift timer, a child's change) runs the same steps, so the outcome never depends on which one.
 
 validate (its image check renders each role's pod template and revision once, render/workloads.py
-Templates, which every later step takes) -> (invalid: status + event, children untouched) -> the
+Templates, which every later step takes) -> (invalid: the steps below go on with the last valid spec
+(controller/last_valid.py) and the status says why; none recorded: status + event, children
+untouched) -> the
 instance counts the roles' PDRoles ask for, held at spec.scaling's bounds (controller/pdroles.py,
 spec/scaling.py) -> the rollout's figures and next step (controller/rollout.py: which outdated
 instances leave, how many surge, its progress clock) -> render those -> gate the proxy (instances
@@ -29,12 +31,23 @@ from typing import TypeVar
 from pd_operator.api.conditions import KV_COMPATIBLE, READY
 from pd_operator.api.labels import INSTANCE, REVISION, ROLE
 from pd_operator.api.types import ROLES
-from pd_operator.controller import drain, events, gate, links, pdroles, restarts, revisions, rollout
+from pd_operator.controller import (
+    drain,
+    events,
+    gate,
+    last_valid,
+    links,
+    pdroles,
+    restarts,
+    revisions,
+    rollout,
+)
 from pd_operator.controller import status as status_mod
 from pd_operator.controller.client import Client, NotServed, concurrently
 from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
+from pd_operator.names import Names
 from pd_operator.proxy.membership import KEY
 from pd_operator.render import Boundary, Routable, render, tools, workloads
 from pd_operator.render.policy import CHART_DEFAULT, admin_token
@@ -301,12 +314,13 @@ def _group_restarts(client: Client, body: dict, children: list[dict], pods: list
 
 def _report_not_served(client: Client, body: dict, validation: Validation, children: list[dict],
                        pods: list[dict], figures: rollout.Figures, routable: Routable, err: NotServed,
-                       now: datetime, outcome: Outcome) -> None:
+                       now: datetime, outcome: Outcome, refused: Validation | None) -> None:
     """The cluster does not serve a child's kind (a PodGroup of spec.scheduling.gang without its API
     or CRD): the apply stopped there, before the StatefulSets. Say so in the status, then let the
     error go up (logged on one line; the drift loop retries, so installing the API is enough)."""
     observed = status_mod.Observed(children=children, pods=pods, unserved=err.manifest,
-                                   unserved_error=str(err), routable=routable, figures=figures)
+                                   unserved_error=str(err), routable=routable, figures=figures,
+                                   refused=refused)
     _write_status(client, body, validation, observed, now, outcome)
 
 
@@ -377,13 +391,24 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
               tools_image: str = DEFAULT_TOOLS_IMAGE, boundary: Boundary = CHART_DEFAULT,
               node_access: NodeAccess = NO_NODE_ACCESS) -> Outcome:
     """Bring the children of one PDDeployment to its spec. `children` and `pods` are the objects
-    carrying its `pd.serving.dev/deployment` label, as observed. Raises InvalidSpec (after recording
-    the findings in the status) when the spec cannot be served, client.ApiError on API failures."""
+    carrying its `pd.serving.dev/deployment` label, as observed. A spec that cannot be served is
+    reported in the status and what runs goes on with the last valid spec; without one, raises
+    InvalidSpec (after recording the findings in the status); client.ApiError on API failures."""
     now = now or _now()
     meta = body["metadata"]
     ns = meta["namespace"]
-    checked = check(manifest_of(body), read_config_map=lambda cm, k: client.read_config_map_key(ns, cm, k),
-                    host_path_policy=host_path_policy, tools_image=tools_image, node_access=node_access)
+    options = {"read_config_map": lambda cm, k: client.read_config_map_key(ns, cm, k),
+               "host_path_policy": host_path_policy, "tools_image": tools_image, "node_access": node_access}
+    checked = check(manifest_of(body), **options)
+    served, refused = body.get("spec") or {}, None
+    if checked.validation.resolved is None and (kept := last_valid.recorded(
+            children, Names(meta["name"], ns).last_valid_spec, meta["uid"])) is not None:
+        fallback = check({**manifest_of(body), "spec": kept}, **options)
+        if fallback.validation.resolved is not None:  # what runs goes on with it; the status says why
+            served, refused, checked = kept, checked.validation, fallback
+            logger.warning("Refused the spec of %s/%s, serving the last valid one: %s", ns, meta["name"],
+                           " ".join(f.line() for f in refused.errors),
+                           extra={"object": f"{ns}/{meta['name']}"})
     validation, rendered = checked.validation, checked.templates
     outcome = Outcome()
     if validation.resolved is not None:
@@ -406,7 +431,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     figures = rollout.figures(resolved, rendered.revisions, pods)
     moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"))
     routable = moving.plan.routable(moving.state)
-    desired = _desired(resolved, rendered, body, moving.plan, routable, boundary)
+    desired = [*_desired(resolved, rendered, body, moving.plan, routable, boundary),
+               stamp(last_valid.record(resolved, served), body)]
     the_diff = diff(desired, children, meta["uid"])
     departing = _leaving(resolved, body, children, moving.plan)
     gates = _gates(proxies, resolved, desired, the_diff, departing, pods, routable)
@@ -417,7 +443,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     try:
         children = _apply(client, ns, the_diff, children, asks, meta["uid"], outcome)
     except NotServed as err:
-        _report_not_served(client, body, validation, children, pods, figures, routable, err, now, outcome)
+        _report_not_served(client, body, validation, children, pods, figures, routable, err, now, outcome,
+                           refused)
         raise
     _report_drained(client, body, resolved, drains, outcome.pruned)
     _replace(client, body, resolved, rendered.revisions, drains, moving.plan, pods, outcome)
@@ -434,7 +461,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
                                    restarts=decisions,
                                    links=_kv_links(proxies, resolved, remaining, previous, gates),
                                    scaling=bounded, draining=[d.status() for d in draining],
-                                   routable=routable, figures=figures)
+                                   routable=routable, figures=figures, refused=refused)
     _write_role_statuses(client, resolved, observed, bounded, meta["uid"], now, outcome)
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted or outcome.replaced:

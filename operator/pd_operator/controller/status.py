@@ -64,6 +64,9 @@ class Observed:
     figures: Figures | None = None
     """Each role's revision, instances updated and Ready over `pods` (controller/rollout.py
     figures); given whenever the spec is valid."""
+    refused: Validation | None = None
+    """The spec's own validation when it was refused and the children follow the last valid spec
+    (controller/last_valid.py), which the validation passed with the status is."""
 
 
 @dataclass(frozen=True)
@@ -299,7 +302,17 @@ def _scaling_condition(resolved: Resolved, observed: Observed) -> _Cond:
                  " ".join(f"PDRole {resolved.names.role(h.role)}: {h.message()}" for h in holds))
 
 
+def _refused(refused: Validation) -> list[_Cond]:
+    """Ready and Progressing while a refused spec waits and the last valid one runs."""
+    return [_Cond(c.READY, False, refused.errors[0].code if refused.errors else c.INVALID_SPEC,
+                  "The spec is invalid; the instances keep running, gated and drained, on the last valid "
+                  f"spec. {_errors_text(refused.errors)}"),
+            _Cond(c.PROGRESSING, False, c.INVALID_SPEC, "Fix the spec to continue.")]
+
+
 def _summary(validation: Validation, parts: list[_Cond], observed: Observed) -> list[_Cond]:
+    if observed.refused is not None:
+        return _refused(observed.refused)
     if validation.resolved is None:
         text = _errors_text(validation.errors)
         return [_Cond(c.READY, False, validation.errors[0].code if validation.errors else c.INVALID_SPEC,
@@ -388,7 +401,7 @@ def _rollout_condition(resolved: Resolved, moving: Rollout | None, pods: list[di
 
 def _evaluate(validation: Validation, observed: Observed) -> list[_Cond]:
     resolved = validation.resolved
-    kv = _kv_condition(validation)
+    kv = _kv_condition(observed.refused or validation)
     if resolved is None:
         return [kv, *_summary(validation, [], observed), _degraded(observed)]
     figures = _figures(observed)
