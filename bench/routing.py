@@ -29,6 +29,7 @@ routing) to the caching fakes over HTTP on loopback, 64 streams at a time, each 
 
 Figures:
 - requests: requests replayed
+- prefills: prefill instances of the main run (decode: 2)
 - time_scale: the factor on the trace's arrival times
 - least_loaded_prefill_utilisation: prefill busy time over instance time while requests arrive,
   least-loaded routing
@@ -59,6 +60,13 @@ Figures:
   printed for scale
 - live_replayed_requests: requests of the live replay through the real pd-proxy process
 - live_approximate_hit_ratio: prompt tokens the caching fakes found cached over prompt tokens there
+- least_loaded_prefill_utilisation_4_prefills: least-loaded's prefill utilisation in a second run
+  with 4 prefill instances, at its own time scale chosen the same way
+- least_loaded_hit_ratio_4_prefills: least-loaded's hit ratio there
+- approximate_hit_ratio_4_prefills: approximate routing's hit ratio there
+- precise_hit_ratio_4_prefills: precise routing's hit ratio there
+- approximate_vs_least_loaded_ttft_ratio_4_prefills: the TTFT ratio of approximate routing there
+- precise_vs_least_loaded_ttft_ratio_4_prefills: the TTFT ratio of precise routing there
 - routing_failed_requests: requests the simulations could not route plus requests of the live replay
   that failed (an error, a wrong answer, an engine's protocol error)
 """
@@ -100,6 +108,9 @@ TRACE_BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry (the trace's README)."""
 PREFILLS, DECODES = 2, 2
 """Instances of each role (--prefills for more prefill)."""
+WIDER_PREFILLS = 4
+"""The second run's prefill instances: with 2, least-loaded lands a repeated prefix on the instance
+that holds it half the time by chance; with more, less often (docs/benchmarks.md)."""
 DECODE_TOKEN_S = 0.06949
 """Decode's time per output token (the same measurement as the prefill's fixed part, its TPOT)."""
 UTILISATION, TOLERANCE = 0.75, 0.01
@@ -450,10 +461,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup = Setup(args.prefills, args.cache_blocks or kv.cache_blocks, kv.block_size, measured())
 
-    def run(policy: Policy) -> Callable[[float], Outcome]:
-        return lambda scale: simulate(requests, scale, policy, setup)
+    def run(policy: Policy, on: Setup = setup) -> Callable[[float], Outcome]:
+        return lambda scale: simulate(requests, scale, policy, on)
 
     scale, least = scale_for_utilisation(run(Policy("off")), 1e-3, 1e3)
+    wider = replace(setup, prefills=WIDER_PREFILLS)
+    wider_scale, wider_least = scale_for_utilisation(run(Policy("off"), wider), 1e-3, 1e3)
+    wider_approximate = run(Policy("approximate"), wider)(wider_scale)
+    wider_precise = run(Policy("precise"), wider)(wider_scale)
     approximate = run(Policy("approximate"))(scale)
     two_proxies = run(Policy("approximate", proxies=2))(scale)
     precise = run(Policy("precise"))(scale)
@@ -463,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         live = asyncio.run(live_replay(requests[:args.live_requests], setup, "approximate", workdir))
     bench.report(__doc__, {
         "requests": len(requests),
+        "prefills": setup.prefills,
         "time_scale": f"{scale:.3f}",
         "least_loaded_prefill_utilisation": f"{least.utilisation:.3f}",
         "least_loaded_ttft_mean_ms": f"{least.ttft_ms():.1f}",
@@ -486,7 +502,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "precise_ttft_p99_ms": f"{precise.ttft_ms(99):.1f}",
         "precise_hit_ratio": f"{precise.hit_ratio:.3f}",
         "precise_vs_least_loaded_ttft_ratio": f"{precise.ttft_ms() / least.ttft_ms():.3f}",
-        "routing_failed_requests": sum(o.failed for o in (least, approximate, two_proxies, precise, oracle))
+        "least_loaded_prefill_utilisation_4_prefills": f"{wider_least.utilisation:.3f}",
+        "least_loaded_hit_ratio_4_prefills": f"{wider_least.hit_ratio:.3f}",
+        "approximate_hit_ratio_4_prefills": f"{wider_approximate.hit_ratio:.3f}",
+        "precise_hit_ratio_4_prefills": f"{wider_precise.hit_ratio:.3f}",
+        "approximate_vs_least_loaded_ttft_ratio_4_prefills":
+            f"{wider_approximate.ttft_ms() / wider_least.ttft_ms():.3f}",
+        "precise_vs_least_loaded_ttft_ratio_4_prefills":
+            f"{wider_precise.ttft_ms() / wider_least.ttft_ms():.3f}",
+        "routing_failed_requests": sum(o.failed for o in (least, approximate, two_proxies, precise, oracle,
+                                                          wider_least, wider_approximate, wider_precise))
         + len(live.failed),
     })
     return bench.exit_code(live.failed)
