@@ -22,10 +22,12 @@ trace's arrival times), found so that least-loaded's prefill utilisation is 0.75
 `precise`: its precise prefix routing, the caching fakes' KV events (vLLM's format, our encoder)
 handed to pd-proxy's own event feed (proxy/kv_events.py `Feed`) when the prefill that cached the
 blocks finishes; `oracle`: the same, each event handed over the moment the engine caches its blocks,
-so every decision knows every cache exactly. The routing overhead is measured apart, in CPU and
-wall-clock time, over the trace's first 2000 requests with 64 in flight at one proxy. Last, a live
-replay: the trace's first `--live-requests` requests through the real `pd-proxy` process (approximate prefix
-routing) to the caching fakes over HTTP on loopback, 64 streams at a time, each answer checked.
+so every decision knows every cache exactly. A second run repeats least-loaded, approximate and
+precise with 4 prefill instances, at its own time scale found the same way. The routing overhead is
+measured apart, in CPU and wall-clock time, over the trace's first 2000 requests with 64 in flight
+at one proxy. Last, a live replay: the trace's first `--live-requests` requests through the real
+`pd-proxy` process (approximate prefix routing) to the caching fakes over HTTP on loopback, 64
+streams at a time, each answer checked.
 
 Figures:
 - requests: requests replayed
