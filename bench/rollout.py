@@ -25,9 +25,10 @@ PDDeployment of its own that must fail no request under a load keeping 2 request
 decode instance, a KV transfer in flight when a prefill drains, and engine pods Ready only once
 their engine serves: default_1p1d (the 1P1D example's default rollout of an env change on both
 roles), layout_change (decode TP4 -> TP2) and paused_resumed (the env change applied paused, then
-resumed). Each prints its failed requests, the requests it sent and the fewest serving
+resumed). Each prints its failed requests, the requests it sent, the fewest serving
 prefill/decode pairs (per KV layout, the fewer of its members) in a sample of the membership the
-proxy routed by. The fourth, pods_per_instance (the GLM example's decode DP2 -> DP4), still fails
+proxy routed by, and the requests in flight per decode member (the proxy's `/pd/state`, the mean
+over the samples). The fourth, pods_per_instance (the GLM example's decode DP2 -> DP4), still fails
 requests (its `pending`): the rollout tier expects that failure, and it joins here, with its three
 figures, once it holds.
 
@@ -46,12 +47,15 @@ Figures:
 - default_1p1d_failed_requests: default_1p1d, failed requests and the engines' protocol errors
 - default_1p1d_requests: default_1p1d, requests sent
 - default_1p1d_min_serving_pairs: default_1p1d, the fewest serving prefill/decode pairs in a sample
+- default_1p1d_inflight_per_decode: default_1p1d, requests in flight per decode member (mean)
 - layout_change_failed_requests: layout_change, failed requests and protocol errors
 - layout_change_requests: layout_change, requests sent
 - layout_change_min_serving_pairs: layout_change, the fewest serving pairs in a sample
+- layout_change_inflight_per_decode: layout_change, requests in flight per decode member (mean)
 - paused_resumed_failed_requests: paused_resumed, failed requests and protocol errors
 - paused_resumed_requests: paused_resumed, requests sent
 - paused_resumed_min_serving_pairs: paused_resumed, the fewest serving pairs in a sample
+- paused_resumed_inflight_per_decode: paused_resumed, requests in flight per decode member (mean)
 """
 
 from __future__ import annotations
@@ -185,7 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rollout_failed_requests": len(result.failed),
         **{figure: value for name, o in scenarios.items() for figure, value in (
             (f"{name}_failed_requests", len(o.failed)), (f"{name}_requests", o.requests),
-            (f"{name}_min_serving_pairs", o.fewest_pairs if o.fewest_pairs is not None else "nan"))},
+            (f"{name}_min_serving_pairs", o.fewest_pairs if o.fewest_pairs is not None else "nan"),
+            (f"{name}_inflight_per_decode",
+             f"{o.inflight_per_decode:.2f}" if o.inflight_per_decode is not None else "nan"))},
     })
     return bench.exit_code(result.failed + [f for o in scenarios.values() for f in o.failed])
 

@@ -2,9 +2,10 @@
 1P1D example's default rollout of an env change, decode TP4 -> TP2, the GLM example's decode
 DP2 -> DP4, a paused-then-resumed rollout) under a load keeping 2 requests in flight per decode, a
 KV transfer in flight when a prefill drains, and engine pods Ready only once their fake engine
-listens. Checked: 0 failed requests (and no engine protocol error), the rollout finished, and a
+listens. Checked: 0 failed requests (and no engine protocol error), the rollout finished, a
 serving prefill/decode pair within one KV layout at every sample of the membership the proxy routed
-by. First, the harness itself: a marked pod is not Ready while its engine does not listen, and the
+by, and on average at least 2 requests in flight per decode member in those samples (the load).
+First, the harness itself: a marked pod is not Ready while its engine does not listen, and the
 operator routes to its instance only once it does.
 Only conditions are waited for; nothing asserts a duration.
 """
@@ -100,3 +101,5 @@ def test_a_rollout_fails_no_request_and_keeps_a_serving_pair(control_plane, name
     assert outcome.failed == [], outcome.failed[:10]
     assert outcome.requests > 0 and outcome.samples >= 2, outcome
     assert outcome.fewest_pairs is not None and outcome.fewest_pairs >= 1, outcome
+    # The load it held: on average at least 2 requests in flight at each decode the proxy routed to.
+    assert outcome.inflight_per_decode is not None and outcome.inflight_per_decode >= 2, outcome

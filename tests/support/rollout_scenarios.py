@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -91,6 +92,8 @@ class Outcome:
     fewest_pairs: int | None = None
     """The fewest serving pairs in a sample (None: no sample)."""
     samples: int = 0
+    inflight_per_decode: float | None = None
+    """The requests in flight at the decode members, per member, the mean over the samples."""
 
 
 def serving_pairs(listed: Membership) -> int:
@@ -102,12 +105,14 @@ def serving_pairs(listed: Membership) -> int:
 
 class PairSampler:
     """Samples the membership the proxy routes by (the ConfigMap's, once the proxy pod reports its
-    version): the fewest serving pairs seen, and how many samples."""
+    version): the fewest serving pairs seen, how many samples, and the requests in flight per
+    decode member in each."""
 
     def __init__(self, kubelet: Kubelet) -> None:
         self.kubelet = kubelet
         self.fewest: int | None = None
         self.samples = 0
+        self.inflight_per_decode: list[float] = []
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
@@ -119,6 +124,10 @@ class PairSampler:
                 pairs = serving_pairs(listed)
                 self.fewest = pairs if self.fewest is None else min(self.fewest, pairs)
                 self.samples += 1
+                decodes = [load.inflight for name, load in state.upstreams.items()
+                           if name in {u.name for u in listed.decode}]
+                if decodes:
+                    self.inflight_per_decode.append(sum(decodes) / len(decodes))
             await asyncio.sleep(SAMPLE_S)
 
     def stop(self) -> None:
@@ -198,6 +207,8 @@ async def run_scenario(cp: ControlPlane, namespace: str, workdir: pathlib.Path,
         outcome.requests = len(load.started)
         outcome.failed += load.failures + kubelet.errors()
         outcome.fewest_pairs, outcome.samples = sampler.fewest, sampler.samples
+        if sampler.inflight_per_decode:
+            outcome.inflight_per_decode = statistics.fmean(sampler.inflight_per_decode)
     return outcome
 
 
