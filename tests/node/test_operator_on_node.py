@@ -10,12 +10,15 @@ Mooncake (tcp), and the decode container logs the bytes it verified.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 import pytest
@@ -29,6 +32,7 @@ from support.kube import kubectl
 from support.node import NodeCluster
 from support.node_journey import (
     CHART_IMAGE,
+    VERIFIED,
     Answer,
     Deployment,
     Load,
@@ -42,6 +46,7 @@ from support.node_journey import (
     verified,
     wait_ready,
 )
+from support.serving_standin import MAX_PROMPT_TOKENS
 from support.specs import EXAMPLES, example
 
 pytestmark = pytest.mark.node
@@ -306,16 +311,78 @@ def test_a_prefill_scale_up_is_linked_at_once_and_projected_at_the_kubelets_sync
     assert record["ok"] and record["from"] == f"{journey.namespace}.{journey.name}-prefill-0"
 
 
-@pytest.mark.xfail(strict=False, reason="issue 32 (Rollouts that hold in the seams): a prefill replaced "
-                   "under load must keep every decode Ready and fail no request; on the real node it does "
-                   "not yet")
+LOAD_CLIENTS_PER_DECODE = 4
+"""The rollout's load: this many clients per decode member, so that at least 2 requests are in flight
+per decode at every sample (each client sends its next request as soon as its last is answered)."""
+
+
+def log_lines(cluster: NodeCluster, deployment: Deployment, pod: str,
+              container: str) -> list[tuple[datetime, str]]:
+    """(time, text) of a container's log lines, timed by the node's container runtime as it wrote them
+    (`kubectl logs --timestamps`: RFC 3339 with up to nanoseconds, here cut to microseconds)."""
+    logs = kubectl(cluster.kubeconfig, "logs", "-n", deployment.namespace, pod, "-c", container,
+                   "--timestamps").stdout
+    out = []
+    for line in logs.splitlines():
+        stamp, _, text = line.partition(" ")
+        seconds, _, fraction = stamp.rstrip("Z").partition(".")
+        out.append((datetime.fromisoformat(f"{seconds}.{(fraction + '000000')[:6]}+00:00"), text))
+    return out
+
+
+def routing_ended(cluster: NodeCluster, deployment: Deployment, names: set[str], after: datetime) -> datetime:
+    """When the last proxy pod loaded a membership (after `after`) listing none of the prefill
+    instances `names`: from then on no request of the load could reach them."""
+    ends = []
+    for pod in pods(cluster, deployment, "proxy"):
+        changes = [(at, ast.literal_eval(m.group(1))) for at, text in log_lines(
+            cluster, deployment, pod["metadata"]["name"], "proxy")
+            if at > after and (m := re.search(r"membership version .* prefill (\[.*?\]), decode", text))]
+        end = next((at for at, listed in changes if not names & set(listed)), None)
+        assert end, f"proxy pod {pod['metadata']['name']} logged no membership without {sorted(names)}"
+        ends.append(end)
+    return max(ends)
+
+
+def pulled_after(cluster: NodeCluster, deployment: Deployment, hosts: set[str],
+                 moment: datetime) -> list[dict]:
+    """The decode engines' `kv verified` records of KV pulled from a prefill pod at `hosts` (its Mooncake
+    segment's host) and logged after `moment`."""
+    out = []
+    for pod in pods(cluster, deployment, "decode"):
+        for at, text in log_lines(cluster, deployment, pod["metadata"]["name"], "vllm"):
+            if at > moment and text.startswith(VERIFIED):
+                record = json.loads(text[len(VERIFIED):])
+                if record.get("segment", "").rsplit(":", 1)[0] in hosts:
+                    out.append(record)
+    return out
+
+
 def test_a_prefill_rollout_under_load_keeps_every_decode_ready_and_fails_no_request(node_cluster, journey):
     """The rendered probe periods and the kubelet's default 1 min sync: a prefill template change
-    (an env variable) replaces the prefill instance while a client sends completions."""
+    (an env variable) replaces the prefill instance (with the default surge: a new instance first, then
+    the old one drained and deleted) while clients keep LOAD_CLIENTS_PER_DECODE completions per decode
+    in flight, each with the longest prompt the stand-in carries (the most KV to pull). Every decode
+    stays Ready and no request fails; the load had at least 2 requests per decode in flight at every
+    sample of the drain (from the old instance leaving the proxy's membership to its pods' deletion),
+    and a decode pulled KV from the old prefill pod after the proxy stopped routing to it: a transfer
+    was in flight as it drained."""
     cluster = node_cluster
     path = f"/apis/pd.serving.dev/v1alpha1/namespaces/{journey.namespace}/pddeployments/{journey.name}"
-    old = {p["metadata"]["uid"] for p in pods(cluster, journey, "prefill")}
+    membership = f"/api/v1/namespaces/{journey.namespace}/configmaps/{journey.name}-proxy"
+
+    def members(role: str) -> set[str]:
+        return {u["name"] for u in json.loads(cluster.api("GET", membership)["data"]["upstreams.json"])[role]}
+
+    decodes = len(members("decode"))
+    old_instances = members("prefill")
+    old = {p["metadata"]["uid"]: p for p in pods(cluster, journey, "prefill")}
+    old_hosts = {p["status"]["podIP"] for p in old.values()}
+    assert decodes and old_instances and old
     unready: set[str] = set()
+    drain: dict[str, float] = {}
+    in_flight: list[int] = []
+    """The load's requests in flight at each sample between the drain's start and the deletion."""
 
     def rolled() -> bool:
         """Done once the new prefill serves; fails at the first decode seen not Ready or request failed."""
@@ -326,13 +393,40 @@ def test_a_prefill_rollout_under_load_keeps_every_decode_ready_and_fails_no_requ
         assert not unready, f"decode pods left Ready during the rollout: {sorted(unready)}"
         assert not load.failed(), [a.body for a in load.failed()[:3]]
         prefills = pods(cluster, journey, "prefill")
-        return bool(prefills) and not {p["metadata"]["uid"] for p in prefills} & old and is_ready(
+        if "began" not in drain and not old_instances & members("prefill"):
+            drain["began"] = time.monotonic()
+        if "began" in drain and "deleted" not in drain:
+            in_flight.append(load.in_flight)
+            if not any(p["metadata"]["uid"] in old and "deletionTimestamp" not in p["metadata"]
+                       for p in prefills):
+                drain["deleted"] = time.monotonic()
+        return bool(prefills) and not {p["metadata"]["uid"] for p in prefills} & set(old) and is_ready(
             cluster, journey.namespace, journey.name)
 
-    with Load(cluster, journey) as load:
-        wait_for("the load served", lambda: any(a.status == 200 for a in load.answers), 120)
+    prompt = ("Where does the KV cache of this prompt go? " * MAX_PROMPT_TOKENS)[:MAX_PROMPT_TOKENS]
+    with Load(cluster, journey, clients=LOAD_CLIENTS_PER_DECODE * decodes, prompt=prompt) as load:
+        wait_for("the load served", lambda: sum(a.status == 200 for a in load.answers) >= 10, 120)
+        patched = datetime.now(UTC)
         env = [*journey.doc["spec"]["prefill"].get("env", []), {"name": "PD_TEST_ROLLOUT", "value": "1"}]
         cluster.api("PATCH", path, {"spec": {"prefill": {"env": env}}},
                     content_type="application/merge-patch+json")
         wait_for("the prefill rolled out", rolled, 900, interval=1)
-    print(f"rollout under load: {len(load.answers)} requests, none failed, every decode Ready")
+    assert not load.failed(), [a.body for a in load.failed()[:3]]
+
+    new = pods(cluster, journey, "prefill")
+    assert new and not {p["metadata"]["uid"] for p in new} & set(old), "old prefill pods still run"
+    for pod in new:
+        (engine,) = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
+        assert {"name": "PD_TEST_ROLLOUT", "value": "1"} in engine.get("env", []), pod["metadata"]["name"]
+    assert in_flight, "the old prefill's drain was not seen: its instance never left the proxy's membership"
+    assert min(in_flight) >= 2 * decodes, f"requests in flight during the drain: {in_flight}"
+    ended = routing_ended(cluster, journey, old_instances, patched)
+    crossing = pulled_after(cluster, journey, old_hosts, ended)
+    assert crossing, "no KV was pulled from the old prefill after the proxy stopped routing to it"
+    assert all(r["ok"] and r["bytes"] == r["planBytes"] > 0 for r in crossing)
+    record = serves_again(cluster, journey)
+    assert record["ok"] and record["segment"].rsplit(":", 1)[0] in {p["status"]["podIP"] for p in new}
+    print(f"rollout under load: {len(load.answers)} requests from {LOAD_CLIENTS_PER_DECODE * decodes} "
+          f"clients, none failed, every decode Ready; in flight during the drain "
+          f"({drain['deleted'] - drain['began']:.0f} s): {min(in_flight)}..{max(in_flight)}; "
+          f"{len(crossing)} KV transfers from the old prefill finished after the proxy stopped routing to it")

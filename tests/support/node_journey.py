@@ -173,18 +173,24 @@ def remove(cluster: NodeCluster, deployment: Deployment) -> None:
 
 
 class Load:
-    """Completions through pd-proxy, one after the other from a thread, until `stop()`: each answer's
-    status is kept (`failed()` lists what was not a 200)."""
+    """Completions through pd-proxy from `clients` threads, each sending the next as soon as its last is
+    answered, until `stop()`: each answer's status is kept (`failed()` lists what was not a 200) and
+    `in_flight` counts the requests sent and not yet answered. `prompt`'s bytes are its tokens to the
+    stand-in `vllm` (serving_standin.MAX_PROMPT_TOKENS at most), whose KV decode pulls from prefill."""
 
-    def __init__(self, cluster: NodeCluster, deployment: Deployment) -> None:
-        self.cluster, self.deployment = cluster, deployment
+    def __init__(self, cluster: NodeCluster, deployment: Deployment, clients: int = 1,
+                 prompt: str = "load") -> None:
+        self.cluster, self.deployment, self.prompt = cluster, deployment, prompt
         self.url = proxy_url(cluster, deployment)
         self.answers: list[Answer] = []
+        self.in_flight = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
 
     def __enter__(self) -> Load:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -192,15 +198,20 @@ class Load:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(120)
+        for thread in self._threads:
+            thread.join(120)
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            with self._lock:
+                self.in_flight += 1
             try:
-                answer = complete(self.cluster, self.deployment, "load", self.url, max_tokens=2)
+                answer = complete(self.cluster, self.deployment, self.prompt, self.url, max_tokens=2)
             except OSError as err:  # refused, reset, timed out: a failed request too
                 answer = Answer("", 0, {"error": f"{type(err).__name__}: {err}"})
-            self.answers.append(answer)
+            with self._lock:
+                self.in_flight -= 1
+                self.answers.append(answer)
             if answer.status != 200:
                 self._stop.wait(0.1)  # a client backing off: failures come back at once
 
