@@ -101,6 +101,26 @@ def test_the_node_is_a_kubelet_on_containerd_with_the_ascend_resources(cluster):
     assert "kwok" not in cluster.components
 
 
+def test_the_device_plugin_advertises_the_largest_example_plus_one_surge_instance():
+    """Per Ascend resource name, every example's engine NPUs (limits x pods per instance, every
+    instance) plus its largest instance once more (the default rollout's one surge instance) fit in
+    what the device-plugin stand-in advertises; no example asks for a resource it does not have."""
+    needs: dict[tuple[str, str], int] = {}
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        if not renders.validated(path).ok:
+            continue
+        instances: dict[str, list[int]] = {}
+        for engine_set in renders.serving_sets(renders.rendered(path)):
+            for name, count in renders.container(engine_set)["resources"]["limits"].items():
+                if name.startswith("huawei.com/"):
+                    instances.setdefault(name, []).append(int(count) * engine_set["spec"]["replicas"])
+        for name, npus in instances.items():
+            assert name in NPUS, f"{path.name} asks for {name}"
+            needs[path.name, name] = sum(npus) + max(npus)
+    assert needs and all(need <= NPUS[name] for (_, name), need in needs.items()), needs
+    assert max(needs.values()) == max(NPUS.values()), f"no example needs all of {NPUS}: {needs}"
+
+
 def test_a_pod_runs_in_containerd_ready_by_its_probe_with_the_npus_it_was_allocated(cluster, ns):
     command = f"echo devices=$ASCEND_VISIBLE_DEVICES; exec python3 -c \"{SERVER}\""
     manifest = pod("server", command, container={
