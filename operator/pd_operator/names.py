@@ -65,6 +65,12 @@ class Names:
         KV-link probe's pairing; `digest` is a hash of its data."""
         return f"{self.deployment}-{role}-{digest}"
 
+    def revision_record(self, role: str, index: int, digest: str) -> str:
+        """One instance's record of a revision (a ControllerRevision, controller/revisions.py); `digest`
+        is a hash of its data. The `-rev-` keeps it apart from the StatefulSet controller's own
+        ControllerRevisions, `<StatefulSet>-<hash>` with no dash in the hash."""
+        return f"{self.instance(role, index)}-rev-{digest}"
+
     @property
     def prefill_peers(self) -> str:
         """Without the proxy: the prefill instances the decode gates link (render/serving_config.py)."""

@@ -8,6 +8,7 @@ import copy
 import json
 
 from pd_operator.controller import reconcile as reconcile_mod
+from pd_operator.controller import revisions
 from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.render import render, workloads
 from support.controller_fakes import RECONCILED_UID, MemoryClient, pods_of, reconciled_body, with_status
@@ -95,9 +96,11 @@ def _running(applied: list[dict]) -> list[dict]:
 
 
 def _owned(objs: list[dict]) -> list[dict]:
+    """As the API server returns what the reconcile applied (its owner reference to the PDDeployment
+    is stamped on already)."""
     out = copy.deepcopy(objs)
     for o in out:
-        o["metadata"]["ownerReferences"] = [{"uid": RECONCILED_UID, "controller": True}]
+        assert o["metadata"]["ownerReferences"][0]["uid"] == RECONCILED_UID
     return out
 
 
@@ -118,9 +121,13 @@ def test_an_old_revision_config_stays_while_a_pod_mounts_it_and_goes_after():
     assert created and not created & old  # the new revision's configs are new objects
     assert not [d for d in second.deleted if d.split("/")[1] in old], second.deleted  # old pods mount them
 
-    # Once no pod and no StatefulSet names the old configs, they are collected.
+    # The old instances keep their StatefulSets (and so their configs) until the rollout moves them.
     applied = {m["metadata"]["name"]: m for verb, m in second.writes if verb == "apply"}
-    now = _owned([applied.get(c["metadata"]["name"], c) for c in children]
+    assert {n for n, m in applied.items() if m["kind"] == "StatefulSet"} == {
+        f"glm-flash-1p1d-{role}-1" for role in ("prefill", "decode")}  # the surge instances only
+    # Once no pod, StatefulSet or instance's record names the old configs (the old instances gone),
+    # they are collected.
+    now = _owned([c for c in children if c["kind"] not in ("StatefulSet", "ControllerRevision")]
                  + [m for n, m in applied.items() if n not in {c["metadata"]["name"] for c in children}])
     for sts in of_kind(now, "StatefulSet"):
         assert _mounted(sts) not in old
@@ -128,3 +135,139 @@ def test_an_old_revision_config_stays_while_a_pod_mounts_it_and_goes_after():
     reconcile_mod.reconcile(third, ProxyStateReader(), changed, now, [])  # type: ignore[arg-type]
     assert {d.split("/")[1] for d in third.deleted if d.startswith("ConfigMap/")} == old
     assert json.dumps(sorted(old))  # named, not empty
+
+
+# -- each instance on its own revision (its record) until the rollout moves it --------------------------
+
+IN_PLACE = {"maxUnavailable": 1, "maxSurge": 0}
+DECODE = [f"glm-flash-1p1d-decode-{i}" for i in (0, 1)]
+
+
+def _two_decodes(**rollout: object) -> dict:
+    body = reconciled_body("glm-5.3-flash-1p1d-tp4.yaml")
+    body["spec"]["decode"]["replicas"] = 2
+    body["spec"]["decode"]["rollout"] = {**IN_PLACE, **rollout}
+    return body
+
+
+def _created(body: dict) -> list[dict]:
+    first = MemoryClient()
+    reconcile_mod.reconcile(first, ProxyStateReader(), body, [], [])  # type: ignore[arg-type]
+    return _owned([m for verb, m in first.writes if verb in ("apply", "create")])
+
+
+def _env_changed(body: dict, **rollout: object) -> dict:
+    out = copy.deepcopy(body)
+    out["spec"]["decode"].setdefault("env", []).append({"name": "EXTRA", "value": "1"})
+    out["spec"]["decode"]["rollout"].update(rollout)
+    out["metadata"]["generation"] = 2
+    return out
+
+
+def _stateful_sets(writes: list[tuple[str, object]]) -> dict[str, dict]:
+    return {m["metadata"]["name"]: m for verb, m in writes  # type: ignore[index]
+            if verb == "apply" and m["kind"] == "StatefulSet"}  # type: ignore[index]
+
+
+def _records(objs: list[dict]) -> list[dict]:
+    return [o for o in objs if o["kind"] == "ControllerRevision"]
+
+
+def _revision(sts: dict) -> str:
+    return sts["spec"]["template"]["metadata"]["labels"]["pd.serving.dev/revision"]
+
+
+def test_each_instance_is_recorded_with_its_whole_stateful_set_and_config():
+    children = _created(_two_decodes())
+    records = {r["metadata"]["name"]: r for r in _records(children)}
+    assert len(records) == 3  # one per instance (1 prefill, 2 decode)
+    sets = {s["metadata"]["name"]: s for s in of_kind(children, "StatefulSet")}
+    for record in records.values():
+        sts = sets[record["data"]["statefulSet"]["metadata"]["name"]]
+        assert record["revision"] == 1
+        assert record["metadata"]["name"].startswith(sts["metadata"]["name"] + "-rev-")
+        assert record["data"]["statefulSet"]["spec"] == sts["spec"]  # replicas (pods per instance) too
+        assert record["data"]["config"]["metadata"]["name"] == _mounted(sts)
+        assert record["metadata"]["labels"]["pd.serving.dev/recorded-revision"] == _revision(sts)
+        assert record["metadata"]["ownerReferences"][0]["uid"] == RECONCILED_UID
+
+
+def test_a_paused_rollout_writes_no_instance_the_new_template():
+    body = _two_decodes()
+    children = _created(body)
+    paused = MemoryClient()
+    reconcile_mod.reconcile(paused, ProxyStateReader(), _env_changed(body, paused=True), children,  # type: ignore[arg-type]
+                            _running(children))
+    # Under OnDelete a pod evicted or crashed comes back from its StatefulSet's template: the template
+    # stays the instance's own until the rollout moves it.
+    assert _stateful_sets(paused.writes) == {}
+    assert _records([m for verb, m in paused.writes if verb == "apply"]) == []  # type: ignore[misc]
+
+
+def test_a_deleted_or_hand_edited_stateful_set_returns_on_its_own_revision():
+    body = _two_decodes()
+    children = _created(body)
+    old = {s["metadata"]["name"]: s for s in of_kind(children, "StatefulSet")}
+    edited = copy.deepcopy(old[DECODE[1]])
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "example.com/by-hand:1"
+    observed = [edited if c is old[DECODE[1]] else c for c in children if c is not old[DECODE[0]]]
+    client = MemoryClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), _env_changed(body, paused=True), observed,  # type: ignore[arg-type]
+                            _running(children))
+    restored = _stateful_sets(client.writes)
+    assert set(restored) == set(DECODE)
+    for name in DECODE:  # the old template, not the spec's new one (the rollout is paused)
+        assert restored[name]["spec"] == old[name]["spec"]
+    # The configs they mount exist, and the records are not written again.
+    assert _records([m for verb, m in client.writes if verb == "apply"]) == []  # type: ignore[misc]
+
+
+def test_the_rollout_writes_the_new_template_to_the_instance_it_replaces_only():
+    body = _two_decodes()
+    children = _created(body)
+    old = {s["metadata"]["name"]: s for s in of_kind(children, "StatefulSet")}
+    client = PruningClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), _env_changed(body), children,  # type: ignore[arg-type]
+                            _running(children))
+    # decode-1 moves first (highest ordinal); no proxy state to wait for, so its drain is done at once
+    assert ("delete-pod", f"{DECODE[1]}-0") in client.writes
+    written = _stateful_sets(client.writes)
+    assert set(written) == {DECODE[1]}
+    assert _revision(written[DECODE[1]]) != _revision(old[DECODE[1]])
+    (record,) = _records([m for verb, m in client.writes if verb == "apply"])  # type: ignore[misc]
+    assert record["revision"] == 2 and record["data"]["statefulSet"]["spec"] == written[DECODE[1]]["spec"]
+    assert record["metadata"]["labels"]["pd.serving.dev/recorded-revision"] == _revision(written[DECODE[1]])
+    assert not [d for d in client.deleted if d.startswith("ControllerRevision/")]  # history kept
+
+
+def _history(count: int) -> tuple[list[dict], list[str]]:
+    """`count` records of decode-0, numbered 1.., each of its own revision, owned."""
+    body = _two_decodes()
+    (sts,) = [s for s in of_kind(_created(body), "StatefulSet") if s["metadata"]["name"] == DECODE[0]]
+    out = []
+    for n in range(1, count + 1):
+        variant = copy.deepcopy(sts)
+        variant["spec"]["template"]["metadata"]["labels"]["pd.serving.dev/revision"] = f"rev{n}"
+        rec = revisions.record(resolve(example("glm-5.3-flash-1p1d-tp4.yaml")).names, variant, {})
+        rec["revision"] = n
+        rec["metadata"]["ownerReferences"] = [{"uid": RECONCILED_UID, "controller": True}]
+        out.append(rec)
+    return out, [sts]
+
+
+def _pod_on(revision: str) -> dict:
+    labels = {"pd.serving.dev/role": "decode", "pd.serving.dev/instance": "0",
+              "pd.serving.dev/revision": revision}
+    return {"metadata": {"name": f"{DECODE[0]}-0", "labels": labels}}
+
+
+def test_the_history_limit_bounds_the_records_of_revisions_no_pod_runs():
+    records, desired = _history(13)
+    names = [r["metadata"]["name"] for r in records]
+    # The newest (the instance's revision) and one its pod still runs are kept beyond the limit.
+    kept = revisions.kept_records(records, [_pod_on("rev1")], RECONCILED_UID, desired, {"decode": 10})
+    assert kept == {names[0], *names[-11:]}
+    kept = revisions.kept_records(records, [], RECONCILED_UID, desired, {"decode": 0})
+    assert kept == {names[-1]}
+    # An instance the spec no longer has keeps none (its StatefulSet goes too, once drained).
+    assert revisions.kept_records(records, [_pod_on("rev13")], RECONCILED_UID, [], {"decode": 10}) == set()

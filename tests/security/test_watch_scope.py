@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from kopf._cogs.structs.references import Resource
 
-from pd_operator.api.labels import DEPLOYMENT
+from pd_operator.api.labels import DEPLOYMENT, RECORDED_REVISION
 from pd_operator.api.types import GROUP, PLURAL, VERSION
-from pd_operator.controller.handlers import OWNED
+from pd_operator.controller.handlers import OWNED, RECORDS
 from pd_operator.controller.main import options_from, settings_for
 
 pytestmark = pytest.mark.security
@@ -26,7 +26,10 @@ def _selectors(resource: Resource) -> list[str]:
                          ids=[f"{g or 'core'}/{p}" for g, _, p in OWNED])
 def test_a_tenants_objects_never_reach_the_operator(group, version, plural):
     resource = Resource(group, version, plural, namespaced=True)
-    assert _selectors(resource) == [DEPLOYMENT], f"{plural} are listed and watched unfiltered"
+    # ControllerRevisions: only the operator's own records, not the StatefulSet controller's (which
+    # carry the pod template's labels, ours among them).
+    want = [DEPLOYMENT, RECORDED_REVISION] if (group, plural) == RECORDS else [DEPLOYMENT]
+    assert _selectors(resource) == want, f"{plural} are listed and watched unfiltered"
 
 
 @pytest.mark.parametrize("resource", [

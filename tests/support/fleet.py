@@ -12,12 +12,14 @@ from __future__ import annotations
 import copy
 import math
 import pathlib
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 
 import yaml
 
 from pd_operator.api.labels import DEPLOYMENT as DEPLOYMENT_LABEL
+from pd_operator.api.labels import RECORDED_REVISION
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.render import render
 from pd_operator.render.kinds import CHILD_KINDS
@@ -94,10 +96,13 @@ def live_deployments(cp: ControlPlane, namespace: str) -> dict[str, dict]:
 
 
 def children(cp: ControlPlane, namespace: str, name: str | None = None) -> dict[str, dict]:
-    """`Kind/name` -> object of every child labelled for `name` (any deployment when None)."""
+    """`Kind/name` -> object of every child labelled for `name` (any deployment when None), but the
+    instances' revision records (`records`): what the render makes."""
     selector = f"{DEPLOYMENT_LABEL}={name}" if name else DEPLOYMENT_LABEL
     out = {}
     for (api_version, kind), plural in CHILD_KINDS.items():
+        if kind == "ControllerRevision":
+            continue
         try:
             items = cp.api("GET", f"{resource_path(api_version, plural, namespace)}?labelSelector={selector}")
         except ApiError as err:
@@ -106,6 +111,15 @@ def children(cp: ControlPlane, namespace: str, name: str | None = None) -> dict[
             raise
         out.update({f"{kind}/{o['metadata']['name']}": o for o in items["items"]})
     return out
+
+
+def records(cp: ControlPlane, namespace: str, name: str) -> dict[str, dict]:
+    """The instances' revision records (controller/revisions.py) of the PDDeployment `name`, by name
+    (not the StatefulSet controller's own ControllerRevisions, which carry our labels too)."""
+    selector = urllib.parse.quote(f"{DEPLOYMENT_LABEL}={name},{RECORDED_REVISION}")
+    path = f"/apis/apps/v1/namespaces/{namespace}/controllerrevisions"
+    items = cp.api("GET", f"{path}?labelSelector={selector}")
+    return {o["metadata"]["name"]: o for o in items["items"]}
 
 
 def pods(cp: ControlPlane, namespace: str) -> dict[str, dict]:

@@ -32,6 +32,11 @@ REVISION = f"{GROUP}/revision"
 """A serving pod's template revision (render/workloads.py): the rollout replaces instances whose pods
 carry another than their role's current one (controller/rollout.py). Not the StatefulSet's own
 CONTROLLER_REVISION_HASH."""
+RECORDED_REVISION = f"{GROUP}/recorded-revision"
+"""On an instance's revision record (a ControllerRevision, controller/revisions.py): the role's template
+revision it records. Only the operator's records carry it: the StatefulSet controller's own
+ControllerRevisions copy the pod template's labels (our DEPLOYMENT among them), never this one, so the
+operator watches and keeps only its own."""
 # The pod's ordinal in its StatefulSet, set by the StatefulSet controller (GA in 1.32;
 # k8s.io/api: apps/v1/types.go PodIndexLabel @ v0.36.3): 0 is an instance's leader.
 POD_INDEX = "apps.kubernetes.io/pod-index"

@@ -316,6 +316,11 @@ class RolloutSpec(ApiModel):
     clock stops while the rollout is paused or blocked. It rolls nothing back: any spec change resumes
     it (apply the previous spec again to roll back). Unset: the role's `startupTimeoutSeconds` plus
     its drain bound, the longest a healthy replacement takes."""
+    revision_history_limit: int = Field(default=10, ge=0, le=1000)
+    """Per instance, how many records (ControllerRevisions `<instance>-rev-<hash>`) of revisions none
+    of its pods runs are kept, as a StatefulSet's revisionHistoryLimit. The record of the revision an
+    instance is on, and of any its pods run, is always kept: an instance not moved yet whose
+    StatefulSet is deleted or edited comes back from it. An instance's records go with it."""
 
     @model_validator(mode="after")
     def _can_move(self) -> RolloutSpec:

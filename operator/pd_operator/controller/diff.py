@@ -77,6 +77,12 @@ def _immutable(manifest: dict) -> bool:
     return (manifest["apiVersion"], manifest["kind"]) in IMMUTABLE_SPEC
 
 
+def differs(manifest: dict, current: dict) -> bool:
+    """Whether the observed `current` is not what the stamped `manifest` applies (an apply is due)."""
+    return applied_hash(current) != applied_hash(manifest) or not (holds(current, manifest)
+                                                                   or _immutable(manifest))
+
+
 @dataclass(frozen=True)
 class Diff:
     apply: list[dict] = field(default_factory=list)
@@ -100,8 +106,7 @@ def diff(desired: list[dict], observed: list[dict], owner_uid: str) -> Diff:
         current = seen.get(key(manifest))
         if key(manifest) in foreign_keys:
             blocked.append(manifest)
-        elif (current is not None and applied_hash(current) == applied_hash(manifest)
-              and (holds(current, manifest) or _immutable(manifest))):
+        elif current is not None and not differs(manifest, current):
             unchanged += 1
         else:
             apply.append(manifest)

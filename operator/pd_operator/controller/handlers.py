@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from pd_operator.api.labels import DEPLOYMENT
+from pd_operator.api.labels import DEPLOYMENT, RECORDED_REVISION
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller.runner import Runner, index_id
 from pd_operator.controller.webhook import WebhookHealth
@@ -26,6 +26,8 @@ from pd_operator.render.kinds import CHILD_RESOURCES
 OWNED: list[tuple[str, str, str]] = [*CHILD_RESOURCES, ("", "v1", "pods")]
 """(group, version, plural) of what the operator creates or its workloads do: watched and indexed
 only where labelled with a PDDeployment (DEPLOYMENT)."""
+RECORDS = ("apps", "controllerrevisions")
+"""(group, plural) of the instances' revision records: watched only where RECORDED_REVISION says ours."""
 
 
 def watch_only_ours(settings: kopf.OperatorSettings) -> None:
@@ -37,6 +39,11 @@ def watch_only_ours(settings: kopf.OperatorSettings) -> None:
     owned = {(group, plural) for group, _, plural in OWNED}
     selector = DEPLOYMENT  # the label's key alone: "has the label"
     settings.watching.label_selectors[lambda resource: (resource.group, resource.plural) in owned] = selector
+    # The StatefulSet controller's own ControllerRevisions carry the pod template's labels, ours among
+    # them: only the operator's records (controller/revisions.py) carry this one too (kopf joins the
+    # selectors that apply to a resource).
+    settings.watching.label_selectors[lambda resource: (resource.group, resource.plural) == RECORDS] = \
+        RECORDED_REVISION
 
 
 def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: WebhookHealth | None) -> None:
@@ -95,6 +102,8 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
 
     for (group, version, plural), name in zip(OWNED, plurals, strict=True):
         only_ours = {DEPLOYMENT: kopf.PRESENT}
+        if (group, plural) == RECORDS:
+            only_ours[RECORDED_REVISION] = kopf.PRESENT
         kopf.index(group, version, plural, labels=only_ours, registry=registry, id=index_id(name))(by_owner)
         kopf.on.event(group, version, plural, labels=only_ours, registry=registry,
                       id=f"child-{name}")(poke_owner)

@@ -82,8 +82,9 @@ JUSTIFIED: list[tuple[str, dict]] = [
           CHILD_VERBS),
     _rule("PDRole status, which their scale subresource reads", ["pd.serving.dev"], ["pdroles/status"],
           ["patch"]),
-    _rule(f"{CHILD}: an instance's StatefulSet, the proxy's Deployment", ["apps"],
-          ["statefulsets", "deployments"], CHILD_VERBS),
+    _rule(f"{CHILD}: an instance's StatefulSet and its revision records (ControllerRevisions), the "
+          "proxy's Deployment", ["apps"], ["statefulsets", "controllerrevisions", "deployments"],
+          CHILD_VERBS),
     _rule(f"{CHILD}: the proxy's and the instances' Services", [""], ["services"], CHILD_VERBS),
     _rule(f"{CHILD}: the serving and membership ConfigMaps; get, list and watch also let the operator "
           "create the proxy's Role granting them on its one ConfigMap (RBAC escalation check; "

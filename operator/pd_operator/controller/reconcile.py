@@ -8,14 +8,16 @@ untouched) -> the
 instance counts the roles' PDRoles ask for, held at spec.scaling's bounds (controller/pdroles.py,
 spec/scaling.py) -> the rollout's figures and next step (controller/rollout.py: which outdated
 instances leave, how many surge, its progress clock) -> render those -> gate the proxy (instances
-not Ready or not linked, or leaving) -> plan against the observed children -> hold the instances a
-scale-down removed until they drained, and replace the pods of those the rollout took out once
-drained (controller/drain.py), and the revision configs a pod or StatefulSet still mounts
-(controller/revisions.py) -> apply what changed (a missing PDRole is created with its count, a
-changed spec.<role>.replicas forwarded; a child not seen among ours is first read by name, and an
-object found there that this PDDeployment does not own is left untouched and named in the status:
-never adopted) -> prune what the spec no longer wants -> group restarts -> status of the PDRoles
-and the PDDeployment (written only when it changed) -> events on significant transitions
+not Ready or not linked, or leaving) -> drain what leaves (controller/drain.py) -> keep every
+instance's StatefulSet on its own revision but those the rollout replaces now, recording each
+(controller/revisions.py pin) -> plan against the observed children -> hold the instances a
+scale-down removed until they drained, the revision configs a pod or StatefulSet still mounts and
+the instances' revision records (controller/revisions.py) -> apply what changed (a missing PDRole
+is created with its count, a changed spec.<role>.replicas forwarded; a child not seen among ours is
+first read by name, and an object found there that this PDDeployment does not own is left untouched
+and named in the status: never adopted) -> prune what the spec no longer wants -> replace the pods
+of the instances the rollout took out once drained -> group restarts -> status of the PDRoles and
+the PDDeployment (written only when it changed) -> events on significant transitions
 (controller/events.py).
 """
 
@@ -44,7 +46,7 @@ from pd_operator.controller import (
 )
 from pd_operator.controller import status as status_mod
 from pd_operator.controller.client import Client, NotServed, concurrently
-from pd_operator.controller.diff import Diff, diff, is_owned_by, key, stamp
+from pd_operator.controller.diff import Diff, diff, differs, is_owned_by, key, stamp
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
 from pd_operator.names import Names
@@ -129,13 +131,13 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def _desired(resolved: Resolved, rendered: Templates, body: dict, the_plan: rollout.Plan, routable: Routable,
-             boundary: Boundary) -> list[dict]:
-    """The manifests to apply: the spec's instances plus the rollout's surge, the membership `routable`."""
+def _render(resolved: Resolved, rendered: Templates, the_plan: rollout.Plan, routable: Routable,
+            boundary: Boundary) -> list[dict]:
+    """The spec's manifests: its instances plus the rollout's surge, the membership `routable`, every
+    instance on its role's current template (revisions.pin then keeps each on its own)."""
     surge: dict[str, set[int]] = {
         role: {i for i in the_plan.instances[role] if i >= resolved.role(role).replicas} for role in ROLES}
-    manifests = render(resolved, routable=routable, boundary=boundary, surge=surge, rendered=rendered)
-    return [stamp(pdroles.applied_form(m), body) for m in manifests]
+    return render(resolved, routable=routable, boundary=boundary, surge=surge, rendered=rendered)
 
 
 def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict], asks: dict[str, pdroles.Ask],
@@ -244,29 +246,38 @@ def _leaving(resolved: Resolved, body: dict, children: list[dict], the_plan: rol
     return leaving
 
 
-def _gates(proxies: ProxyStateReader, resolved: Resolved, desired: list[dict], the_diff: Diff,
-           leaving: dict[drain.Instance, str], pods: list[dict], routable: Routable) -> list[drain.GateRead]:
+def _gates(proxies: ProxyStateReader, resolved: Resolved, body: dict, manifests: list[dict],
+           children: list[dict], leaving: dict[drain.Instance, str], pods: list[dict], routable: Routable
+           ) -> list[drain.GateRead]:
     """Push the membership to the decode pods' gates when it changed or a prefill instance drains
     (their mounted file follows up to a minute late; each reconcile of a drain pushes again to a
     gate still behind). Nothing otherwise: a steady deployment dials no pod. The document is the
     rendered membership ConfigMap's (without the proxy, none is rendered: the routable set's)."""
     name = resolved.names.proxy_membership
-    changed = any(m["kind"] == "ConfigMap" and m["metadata"]["name"] == name for m in the_diff.apply)
+    def named(objs: list[dict]) -> dict | None:
+        return next((o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name), None)
+    rendered, current = named(manifests), named(children)
+    changed = rendered is not None and (current is None or differs(stamp(rendered, body), current))
     if not changed and not any(role == "prefill" for role, _ in leaving):
         return []
-    rendered = next((m for m in desired if m["kind"] == "ConfigMap" and m["metadata"]["name"] == name), None)
     document = json.loads(rendered["data"][KEY]) if rendered else membership_document(resolved, routable)
     return _push_gates(proxies, pods, document)
 
 
+def _replacing(drains: list[drain.Drain], the_plan: rollout.Plan) -> set[rollout.Key]:
+    """The instances the rollout took out that drained: their pods are replaced in this reconcile."""
+    return {(d.role, d.index) for d in drains if d.done and (d.role, d.index) in the_plan.leave}
+
+
 def _replace(client: Client, body: dict, resolved: Resolved, revisions: Mapping[str, str],
-             drains: list[drain.Drain], the_plan: rollout.Plan, pods: list[dict], outcome: Outcome) -> None:
-    """Delete the pods of every instance the rollout took out that drained: its StatefulSet
-    (OnDelete) recreates them from the current template."""
+             drains: list[drain.Drain], replacing: set[rollout.Key], pods: list[dict], outcome: Outcome
+             ) -> None:
+    """Delete the pods of every instance in `replacing`: its StatefulSet (OnDelete), written with the
+    current template in this reconcile (revisions.pin), recreates them from it."""
     ns = resolved.deployment.namespace
     groups = by_instance(pods)
     for d in drains:
-        if not d.done or (d.role, d.index) not in the_plan.leave:
+        if (d.role, d.index) not in replacing:
             continue
         members = groups.get((d.role, d.index), [])
         for pod in members:
@@ -431,15 +442,21 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     figures = rollout.figures(resolved, rendered.revisions, pods)
     moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"))
     routable = moving.plan.routable(moving.state)
-    desired = [*_desired(resolved, rendered, body, moving.plan, routable, boundary),
-               stamp(last_valid.record(resolved, served), body)]
-    the_diff = diff(desired, children, meta["uid"])
+    manifests = [*_render(resolved, rendered, moving.plan, routable, boundary),
+                 last_valid.record(resolved, served)]
     departing = _leaving(resolved, body, children, moving.plan)
-    gates = _gates(proxies, resolved, desired, the_diff, departing, pods, routable)
+    gates = _gates(proxies, resolved, body, manifests, children, departing, pods, routable)
     drains = _drains(proxies, resolved, body, departing, pods, gates, now, admin_token(boundary, resolved))
+    replacing = _replacing(drains, moving.plan)
+    pinned = revisions.pin(resolved.names, manifests, children, meta["uid"], rendered.revisions, replacing)
+    desired = [stamp(pdroles.applied_form(m), body) for m in pinned]
+    the_diff = diff(desired, children, meta["uid"])
     used = revisions.in_use(children, pods)
-    the_diff = replace(the_diff, prune=[o for o in the_diff.prune
-                                        if not drain.held(o, drains) and not revisions.kept(o, used)])
+    records = revisions.kept_records(children, pods, meta["uid"], desired, {
+        role: resolved.role(role).rollout.revision_history_limit for role in ROLES})
+    the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)
+                                        and not revisions.kept(o, used)
+                                        and o["metadata"]["name"] not in records])
     try:
         children = _apply(client, ns, the_diff, children, asks, meta["uid"], outcome)
     except NotServed as err:
@@ -447,7 +464,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
                            refused)
         raise
     _report_drained(client, body, resolved, drains, outcome.pruned)
-    _replace(client, body, resolved, rendered.revisions, drains, moving.plan, pods, outcome)
+    _replace(client, body, resolved, rendered.revisions, drains, replacing, pods, outcome)
     draining = [d for d in drains if not d.done]
     outcome.requeue_after = drain.RECHECK_S if draining else moving.recheck_after(now)
     decisions = _group_restarts(client, body, children, pods, now, outcome)

@@ -1,22 +1,46 @@
 """Revision objects: what each revision's pods read lives in immutable objects named by it, kept
-while a pod or StatefulSet of that revision remains. Pure.
+while a pod or StatefulSet of that revision remains, and each instance stays on its own revision until
+the rollout moves it. Pure.
 
 A role's revision config (render/serving_config.py: preflight config and KV-link pairing) is an
 immutable ConfigMap named by a hash of its data, and the role's pod template names it, so the
 template's revision (render/workloads.py) covers it. The spec moving on does not remove it: an old
 pod whose container restarts, or that its StatefulSet recreates on the old template, still mounts
 its own revision's config (as a StatefulSet's ControllerRevisions keep each revision's template,
-kubernetes: pkg/controller/history/controller_history.go @ v1.34). The reconcile's prune leaves a
+kubernetes: pkg/controller/history/controller_history.go @ v1.36.3). The reconcile's prune leaves a
 revision config any observed pod or StatefulSet still names, and deletes it once none does.
+
+An instance's revision record: a ControllerRevision (`<instance>-rev-<hash of its data>`, owned by
+the PDDeployment, its `data` immutable as the API server keeps every ControllerRevision's,
+kubernetes: pkg/apis/apps/validation/validation.go ValidateControllerRevisionUpdate @ v1.36.3) holding
+the instance's whole StatefulSet manifest and the revision config its pods mount. Its `revision`
+number orders an instance's records as a StatefulSet's ControllerRevisions are ordered: the highest is
+the revision the instance is on (kubernetes: pkg/controller/history/controller_history.go @ v1.36.3).
+`pin` writes an instance's StatefulSet with the role's current template only when it is new, already
+on it, or the rollout replaces its pods in this reconcile (its drain done); any other instance's
+StatefulSet is written from its own record, so under OnDelete a pod evicted or crashed comes back on
+the instance's own revision, a paused, partitioned or halted rollout moves nothing pod by pod, and a
+StatefulSet deleted or edited by hand comes back as its record says, after an operator restart too
+(the records are in the cluster). Per instance, spec.<role>.rollout.revisionHistoryLimit bounds the
+records of revisions no pod of it runs; an instance's records go with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+from collections.abc import Collection, Iterable, Mapping
 
-from pd_operator.api.labels import ROLE
+from pd_operator.api.labels import RECORDED_REVISION, REVISION, ROLE
 from pd_operator.api.types import ROLES
-from pd_operator.controller.pods import label
+from pd_operator.controller.diff import is_owned_by
+from pd_operator.controller.drain import instance_of
+from pd_operator.controller.pods import is_terminating, label
+from pd_operator.names import Names
+
+Key = tuple[str, int]
+"""(role, index): an instance."""
+DIGEST_CHARS = 10
 
 
 def is_config(obj: dict) -> bool:
@@ -45,3 +69,107 @@ def in_use(children: Iterable[dict], pods: Iterable[dict]) -> set[str]:
 def kept(obj: dict, used: set[str]) -> bool:
     """Whether a child the spec no longer wants stays: a revision config still in use."""
     return is_config(obj) and obj["metadata"]["name"] in used
+
+
+def is_record(obj: dict) -> bool:
+    """An instance's revision record (only ours carry RECORDED_REVISION)."""
+    return obj.get("kind") == "ControllerRevision" and label(obj, RECORDED_REVISION) is not None
+
+
+def records(children: Iterable[dict], owner_uid: str) -> dict[Key, list[dict]]:
+    """Per instance: its owned records, oldest first (by their `revision` number)."""
+    out: dict[Key, list[dict]] = {}
+    for obj in children:
+        if is_record(obj) and is_owned_by(obj, owner_uid) and not is_terminating(obj) \
+                and (inst := instance_of(obj)) is not None:
+            out.setdefault(inst, []).append(obj)
+    for found in out.values():
+        found.sort(key=lambda r: int(r.get("revision") or 0))
+    return out
+
+
+def record(names: Names, stateful_set: dict, config: dict) -> dict:
+    """The record of `stateful_set` (as rendered) and the revision config it mounts, without its
+    `revision` number (numbered: pin)."""
+    data = {"statefulSet": stateful_set, "config": config}
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    role, index = instance_of(stateful_set) or ("", 0)
+    meta = stateful_set["metadata"]
+    template_labels = stateful_set["spec"]["template"]["metadata"]["labels"]
+    return {"apiVersion": "apps/v1", "kind": "ControllerRevision",
+            "metadata": {"name": names.revision_record(role, index,
+                                                       hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]),
+                         "namespace": meta["namespace"],
+                         "labels": {**meta["labels"], RECORDED_REVISION: template_labels[REVISION]}},
+            "data": data}
+
+
+def _number(found: list[dict], name: str) -> int:
+    """The `revision` number of the record `name` as the instance's newest: its own when it is the
+    newest already, else one above the highest (a revision the instance ran before and returns to,
+    as a StatefulSet's rollback renumbers its old ControllerRevision)."""
+    if found and found[-1]["metadata"]["name"] == name:
+        return int(found[-1].get("revision") or 1)
+    return max((int(r.get("revision") or 0) for r in found), default=0) + 1
+
+
+def pin(names: Names, manifests: list[dict], children: Iterable[dict], owner_uid: str,
+        revisions: Mapping[str, str], moving: Collection[Key]) -> list[dict]:
+    """`manifests` (the render, every instance on its role's current revision) with each instance's
+    StatefulSet on its own revision, and the records to write. An instance takes the current
+    template (and its record, numbered newest) when it has no record (a new instance, a surge one, or
+    one from before records), its newest record is of the current revision already, or it is in
+    `moving` (the rollout replaces its pods now); any other keeps the StatefulSet and revision config
+    of its newest record. `revisions`: each role's current revision."""
+    history = records(children, owner_uid)
+    configs = {label(m, ROLE): m for m in manifests if is_config(m)}
+    out: list[dict] = []
+    seen: set[str] = set()
+
+    def add(manifest: dict) -> None:
+        ident = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        if ident not in seen:
+            seen.add(ident)
+            out.append(manifest)
+
+    for manifest in manifests:
+        inst = instance_of(manifest) if manifest["kind"] == "StatefulSet" else None
+        if inst is None:
+            add(manifest)
+            continue
+        found = history.get(inst, [])
+        own = found[-1] if found else None
+        if own is None or label(own, RECORDED_REVISION) == revisions[inst[0]] or inst in moving:
+            new = record(names, manifest, configs[inst[0]])
+            add({**new, "revision": _number(found, new["metadata"]["name"])})
+            add(manifest)
+        else:
+            data = json.loads(json.dumps(own["data"]))
+            add(data["config"])
+            add(data["statefulSet"])
+    return out
+
+
+def kept_records(children: Iterable[dict], pods: Iterable[dict], owner_uid: str, desired: Iterable[dict],
+                 limits: Mapping[str, int]) -> set[str]:
+    """The records a prune leaves, of instances `desired` still has a StatefulSet for: each one's
+    newest (the revision it is on), those of a revision its pods run, and of the others the newest
+    `limits[role]` (spec.<role>.rollout.revisionHistoryLimit). The records of an instance the spec
+    no longer has go with its StatefulSet (a drain holds both)."""
+    wanted = {of_sts for m in desired
+              if m["kind"] == "StatefulSet" and (of_sts := instance_of(m)) is not None}
+    running: dict[Key, set[str]] = {}
+    for pod in pods:
+        if (of_pod := instance_of(pod)) is not None:
+            running.setdefault(of_pod, set()).add(label(pod, REVISION) or "")
+    out: set[str] = set()
+    for inst, found in records(children, owner_uid).items():
+        if inst not in wanted:
+            continue
+        *older, newest = found
+        out.add(newest["metadata"]["name"])
+        rest = [r for r in older if label(r, RECORDED_REVISION) not in running.get(inst, set())]
+        out |= {r["metadata"]["name"] for r in older if r not in rest}
+        limit = limits[inst[0]]
+        out |= {r["metadata"]["name"] for r in (rest[-limit:] if limit else [])}
+    return out

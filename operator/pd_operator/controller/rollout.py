@@ -2,8 +2,9 @@
 how many extra instances run meanwhile. Pure: it takes what the reconcile observed and returns
 the next step; the reconcile drains, deletes pods and writes the membership.
 
-Why a planner: each instance is its own StatefulSet, updated `OnDelete` (render/workloads.py), so a
-new template reaches a running engine only when the operator deletes its pods. Deleting them all
+Why a planner: each instance is its own StatefulSet, updated `OnDelete` (render/workloads.py), and
+keeps its own revision until the planner moves it (controller/revisions.py pin), so a new template
+reaches a running engine only when the operator replaces its pods. Deleting them all
 at once is an outage per deploy (every engine reloads its weights), so instances move a few at a
 time, by the same path as a scale-down: out of the membership, drained (controller/drain.py), pods
 deleted, back in once every pod is Ready on the new template (decode: once its KV link passes;

@@ -20,6 +20,8 @@ CHILD_KINDS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("apps/v1", "Deployment"): "deployments",
+    # An instance's revision records (controller/revisions.py).
+    ("apps/v1", "ControllerRevision"): "controllerrevisions",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     # Gang scheduling (render/scheduling.py): only with spec.scheduling.gang, and only served where

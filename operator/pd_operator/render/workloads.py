@@ -7,8 +7,9 @@ to recreate the whole group the way LWS's RecreateGroupOnPodRestart does (kubern
 api/leaderworkerset/v1/leaderworkerset_types.go @ 47a6181).
 
 The StatefulSets update `OnDelete`: a new template reaches no running pod by itself. The rollout
-(controller/rollout.py) decides which instance moves when, drains it, and deletes its pods; the
-StatefulSet controller recreates them from the new template. Each pod carries its template's
+(controller/rollout.py) decides which instance moves when, drains it, writes the new template to its
+StatefulSet and deletes its pods (controller/revisions.py: until then the StatefulSet keeps its own
+revision); the StatefulSet controller recreates them from the new template. Each pod carries its template's
 revision (a hash of the role's template) so the rollout can tell old instances from new ones.
 """
 
