@@ -11,7 +11,14 @@ from pd_operator.controller import reconcile as reconcile_mod
 from pd_operator.controller import revisions
 from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.render import render, workloads
-from support.controller_fakes import RECONCILED_UID, MemoryClient, pods_of, reconciled_body, with_status
+from support.controller_fakes import (
+    RECONCILED_UID,
+    MemoryClient,
+    pods_of,
+    reconciled_body,
+    routed_names,
+    with_status,
+)
 from support.renders import of_kind, serving_sets
 from support.specs import example, resolve
 
@@ -271,3 +278,25 @@ def test_the_history_limit_bounds_the_records_of_revisions_no_pod_runs():
     assert kept == {names[-1]}
     # An instance the spec no longer has keeps none (its StatefulSet goes too, once drained).
     assert revisions.kept_records(records, [_pod_on("rev13")], RECONCILED_UID, [], {"decode": 10}) == set()
+
+
+def test_a_change_of_pods_per_instance_goes_through_the_rollout():
+    """Decode TP4 -> TP4 x DP2 on 4-NPU nodes: one pod per instance -> two. The instances not moved
+    yet keep their StatefulSet (and its `replicas`) and, with their one pod Ready, keep serving; the
+    instance the rollout replaces gets both."""
+    body = _two_decodes()
+    children = _created(body)
+    changed = copy.deepcopy(body)
+    changed["spec"]["decode"] |= {"dataParallelSize": 2, "npusPerNode": 4}
+    changed["metadata"]["generation"] = 2
+    client = PruningClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), changed, children, _running(children))  # type: ignore[arg-type]
+    written = {n: s for n, s in _stateful_sets(client.writes).items() if "-decode-" in n}
+    assert set(written) == {DECODE[1]} and written[DECODE[1]]["spec"]["replicas"] == 2
+    assert ("delete-pod", f"{DECODE[1]}-0") in client.writes
+    (status,) = [s for verb, s in client.writes if verb == "status"]
+    (kept,) = [i for i in status["decode"]["instances"] if i["name"] == DECODE[0]]
+    assert kept["ready"], status["decode"]  # its one pod is all its revision runs
+    applied = [m for verb, m in client.writes if verb == "apply"]
+    if any(m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy") for m in applied):
+        assert routed_names(applied, "decode") == [DECODE[0]]

@@ -104,3 +104,37 @@ def test_instances_not_moved_keep_their_revision_through_evictions_deletes_and_r
             # Each instance's newest record is of the new revision; the old one is kept as history.
             assert [r["metadata"]["labels"][RECORDED_REVISION] for r in mine][-1] == new[role], mine
             assert old[role] in {r["metadata"]["labels"][RECORDED_REVISION] for r in mine}
+
+
+def test_a_change_of_pods_per_instance_moves_instance_by_instance(control_plane, namespace, start_operator):
+    """Decode DP2 x TP4 on 8-NPU nodes (one pod) -> on 4-NPU nodes (two pods), held by a pause: the
+    decode instances keep their one-pod StatefulSets and stay Ready (whole as their revision has
+    them); resumed, each moves to two pods through the rollout."""
+    cp = control_plane
+    start_operator()
+    doc = two_by_two(namespace)
+    apply(cp, doc)
+    serve(cp, namespace)
+    old = {role: status(cp, namespace)[role]["revision"] for role in ROLES}
+    doc["spec"]["decode"]["npusPerNode"] = 4
+    for role in ROLES:
+        doc["spec"][role].setdefault("rollout", {})["paused"] = True
+    apply(cp, doc)
+    wait_for("the paused rollout", lambda: progressing(status(cp, namespace)) == ("Unknown", "RolloutPaused")
+             and status(cp, namespace)["decode"]["revision"] != old["decode"], READY_TIMEOUT_S)
+    paused = status(cp, namespace)
+    assert paused["decode"]["readyInstances"] == 2, paused["decode"]
+    for i in (0, 1):
+        assert _sts(cp, namespace, f"{GLM}-decode-{i}")["spec"]["replicas"] == 1  # type: ignore[index]
+    serve(cp, namespace)
+
+    for role in ROLES:
+        doc["spec"][role]["rollout"]["paused"] = False
+    apply(cp, doc)
+    def moved(st: dict) -> bool:
+        return (st["decode"]["updatedInstances"] == 2 and st["decode"]["revision"] != old["decode"]
+                and progressing(st) == ("False", "Complete"))
+    wait_for("the decode instances moved", lambda: moved(status(cp, namespace)), READY_TIMEOUT_S)
+    for i in (0, 1):
+        assert _sts(cp, namespace, f"{GLM}-decode-{i}")["spec"]["replicas"] == 2  # type: ignore[index]
+    assert len(pods(cp, namespace, "pd.serving.dev/role=decode")) == 4

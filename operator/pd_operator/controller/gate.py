@@ -30,19 +30,20 @@ from pd_operator.api.types import ROLES
 from pd_operator.controller import rollout
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label
+from pd_operator.controller.revisions import Sizes, expected_pods
 from pd_operator.spec.validate import Resolved
 
 
-def observe(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict], leaving: Iterable[str]
-            ) -> dict[str, dict[int, rollout.InstanceState]]:
+def observe(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict], leaving: Iterable[str],
+            sizes: Sizes | None = None) -> dict[str, dict[int, rollout.InstanceState]]:
     """The rollout planner's view of every instance with live pods. `revisions`: each role's
     current one (render/workloads.py Templates); `leaving`: instance names that left the membership
-    to be replaced (status.draining)."""
+    to be replaced (status.draining); `sizes`: the pods each instance runs when whole
+    (controller/revisions.py pods_per_instance; None: the spec's shape)."""
     leaving = set(leaving)
-    expected = resolved.pods_per_instance()
     out: dict[str, dict[int, rollout.InstanceState]] = {role: {} for role in ROLES}
     for (role, index), members in by_instance(pods).items():
-        ready = instance_ready(members, expected[role]) and (
+        ready = instance_ready(members, expected_pods(resolved, sizes, role, index)) and (
             role != "decode" or all(link_ready(p) for p in members))
         out[role][index] = rollout.InstanceState(
             updated=all(label(p, REVISION) == revisions[role] for p in members),

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 from pd_operator.api.types import KVLinkStatus
 from pd_operator.controller.pods import by_instance
+from pd_operator.controller.revisions import Sizes, expected_pods
 from pd_operator.render.kv_probe import CONTAINER
 from pd_operator.spec.validate import Resolved
 
@@ -63,17 +64,20 @@ def _entry(decode: str, prefill: str, linked: bool, figures: Mapping | None) -> 
                         message=str(errors[0])[:300] if errors and not linked else None).to_wire()
 
 
-def link_status(resolved: Resolved, pods: list[dict], previous: list[dict], read: RoundReader) -> list[dict]:
+def link_status(resolved: Resolved, pods: list[dict], previous: list[dict], read: RoundReader,
+                sizes: Sizes | None = None) -> list[dict]:
     """One entry per (decode instance, prefill instance): linked, and the figures of the gate round
     that last changed it. An entry whose state did not change is carried over as it was, so a
-    steady deployment's status does not move and nothing is read."""
-    dep, names, expected_pods = resolved.deployment, resolved.names, resolved.shapes["decode"].pods
+    steady deployment's status does not move and nothing is read. `sizes`: the pods each instance
+    runs when whole (controller/revisions.py; None: the spec's shape)."""
+    dep, names = resolved.deployment, resolved.names
     before = {(e.get("decode"), e.get("prefill")): e for e in previous}
     groups = by_instance(pods)
     out = []
     for d in range(dep.spec.decode.replicas):
         members = groups.get(("decode", d), [])
-        linked = len(members) == expected_pods and all(link_ready(p) for p in members)
+        linked = (len(members) == expected_pods(resolved, sizes, "decode", d)
+                  and all(link_ready(p) for p in members))
         decode = names.instance("decode", d)
         pairs = [(p, names.instance("prefill", p)) for p in range(dep.spec.prefill.replicas)]
         if all(before.get((decode, prefill), {}).get("linked") == linked for _, prefill in pairs):

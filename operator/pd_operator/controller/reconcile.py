@@ -336,7 +336,7 @@ def _report_not_served(client: Client, body: dict, validation: Validation, child
 
 
 def _kv_links(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict], previous: dict,
-              gates: list[drain.GateRead]) -> list[dict]:
+              gates: list[drain.GateRead], sizes: revisions.Sizes) -> list[dict]:
     """status.kvLinks: the figures of a link that changed state from its gate's last round (this
     reconcile's push answer, else read from the gate's probe port)."""
     namespace, name = resolved.deployment.namespace, resolved.deployment.name
@@ -355,7 +355,7 @@ def _kv_links(proxies: ProxyStateReader, resolved: Resolved, pods: list[dict], p
                         extra={"object": f"{namespace}/{name}"})
             return None
 
-    return links.link_status(resolved, pods, previous.get("kvLinks") or [], read)
+    return links.link_status(resolved, pods, previous.get("kvLinks") or [], read, sizes)
 
 
 def _write_status(client: Client, body: dict, validation: Validation, observed: status_mod.Observed,
@@ -438,8 +438,9 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children))
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
-    state = gate.observe(resolved, rendered.revisions, pods, leaving)
-    figures = rollout.figures(resolved, rendered.revisions, pods)
+    sizes = revisions.pods_per_instance(children, pods, meta["uid"])
+    state = gate.observe(resolved, rendered.revisions, pods, leaving, sizes)
+    figures = rollout.figures(resolved, rendered.revisions, pods, sizes)
     moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"))
     routable = moving.plan.routable(moving.state)
     manifests = [*_render(resolved, rendered, moving.plan, routable, boundary),
@@ -472,13 +473,13 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     remaining = [p for p in pods
                  if p["metadata"]["name"] not in gone and drain.instance_of(p) not in outcome.replaced_keys]
     if len(remaining) != len(pods):  # the status reports the pods this pass left
-        figures = rollout.figures(resolved, rendered.revisions, remaining)
+        figures = rollout.figures(resolved, rendered.revisions, remaining, sizes)
     observed = status_mod.Observed(children=children, pods=remaining, foreign=the_diff.foreign,
                                    blocked=[*the_diff.blocked, *outcome.taken], rollout=moving,
                                    restarts=decisions,
-                                   links=_kv_links(proxies, resolved, remaining, previous, gates),
+                                   links=_kv_links(proxies, resolved, remaining, previous, gates, sizes),
                                    scaling=bounded, draining=[d.status() for d in draining],
-                                   routable=routable, figures=figures, refused=refused)
+                                   routable=routable, figures=figures, refused=refused, sizes=sizes)
     _write_role_statuses(client, resolved, observed, bounded, meta["uid"], now, outcome)
     _write_status(client, body, validation, observed, now, outcome)
     if outcome.applied or outcome.pruned or outcome.restarted or outcome.replaced:

@@ -35,8 +35,9 @@ from pd_operator.api.labels import RECORDED_REVISION, REVISION, ROLE
 from pd_operator.api.types import ROLES
 from pd_operator.controller.diff import is_owned_by
 from pd_operator.controller.drain import instance_of
-from pd_operator.controller.pods import is_terminating, label
+from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.names import Names
+from pd_operator.spec.validate import Resolved
 
 Key = tuple[str, int]
 """(role, index): an instance."""
@@ -173,3 +174,27 @@ def kept_records(children: Iterable[dict], pods: Iterable[dict], owner_uid: str,
         limit = limits[inst[0]]
         out |= {r["metadata"]["name"] for r in (rest[-limit:] if limit else [])}
     return out
+
+
+Sizes = Mapping[Key, int]
+"""Per instance with live pods: how many pods it runs (pods_per_instance)."""
+
+
+def pods_per_instance(children: Iterable[dict], pods: list[dict], owner_uid: str) -> dict[Key, int]:
+    """Per instance whose live pods run one revision with a record: that record's StatefulSet
+    `replicas`. An instance not moved yet through a change of pods per instance (decode DP2 -> DP4 on
+    one node each) is whole with its own revision's count, not the spec's (expected_pods)."""
+    history = records(children, owner_uid)
+    out: dict[Key, int] = {}
+    for inst, members in by_instance(pods).items():
+        running = {label(p, REVISION) for p in members}
+        for rec in history.get(inst, []) if len(running) == 1 else []:
+            if label(rec, RECORDED_REVISION) in running:
+                out[inst] = int(rec["data"]["statefulSet"]["spec"]["replicas"])
+    return out
+
+
+def expected_pods(resolved: Resolved, sizes: Sizes | None, role: str, index: int) -> int:
+    """The pods instance `index` of `role` runs when whole: as its revision's record says
+    (pods_per_instance), else as the spec's shape has it."""
+    return (sizes or {}).get((role, index), resolved.shapes[role].pods)

@@ -59,6 +59,7 @@ from pd_operator.api.types import ROLES as _ROLES
 from pd_operator.api.types import RatioBounds
 from pd_operator.controller import drain
 from pd_operator.controller.pods import by_instance, instance_ready, label
+from pd_operator.controller.revisions import Sizes, expected_pods
 from pd_operator.spec.scaling import ratio_excess
 from pd_operator.spec.validate import Resolved
 
@@ -392,15 +393,18 @@ def revision_of(pods: list[dict]) -> str:
     return revisions.pop() if len(revisions) == 1 else "mixed" if revisions else ""
 
 
-def figures(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict]) -> dict[str, RoleFigures]:
-    """Each role's figures over its spec's instances; `revisions`: each role's current one."""
+def figures(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict], sizes: Sizes | None = None
+            ) -> dict[str, RoleFigures]:
+    """Each role's figures over its spec's instances; `revisions`: each role's current one; `sizes`:
+    the pods each instance runs when whole (controller/revisions.py; None: the spec's shape)."""
     groups = by_instance(pods)
     out: dict[str, RoleFigures] = {}
     for role in ROLES:
-        members = [groups.get((role, i), []) for i in range(resolved.role(role).replicas)]
+        members = {i: groups.get((role, i), []) for i in range(resolved.role(role).replicas)}
         want = revisions[role]
-        out[role] = RoleFigures(want, sum(1 for m in members if m and revision_of(m) == want),
-                                sum(1 for m in members if instance_ready(m, resolved.shapes[role].pods)))
+        out[role] = RoleFigures(want, sum(1 for m in members.values() if m and revision_of(m) == want),
+                                sum(1 for i, m in members.items()
+                                    if instance_ready(m, expected_pods(resolved, sizes, role, i))))
     return out
 
 

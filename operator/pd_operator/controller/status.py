@@ -28,6 +28,7 @@ from pd_operator.api.types import (
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label, unschedulable
 from pd_operator.controller.restarts import Decision
+from pd_operator.controller.revisions import Sizes, expected_pods
 from pd_operator.controller.rollout import Figures, RoleFigures, Rollout, revision_of, surplus
 from pd_operator.findings import Finding
 from pd_operator.render import Routable, scheduling, tools
@@ -64,6 +65,8 @@ class Observed:
     figures: Figures | None = None
     """Each role's revision, instances updated and Ready over `pods` (controller/rollout.py
     figures); given whenever the spec is valid."""
+    sizes: Sizes | None = None
+    """The pods each instance runs when whole (controller/revisions.py; None: the spec's shape)."""
     refused: Validation | None = None
     """The spec's own validation when it was refused and the children follow the last valid spec
     (controller/last_valid.py), which the validation passed with the status is."""
@@ -131,12 +134,13 @@ def tools_of(pods: list[dict]) -> str | None:
     return next((c.get("image") for c in containers if c.get("name") == tools.INIT_CONTAINER), None)
 
 
-def instance_statuses(resolved: Resolved, role: str, pods: list[dict]) -> list[InstanceStatus]:
+def instance_statuses(resolved: Resolved, role: str, pods: list[dict], sizes: Sizes | None = None
+                      ) -> list[InstanceStatus]:
     """Every instance of the role with pods: its revision, whether it is Ready, the tools it runs and
     the vllm-ascend its image reported."""
-    expected = resolved.shapes[role].pods
     return [InstanceStatus(name=resolved.names.instance(role, index), revision=revision_of(members),
-                           ready=instance_ready(members, expected), tools=tools_of(members),
+                           ready=instance_ready(members, expected_pods(resolved, sizes, role, index)),
+                           tools=tools_of(members),
                            vllm_ascend=image_report(members))
             for (of_role, index), members in sorted(by_instance(pods).items()) if of_role == role]
 
@@ -434,11 +438,11 @@ def conditions(validation: Validation, observed: Observed, previous: list[dict],
     return out
 
 
-def _role_status(resolved: Resolved, role: str, figures: RoleFigures, pods: list[dict]) -> RoleStatus:
+def _role_status(resolved: Resolved, role: str, figures: RoleFigures, observed: Observed) -> RoleStatus:
     dep = resolved.deployment
     return RoleStatus(desired_instances=dep.role(role).replicas, ready_instances=figures.ready,
                       updated_instances=figures.updated, revision=figures.revision, shape=shape(dep, role),
-                      instances=instance_statuses(resolved, role, pods) or None)
+                      instances=instance_statuses(resolved, role, observed.pods, observed.sizes) or None)
 
 
 def _previous(previous: dict) -> PDDeploymentStatus:
@@ -480,8 +484,8 @@ def status(validation: Validation, observed: Observed, previous: dict, generatio
                 else [DrainingStatus.model_validate(d) for d in observed.draining] or None)
     return PDDeploymentStatus(
         observed_generation=generation, conditions=conds,
-        prefill=_role_status(resolved, "prefill", figures["prefill"], observed.pods),
-        decode=_role_status(resolved, "decode", figures["decode"], observed.pods),
+        prefill=_role_status(resolved, "prefill", figures["prefill"], observed),
+        decode=_role_status(resolved, "decode", figures["decode"], observed),
         kv_layout=KVLayoutStatus(prefill_block_size=resolved.engine_block_size("prefill"),
                                  decode_block_size=resolved.engine_block_size("decode"),
                                  segment_tokens=segment, hash=resolved.layout_hash,
