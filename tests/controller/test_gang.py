@@ -112,8 +112,12 @@ def test_a_new_pod_count_under_the_gang_replaces_the_instance_whole(control_plan
     assert _bound(cp, namespace, "glm-flash") == [True, True]
 
     # 3 pods: only sp-b holds them, so no surge instance fits beside the old one: replaced in place.
+    # The old decode instance serves whole on its own 2 pods meanwhile, so it leaves only with the
+    # prefill instance (no step takes the serving ratio out of bounds), which moves in place too (the
+    # pairing changed: a new prefill revision).
     doc["spec"]["decode"]["dataParallelSize"] = 6
     doc["spec"]["decode"]["rollout"] = IN_PLACE
+    doc["spec"]["prefill"]["rollout"] = IN_PLACE
     apply(cp, doc)
 
     def whole_on_the_new_group() -> bool:
