@@ -20,17 +20,15 @@ Medians over the repetitions; `rollout_vs_bare_ratio` is the operator's over bar
 watches its membership ConfigMap through the API, as on a cluster. Fake engines load at once, so
 neither figure has a model load in it (on NPUs that dominates both alike).
 
-Then the scenarios of support/rollout_scenarios.py that hold (HOLDING), one after the other, each a
+Then the scenarios of support/rollout_scenarios.py (SCENARIOS), one after the other, each a
 PDDeployment of its own that must fail no request under a load keeping 2 requests in flight per
-decode instance, a KV transfer in flight when a prefill drains, and engine pods Ready only once
-their engine serves: default_1p1d (the 1P1D example's default rollout of an env change on both
-roles), layout_change (decode TP4 -> TP2) and paused_resumed (the env change applied paused, then
-resumed). Each prints its failed requests, the requests it sent, the fewest serving
-prefill/decode pairs (per KV layout, the fewer of its members) in a sample of the membership the
-proxy routed by, and the requests in flight per decode member (the proxy's `/pd/state`, the mean
-over the samples). The fourth, pods_per_instance (the GLM example's decode DP2 -> DP4), still fails
-requests (its `pending`): the rollout tier expects that failure, and it joins here, with its three
-figures, once it holds.
+decode instance, a KV transfer in flight when a prefill drains, and engine pods Ready
+only once their engine serves: default_1p1d (the 1P1D example's default rollout of an env change
+on both roles), layout_change (decode TP4 -> TP2), pods_per_instance (the GLM example's decode
+DP2 -> DP4) and paused_resumed (the env change applied paused, then resumed). Each prints its
+failed requests, the requests it sent, the fewest serving prefill/decode pairs (per KV layout, the
+fewer of its members) in a sample of the membership the proxy routed by, and the requests in
+flight per decode member (the proxy's `/pd/state`, the mean over the samples).
 
 `--repetitions N` (default 2). The bench exits 1 when a request failed (PD_BENCH_KEEP=DIR keeps
 the logs: tests/support/bench.py).
@@ -52,6 +50,10 @@ Figures:
 - layout_change_requests: layout_change, requests sent
 - layout_change_min_serving_pairs: layout_change, the fewest serving pairs in a sample
 - layout_change_inflight_per_decode: layout_change, requests in flight per decode member (mean)
+- pods_per_instance_failed_requests: pods_per_instance, failed requests and protocol errors
+- pods_per_instance_requests: pods_per_instance, requests sent
+- pods_per_instance_min_serving_pairs: pods_per_instance, the fewest serving pairs in a sample
+- pods_per_instance_inflight_per_decode: pods_per_instance, requests in flight per decode member (mean)
 - paused_resumed_failed_requests: paused_resumed, failed requests and protocol errors
 - paused_resumed_requests: paused_resumed, requests sent
 - paused_resumed_min_serving_pairs: paused_resumed, the fewest serving pairs in a sample
@@ -76,7 +78,7 @@ from support.cluster import ControlPlane
 from support.fakevllm import Load, until
 from support.podnet import API_POLL_S, Kubelet
 from support.rollout import GLM, INSTANCES, NEW_IMAGE, TIMEOUT_S, apply, create, rolled, status, two_by_two
-from support.rollout_scenarios import HOLDING, Outcome, Scenario, cleared, run_scenario
+from support.rollout_scenarios import SCENARIOS, Outcome, Scenario, cleared, run_scenario
 
 REPETITIONS = 2
 QUICK = {"repetitions": 1}
@@ -171,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenarios: dict[str, Outcome] = {}
         for namespace in NAMESPACES:
             cleared(cp, namespace)
-        for scenario in HOLDING:
+        for scenario in SCENARIOS:
             namespace = scenario_namespace(scenario)
             cp.create_namespace(namespace)
             scenarios[scenario.name] = asyncio.run(run_scenario(cp, namespace, workdir, scenario))
