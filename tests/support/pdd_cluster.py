@@ -26,7 +26,8 @@ GLM_CHILDREN = {"PDRole/glm-flash-prefill", "PDRole/glm-flash-decode",
                 "ServiceAccount/glm-flash-proxy", "Role/glm-flash-proxy", "RoleBinding/glm-flash-proxy",
                 "StatefulSet/glm-flash-prefill-0", "StatefulSet/glm-flash-decode-0",
                 "Deployment/glm-flash-proxy", "NetworkPolicy/glm-flash-kv", "NetworkPolicy/glm-flash-proxy",
-                "PodDisruptionBudget/glm-flash-prefill", "PodDisruptionBudget/glm-flash-decode"}
+                "PodDisruptionBudget/glm-flash-prefill", "PodDisruptionBudget/glm-flash-decode",
+                "ConfigMap/glm-flash-last-valid-spec"}
 READY_TIMEOUT_S = 180
 PROXY_PATH = "/apis/apps/v1/namespaces/{}/deployments/glm-flash-proxy"
 GLM_CONFIG = ROOT / "tests" / "kv" / "hf_configs" / "glm-5.3-flash" / "config.json"
