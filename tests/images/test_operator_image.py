@@ -76,12 +76,14 @@ def test_operator_image_reconciles_a_pddeployment_as_the_chart_runs_it(
             raise AssertionError(f"{err}\nReady: {ready}\n{op.output()[-4000:]}") from None
 
     # The children and the status were written as the chart's ServiceAccount, and by nobody else (the
-    # user created the PDDeployment; controllers write only other objects and status subresources).
+    # user created the PDDeployment; controllers write only other objects, such as the StatefulSet
+    # controller's own ControllerRevisions beside ours, and status subresources).
     writes = [e for e in cp.audit.events(mark, namespace=namespace) if e.write and e.name.startswith(name)]
     by_operator = {e.resource for e in writes if e.user == release.user}
-    assert {"statefulsets", "services", "configmaps", "deployments", "pddeployments/status"} <= by_operator
-    owned = by_operator - {"pddeployments"}
-    others = [str(e) for e in writes if e.user != release.user and e.resource in owned]
+    assert {"statefulsets", "services", "configmaps", "deployments", "controllerrevisions",
+            "pddeployments/status"} <= by_operator
+    owned = {(e.resource, e.name) for e in writes if e.user == release.user and e.resource != "pddeployments"}
+    others = [str(e) for e in writes if e.user != release.user and (e.resource, e.name) in owned]
     assert not others, others
     assert not cp.audit.forbidden(mark, user=release.user)
 
