@@ -253,7 +253,10 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(control_plan
         first = start_operator(server=proxy.url)
         # SIGKILL right after the API server applied the first ConfigMap, before the operator hears
         # back: the rest of the first wave may land, the workloads (the second wave) do not.
-        killed = proxy.on_write(1, lambda _: first.kill(), verb="patch", resource="configmaps")
+        # Counted in this namespace only: the operator serves every namespace, and an earlier
+        # test's deployment, still terminating, may be reconciled first.
+        killed = proxy.on_write(1, lambda _: first.kill(), verb="patch", resource="configmaps",
+                                namespace=namespace)
         apply(cp, glm(namespace))
         assert killed.wait(READY_TIMEOUT_S), "the operator never applied a ConfigMap"
     partial = refs(children(cp, namespace))
