@@ -271,13 +271,14 @@ def _pod_on(revision: str) -> dict:
 def test_the_history_limit_bounds_the_records_of_revisions_no_pod_runs():
     records, desired = _history(13)
     names = [r["metadata"]["name"] for r in records]
+    history = revisions.records(records, RECONCILED_UID)
     # The newest (the instance's revision) and one its pod still runs are kept beyond the limit.
-    kept = revisions.kept_records(records, [_pod_on("rev1")], RECONCILED_UID, desired, {"decode": 10})
+    kept = revisions.kept_records(history, [_pod_on("rev1")], desired, {"decode": 10})
     assert kept == {names[0], *names[-11:]}
-    kept = revisions.kept_records(records, [], RECONCILED_UID, desired, {"decode": 0})
+    kept = revisions.kept_records(history, [], desired, {"decode": 0})
     assert kept == {names[-1]}
     # An instance the spec no longer has keeps none (its StatefulSet goes too, once drained).
-    assert revisions.kept_records(records, [_pod_on("rev13")], RECONCILED_UID, [], {"decode": 10}) == set()
+    assert revisions.kept_records(history, [_pod_on("rev13")], [], {"decode": 10}) == set()
 
 
 def test_a_change_of_pods_per_instance_goes_through_the_rollout():

@@ -438,7 +438,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children))
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
-    sizes = revisions.pods_per_instance(children, pods, meta["uid"])
+    history = revisions.records(children, meta["uid"])
+    sizes = revisions.pods_per_instance(history, pods)
     state = gate.observe(resolved, rendered.revisions, pods, leaving, sizes)
     figures = rollout.figures(resolved, rendered.revisions, pods, sizes)
     moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"))
@@ -449,11 +450,11 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     gates = _gates(proxies, resolved, body, manifests, children, departing, pods, routable)
     drains = _drains(proxies, resolved, body, departing, pods, gates, now, admin_token(boundary, resolved))
     replacing = _replacing(drains, moving.plan)
-    pinned = revisions.pin(resolved.names, manifests, children, meta["uid"], rendered.revisions, replacing)
+    pinned = revisions.pin(resolved.names, manifests, history, rendered.revisions, replacing)
     desired = [stamp(pdroles.applied_form(m), body) for m in pinned]
     the_diff = diff(desired, children, meta["uid"])
     used = revisions.in_use(children, pods)
-    records = revisions.kept_records(children, pods, meta["uid"], desired, {
+    records = revisions.kept_records(history, pods, desired, {
         role: resolved.role(role).rollout.revision_history_limit for role in ROLES})
     the_diff = replace(the_diff, prune=[o for o in the_diff.prune if not drain.held(o, drains)
                                         and not revisions.kept(o, used)

@@ -27,6 +27,7 @@ records of revisions no pod of it runs; an instance's records go with it.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping
@@ -77,8 +78,13 @@ def is_record(obj: dict) -> bool:
     return obj.get("kind") == "ControllerRevision" and label(obj, RECORDED_REVISION) is not None
 
 
+History = Mapping[Key, list[dict]]
+"""Per instance: its records, oldest first (records)."""
+
+
 def records(children: Iterable[dict], owner_uid: str) -> dict[Key, list[dict]]:
-    """Per instance: its owned records, oldest first (by their `revision` number)."""
+    """Per instance: its owned records, oldest first (by their `revision` number). Read once per
+    reconcile and passed to pin, kept_records and pods_per_instance."""
     out: dict[Key, list[dict]] = {}
     for obj in children:
         if is_record(obj) and is_owned_by(obj, owner_uid) and not is_terminating(obj) \
@@ -114,15 +120,15 @@ def _number(found: list[dict], name: str) -> int:
     return max((int(r.get("revision") or 0) for r in found), default=0) + 1
 
 
-def pin(names: Names, manifests: list[dict], children: Iterable[dict], owner_uid: str,
-        revisions: Mapping[str, str], moving: Collection[Key]) -> list[dict]:
+def pin(names: Names, manifests: list[dict], history: History, revisions: Mapping[str, str],
+        moving: Collection[Key]) -> list[dict]:
     """`manifests` (the render, every instance on its role's current revision) with each instance's
     StatefulSet on its own revision, and the records to write. An instance takes the current
     template (and its record, numbered newest) when it has no record (a new instance, a surge one, or
     one from before records), its newest record is of the current revision already, or it is in
     `moving` (the rollout replaces its pods now); any other keeps the StatefulSet and revision config
-    of its newest record. `revisions`: each role's current revision."""
-    history = records(children, owner_uid)
+    of its newest record. `history`: the instances' records (records); `revisions`: each role's
+    current revision."""
     configs = {label(m, ROLE): m for m in manifests if is_config(m)}
     out: list[dict] = []
     seen: set[str] = set()
@@ -145,13 +151,13 @@ def pin(names: Names, manifests: list[dict], children: Iterable[dict], owner_uid
             add({**new, "revision": _number(found, new["metadata"]["name"])})
             add(manifest)
         else:
-            data = json.loads(json.dumps(own["data"]))
+            data = copy.deepcopy(own["data"])
             add(data["config"])
             add(data["statefulSet"])
     return out
 
 
-def kept_records(children: Iterable[dict], pods: Iterable[dict], owner_uid: str, desired: Iterable[dict],
+def kept_records(history: History, pods: Iterable[dict], desired: Iterable[dict],
                  limits: Mapping[str, int]) -> set[str]:
     """The records a prune leaves, of instances `desired` still has a StatefulSet for: each one's
     newest (the revision it is on), those of a revision its pods run, and of the others the newest
@@ -164,7 +170,7 @@ def kept_records(children: Iterable[dict], pods: Iterable[dict], owner_uid: str,
         if (of_pod := instance_of(pod)) is not None:
             running.setdefault(of_pod, set()).add(label(pod, REVISION) or "")
     out: set[str] = set()
-    for inst, found in records(children, owner_uid).items():
+    for inst, found in history.items():
         if inst not in wanted:
             continue
         *older, newest = found
@@ -180,11 +186,10 @@ Sizes = Mapping[Key, int]
 """Per instance with live pods: how many pods it runs (pods_per_instance)."""
 
 
-def pods_per_instance(children: Iterable[dict], pods: list[dict], owner_uid: str) -> dict[Key, int]:
+def pods_per_instance(history: History, pods: list[dict]) -> dict[Key, int]:
     """Per instance whose live pods run one revision with a record: that record's StatefulSet
     `replicas`. An instance not moved yet through a change of pods per instance (decode DP2 -> DP4 on
     one node each) is whole with its own revision's count, not the spec's (expected_pods)."""
-    history = records(children, owner_uid)
     out: dict[Key, int] = {}
     for inst, members in by_instance(pods).items():
         running = {label(p, REVISION) for p in members}
