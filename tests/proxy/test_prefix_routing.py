@@ -1,5 +1,6 @@
 """Prefill chosen by expected cached prefix and load, decode by load (proxy/prefix_routing.py,
-balancer.py), and the token ids a request carries (proxy/prompt_tokens.py). Pure."""
+balancer.py), and what a request is keyed by, its token ids or its text (proxy/prompt_tokens.py).
+Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pd_operator.names import Names
 from pd_operator.proxy.balancer import Balancer
 from pd_operator.proxy.membership import InstanceAddresses, Membership, Upstream, document, parse_document
 from pd_operator.proxy.prefix_routing import DEFAULT_CACHE_BLOCKS, MODES, PrefixRouter
-from pd_operator.proxy.prompt_tokens import PromptTokens, prompt_tokens
+from pd_operator.proxy.prompt_tokens import CHARS_PER_TOKEN, PromptTokens, prompt_tokens
 
 BLOCK = 16
 
@@ -94,6 +95,68 @@ def test_decode_and_requests_without_token_ids_go_by_load():
         assert chosen is not None and chosen.name == "d-decode-1"
 
 
+def route_body(b: Balancer, path: str, body: dict) -> str:
+    """Pick a prefill for the request `body` to `path` as pd-proxy reads it, and serve it there."""
+    prompt = b.prefix.prompt(prompt_tokens(path, body))
+    assert prompt is not None
+    chosen = b.pick("prefill", set(), prompt=prompt)
+    assert chosen is not None
+    with b.serving(chosen, "prefill", prompt):
+        pass
+    return chosen.name
+
+
+def chat(*turns: str) -> dict:
+    return {"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": text}
+                         for i, text in enumerate(turns)]}
+
+
+def test_text_prompts_are_keyed_by_their_characters_in_blocks_of_the_engine_block():
+    b = balancer([prefill(0), prefill(1), prefill(2)])
+    doc = "".join(chr(ord("a") + i % 26) for i in range(CHARS_PER_TOKEN * BLOCK * 3))
+    holder = route_body(b, "/v1/completions", {"prompt": doc + " first question"})
+    prompt = prompt_of_body(b, "/v1/completions", {"prompt": doc + " second question"})
+    # 3 whole blocks of BLOCK tokens, at CHARS_PER_TOKEN characters a token, are held by the holder.
+    assert b.prefix.hit_tokens(prompt, b.listed("prefill")) == {
+        u.name: 3 * BLOCK if u.name == holder else 0 for u in b.listed("prefill")}
+    assert len(prompt) == -(-len(doc + " second question") // CHARS_PER_TOKEN)
+    assert route_body(b, "/v1/completions", {"prompt": [doc + " second question"]}) == holder
+
+
+def test_a_conversations_next_turn_goes_to_the_prefill_that_computed_the_turns_before():
+    b = balancer([prefill(0), prefill(1), prefill(2)])
+    question = {topic: f"{topic} asked " * BLOCK for topic in ("alpha", "beta", "gamma")}
+    firsts = {topic: route_body(b, "/v1/chat/completions", chat(text)) for topic, text in question.items()}
+    assert len(set(firsts.values())) == 3  # nothing shared: ties, broken round robin
+    for topic, where in firsts.items():
+        answer = f"{topic} answered " * BLOCK
+        assert route_body(b, "/v1/chat/completions", chat(question[topic], answer, "and then?")) == where
+    # A new conversation under a long system prompt another one began with goes where that one went.
+    system = "You are terse. " * BLOCK
+    first = route_body(b, "/v1/chat/completions", {"messages": [{"role": "system", "content": system},
+                                                                 {"role": "user", "content": "one"}]})
+    assert route_body(b, "/v1/chat/completions", {"messages": [{"role": "system", "content": system},
+                                                                {"role": "user", "content": "two"}]}) == first
+
+
+def test_text_and_token_ids_never_share_a_key_and_precise_mode_ignores_text():
+    b = balancer([prefill(0), prefill(1)])
+    text = "q" * (CHARS_PER_TOKEN * BLOCK * 2)
+    route_body(b, "/v1/completions", {"prompt": text})
+    as_ids = prompt_of(b, [ord(c) for c in text])
+    assert set(b.prefix.hit_tokens(as_ids, b.listed("prefill")).values()) == {0}
+    precise = balancer([prefill(0), prefill(1)], mode="precise")
+    assert precise.prefix.prompt(prompt_tokens("/v1/completions", {"prompt": text})) is None
+    assert precise.prefix.prompt(prompt_tokens("/v1/chat/completions", chat(text))) is None
+    assert precise.prefix.prompt(prompt_tokens("/v1/completions", {"prompt": [1, 2]})) is not None
+
+
+def prompt_of_body(b: Balancer, path: str, body: dict):
+    prompt = b.prefix.prompt(prompt_tokens(path, body))
+    assert prompt is not None
+    return prompt
+
+
 def test_off_is_mains_least_loaded_round_robin():
     b = balancer([prefill(0), prefill(1), prefill(2)], mode="off")
     assert b.prefix.prompt(PromptTokens((1, 2, 3))) is None
@@ -163,8 +226,10 @@ def test_two_layouts_at_once_each_hashed_at_its_own_block():
     ("/v1/completions", {"prompt": [1, 2, 3]}, PromptTokens((1, 2, 3))),
     ("/v1/completions", {"prompt": [[1, 2, 3]], "cache_salt": "s"}, PromptTokens((1, 2, 3), "s")),
     ("/v1/completions", {"prompt": [[1, 2], [3]]}, None),  # a batch: no single prefix
-    ("/v1/completions", {"prompt": "text"}, None),
-    ("/v1/completions", {"prompt": ["text"]}, None),
+    ("/v1/completions", {"prompt": "text"}, PromptTokens("text")),
+    ("/v1/completions", {"prompt": ["text"], "cache_salt": "s"}, PromptTokens("text", "s")),
+    ("/v1/completions", {"prompt": ["a", "b"]}, None),  # a batch of texts
+    ("/v1/completions", {"prompt": ""}, None),
     ("/v1/completions", {"prompt": []}, None),
     ("/v1/completions", {"prompt": ["1", 2]}, None),  # a string first: a batch of texts
     # Ids are not checked one by one (vLLM does): 1, 1.0 and true are the id vLLM reads as 1, and a
@@ -172,9 +237,15 @@ def test_two_layouts_at_once_each_hashed_at_its_own_block():
     ("/v1/completions", {"prompt": [1, True, 1.0]}, PromptTokens((1, 1, 1))),
     ("/v1/completions", {"prompt": [1, -1]}, PromptTokens((1, -1))),
     ("/v1/completions", {"prompt": [1, 2], "cache_salt": 5}, PromptTokens((1, 2))),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, PromptTokens("\0user\0hi")),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "h"},
+                                                                      {"type": "text", "text": "i"}]}]},
+     PromptTokens("\0user\0hi")),
+    ("/v1/chat/completions", {"messages": []}, None),
+    ("/v1/chat/completions", {"prompt": [1, 2]}, None),
+    ("/v1/models", {"prompt": [1, 2]}, None),
 ])
-def test_token_ids_come_from_a_completion_prompt_of_ids(path, body, want):
+def test_what_a_request_is_keyed_by(path, body, want):
     assert prompt_tokens(path, body) == want
 
 

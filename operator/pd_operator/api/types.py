@@ -459,9 +459,11 @@ class ProxyRouting(ApiModel):
     (status.kvLayout.prefillPrefixHitTokens), within prefillCacheBlocks. `precise`: the same choice,
     by what the prefill engines report they hold: they publish vLLM's KV cache events
     (`--kv-events-config`) on kvEventsPort, which only this deployment's proxy pods may reach, and
-    the proxy subscribes to each; needs spec.prefill.enablePrefixCaching. Only prompts given as token
-    ids are routed by prefix; text and chat requests, and every request when prefill does not cache
-    prefixes, go by load. `off`: the prefill with the fewest requests in flight."""
+    the proxy subscribes to each; needs spec.prefill.enablePrefixCaching. Prompts of token ids are
+    keyed by their ids; text prompts and chat requests by their text, 4 characters a token (the proxy
+    loads no tokenizer), in `approximate` only: `precise` routes them by load, as every mode routes
+    every request when prefill does not cache prefixes. `off`: the prefill with the fewest requests
+    in flight."""
     prefill_cache_blocks: int | None = Field(default=None, ge=1, le=10_000_000)
     """Prefix-cache blocks one prefill instance's KV cache holds (vLLM logs it at start-up: the GPU
     KV cache size in tokens over the block size); what the proxy remembers per prefill in approximate

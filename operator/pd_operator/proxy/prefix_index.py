@@ -49,13 +49,16 @@ MAX_CAPACITY = 10_000_000
 some 190 bytes a key)."""
 
 
-def block_keys(tokens: Sequence[object], block_tokens: int, salt: str = "") -> list[Key]:
+def block_keys(tokens: Sequence[object] | str, block_tokens: int, salt: str = "") -> list[Key]:
     """The chained keys of the whole `block_tokens` blocks of `tokens` under `salt` (up to a block
-    holding an element without a hash)."""
+    holding an element without a hash). A str is text (proxy/prompt_tokens.py), cut into blocks of
+    `block_tokens` characters under a root of its own: text and token ids never share a key. Text
+    keys hash strings, which Python seeds per process: they stay within the proxy that made them
+    (approximate routing), unlike token keys."""
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, not {block_tokens}")
-    ids = tokens if isinstance(tokens, tuple) else tuple(tokens)
-    parent = root_key(block_tokens, salt)
+    ids = tokens if isinstance(tokens, tuple | str) else tuple(tokens)
+    parent = root_key(block_tokens, salt, text=isinstance(tokens, str))
     out = []
     try:
         for start in range(0, len(ids) - block_tokens + 1, block_tokens):
@@ -66,9 +69,10 @@ def block_keys(tokens: Sequence[object], block_tokens: int, salt: str = "") -> l
     return out
 
 
-def root_key(block_tokens: int, salt: str) -> Key:
-    """Where every chain of `block_tokens` blocks under `salt` starts."""
-    digest = hashlib.blake2b(f"pd-prefix\0{block_tokens}\0{salt}".encode(), digest_size=8).digest()
+def root_key(block_tokens: int, salt: str, text: bool = False) -> Key:
+    """Where every chain of `block_tokens` blocks (of characters when `text`) under `salt` starts."""
+    kind = "pd-prefix-text" if text else "pd-prefix"
+    digest = hashlib.blake2b(f"{kind}\0{block_tokens}\0{salt}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 

@@ -14,8 +14,9 @@ Modes (pd-proxy `--prefix-routing`, rendered from spec.proxy.routing.prefix):
   is expected to hold what its best rank holds.
 
 What a member is expected to hold is counted in whole blocks of its layout's `blockTokens`
-(membership.py): a member without one is scored as holding nothing, and a request without token
-ids (proxy/prompt_tokens.py) is routed by load alone, as in `off`.
+(membership.py): a member without one is scored as holding nothing. A request without token ids is
+keyed by its text in approximate mode and routed by load alone in precise mode, and one naming no
+single prompt by load alone in both (proxy/prompt_tokens.py), as in `off`.
 
 Choice (`PrefixRouter.costs`, used by Balancer.pick): a prefill's cost is the prompt tokens it would
 compute (the prompt less the prefix it is expected to hold) plus the tokens it already has to
@@ -53,12 +54,15 @@ class Prompt:
     _keys: dict[int, list[Key]] = field(default_factory=dict)
 
     def keys(self, block_tokens: int) -> list[Key]:
+        """The keys of its whole `block_tokens`-token blocks (of text: as many characters per token
+        as prompt_tokens.py takes)."""
         if block_tokens not in self._keys:
-            self._keys[block_tokens] = block_keys(self.tokens.tokens, block_tokens, self.tokens.salt)
+            self._keys[block_tokens] = block_keys(self.tokens.tokens, block_tokens * self.tokens.per_token,
+                                                  self.tokens.salt)
         return self._keys[block_tokens]
 
     def __len__(self) -> int:
-        return len(self.tokens.tokens)
+        return len(self.tokens)
 
 
 def holder(name: str, rank: int | None = None) -> str:
@@ -123,8 +127,11 @@ class PrefixRouter:
         return (holder(member.name),)
 
     def prompt(self, tokens: PromptTokens | None) -> Prompt | None:
-        """The request's prompt for scoring (None: not routed by prefix)."""
-        return Prompt(tokens) if self.on and tokens is not None else None
+        """The request's prompt for scoring (None: not routed by prefix; text in precise mode, whose
+        index holds the engines' token ids only)."""
+        if not self.on or tokens is None or (tokens.is_text and self.mode == "precise"):
+            return None
+        return Prompt(tokens)
 
     def hit_tokens(self, prompt: Prompt, members: Iterable[Upstream]) -> dict[str, int]:
         """Per member, the prompt tokens it is expected to hold from the start."""
