@@ -60,6 +60,9 @@ Figures:
 - request_body_parse_p99_ms: CPU time of the JSON parse of the same bodies, 99th percentile: pd-proxy
   parses every body whatever its routing (it rewrites the prefill's), so it is not routing overhead;
   printed for scale
+- routing_overhead_chat_p99_ms: the same as routing_overhead_p99_ms for the same prompts sent as chat
+  requests of one message, 4 characters a token (what pd-proxy reads of a chat request in place of
+  the tokenizer and chat template it does not run: proxy/prompt_tokens.py)
 - live_replayed_requests: requests of the live replay through the real pd-proxy process
 - live_approximate_hit_ratio: prompt tokens the caching fakes found cached over prompt tokens there
 - least_loaded_prefill_utilisation_4_prefills: least-loaded's prefill utilisation in a second run
@@ -96,7 +99,7 @@ import aiohttp
 from pd_operator.proxy.balancer import Balancer
 from pd_operator.proxy.membership import Membership, Upstream, document, parse_document
 from pd_operator.proxy.prefix_routing import Prompt, holder
-from pd_operator.proxy.prompt_tokens import COMPLETIONS, PromptTokens, prompt_tokens
+from pd_operator.proxy.prompt_tokens import CHARS_PER_TOKEN, CHAT, COMPLETIONS, PromptTokens, prompt_tokens
 from support import bench
 from support.caching_engine import CachingPrefill, Costs, PrefixCache, block_hashes, example_kv, measured
 from support.fakevllm import MODEL, WAIT_S, FakeEngine, ProxyProcess, started, swap
@@ -145,6 +148,12 @@ class Request:
             prompt.tokens = PromptTokens(range(self.prompt_tokens))  # type: ignore[arg-type]
             self._prompts[block_size] = prompt
         return self._prompts[block_size]
+
+    def text(self) -> str:
+        """The prompt as text of CHARS_PER_TOKEN characters a token, each hash id's block its own."""
+        block = TRACE_BLOCK_TOKENS * CHARS_PER_TOKEN
+        return "".join(f"{block_id:08x}" * (block // 8) for block_id in self.hash_ids)[
+            :self.prompt_tokens * CHARS_PER_TOKEN]
 
     def tokens(self) -> array:
         """The prompt: each hash id a fixed 512-token block of token ids."""
@@ -344,21 +353,24 @@ class Overhead:
     """The JSON parse of the request's body (CPU time), which pd-proxy does whatever its routing."""
 
 
-def routing_overhead(requests: Sequence[Request], setup: Setup) -> Overhead:
+def routing_overhead(requests: Sequence[Request], setup: Setup, chat: bool = False) -> Overhead:
     """What each approximate routing decision of pd-proxy costs over the trace, from the request's
-    parsed body to the recorded pick (its token ids read, their block keys, the index lookup, the
-    pick, the record), with STREAMS requests in flight at the proxy; and the parse of each body."""
+    parsed body to the recorded pick (its token ids, or with `chat` a chat request's text, read, their
+    block keys, the index lookup, the pick, the record), with STREAMS requests in flight at the
+    proxy; and the parse of each body."""
     balancer = Balancer(prefix="approximate")
     balancer.update(setup.membership())
     in_flight: deque = deque()
     out = Overhead()
     for request in requests:
-        data = json.dumps({"model": "m", "prompt": request.tokens().tolist(), "max_tokens": 16}).encode()
+        asked = ({"messages": [{"role": "user", "content": request.text()}]} if chat
+                 else {"prompt": request.tokens().tolist()})
+        data = json.dumps({"model": "m", **asked, "max_tokens": 16}).encode()
         began = time.thread_time()
         body = json.loads(data)
         out.parse_s.append(time.thread_time() - began)
         began, began_wall = time.thread_time(), time.perf_counter()
-        prompt = balancer.prefix.prompt(prompt_tokens(COMPLETIONS, body))
+        prompt = balancer.prefix.prompt(prompt_tokens(CHAT if chat else COMPLETIONS, body))
         upstream = balancer.pick("prefill", set(), prompt=prompt)
         assert upstream is not None
         serving = balancer.serving(upstream, "prefill", prompt)
@@ -476,6 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     precise = run(Policy("precise"))(scale)
     oracle = run(Policy("precise", exact=True))(scale)
     overhead = routing_overhead(requests[:OVERHEAD_REQUESTS], setup)
+    chat_overhead = routing_overhead(requests[:OVERHEAD_REQUESTS], setup, chat=True)
     with bench.workdir("routing-") as workdir:
         live = asyncio.run(live_replay(requests[:args.live_requests], setup, "approximate", workdir))
     bench.report(__doc__, {
@@ -498,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "routing_overhead_p99_ms": f"{1000 * percentile(overhead.cpu_s, 99):.3f}",
         "routing_overhead_wall_p99_ms": f"{1000 * percentile(overhead.wall_s, 99):.3f}",
         "request_body_parse_p99_ms": f"{1000 * percentile(overhead.parse_s, 99):.3f}",
+        "routing_overhead_chat_p99_ms": f"{1000 * percentile(chat_overhead.cpu_s, 99):.3f}",
         "live_replayed_requests": live.answered + len(live.failed),
         "live_approximate_hit_ratio": f"{live.cached_tokens / max(live.prompt_tokens, 1):.3f}",
         "precise_ttft_mean_ms": f"{precise.ttft_ms():.1f}",
