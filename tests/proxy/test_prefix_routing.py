@@ -8,10 +8,12 @@ import json
 from dataclasses import replace
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pd_operator.names import Names
 from pd_operator.proxy.balancer import Balancer
 from pd_operator.proxy.membership import InstanceAddresses, Membership, Upstream, document, parse_document
+from pd_operator.proxy.metrics import ProxyMetrics
 from pd_operator.proxy.prefix_routing import DEFAULT_CACHE_BLOCKS, MODES, PrefixRouter
 from pd_operator.proxy.prompt_tokens import CHARS_PER_TOKEN, PromptTokens, prompt_tokens
 
@@ -270,3 +272,18 @@ def test_the_membership_carries_each_prefills_block_capacity_and_publishers():
         moved = document([replace(entry, events=(endpoint,))], [])
         with pytest.raises(ValueError, match=r"prefill\[0\]\.events\[0\]"):
             parse_document(moved, InstanceAddresses(names, 8000))
+
+
+def test_the_metrics_port_shows_what_the_index_holds_and_each_publishers_resyncs():
+    samples = lambda b: {(s.name, tuple(s.labels.values())): s.value  # noqa: E731
+                         for f in text_string_to_metric_families(
+                             ProxyMetrics(b.state, lambda: b.prefix).exposition().decode())
+                         for s in f.samples}
+    b = balancer([prefill(0), prefill(1)])
+    held = route(b, [4] * (3 * BLOCK))
+    assert samples(b)[("pd_proxy_prefix_index_blocks", (held,))] == 3
+    precise = balancer([replace(prefill(0), events=("tcp://p0:5557",))], mode="precise")
+    (feed,) = precise.prefix.feeds.values()
+    feed.receive(0, b"not a batch")
+    feed.receive(1, b"not a batch either")
+    assert samples(precise)[("pd_proxy_kv_events_resyncs_total", ("d-prefill-0/dp0",))] == 2

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pd_operator.proxy.membership import ProxyState
+from pd_operator.proxy.prefix_routing import PrefixRouter
 
 METRICS_PATH = "/metrics"
 PREFIX = "pd_proxy"
@@ -44,6 +45,13 @@ SERIES = {
     f"{PREFIX}_retries_total": "counter {role}: attempts after a call's first, per role",
     f"{PREFIX}_reprefills_total": "counter: requests prefilled again after a decode that may have "
                                   "pulled the KV failed",
+    f"{PREFIX}_prefix_index_blocks": "gauge {holder}: blocks the prefix index expects a prefill member "
+                                     "(approximate) or one DP rank of it (precise: `<member>/dp<rank>`) to "
+                                     "hold",
+    f"{PREFIX}_kv_events_resyncs_total": "counter {holder}: precise routing, times a publisher's KV "
+                                         "events broke their sequence or did not decode, so what the index "
+                                         "held for it was cleared (from 0 again when the member's feed is "
+                                         "renewed: it left, or its layout changed)",
 }
 
 
@@ -78,6 +86,26 @@ class _Load(Collector):
         yield awaiting
 
 
+class _Prefix(Collector):
+    """The prefix index's figures, read from the router at scrape time."""
+
+    def __init__(self, router: Callable[[], PrefixRouter]) -> None:
+        self.router = router
+
+    def collect(self) -> Iterable[Metric]:
+        router = self.router()
+        blocks = GaugeMetricFamily(f"{PREFIX}_prefix_index_blocks", "Blocks the prefix index expects a "
+                                   "holder to hold", labels=["holder"])
+        for holder in router.index.holders():
+            blocks.add_metric([holder], router.index.size(holder))
+        resyncs = CounterMetricFamily(f"{PREFIX}_kv_events_resyncs", "Times a publisher's KV events were "
+                                      "resynced", labels=["holder"])
+        for feed in sorted(router.feeds.values(), key=lambda f: f.holder):
+            resyncs.add_metric([feed.holder], feed.resyncs)
+        yield blocks
+        yield resyncs
+
+
 @dataclass
 class Timing:
     """One request's clock: when its head arrived, when a prefill last answered it."""
@@ -88,7 +116,7 @@ class Timing:
 
 
 class ProxyMetrics:
-    def __init__(self, state: Callable[[], ProxyState]) -> None:
+    def __init__(self, state: Callable[[], ProxyState], router: Callable[[], PrefixRouter]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests", "Requests answered on the clients' port",
@@ -102,6 +130,7 @@ class ProxyMetrics:
         self.retries = Counter(f"{PREFIX}_retries", "Attempts after a call's first", ["role"], registry=r)
         self.reprefills = Counter(f"{PREFIX}_reprefills", "Requests prefilled again", registry=r)
         r.register(_Load(state))
+        r.register(_Prefix(router))
 
     def answered(self, path: str, status: int, retry_after: bool, arrived: float, completion: bool) -> None:
         self.requests.labels(path, outcome(status, retry_after)).inc()

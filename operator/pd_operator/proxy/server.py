@@ -120,7 +120,7 @@ class Proxy:
         self.balancer = Balancer(prefix=prefix_routing)
         self.events = Subscriptions()
         """precise prefix routing: the subscriptions to the prefill members' KV events."""
-        self.metrics = ProxyMetrics(self.balancer.state)
+        self.metrics = ProxyMetrics(self.balancer.state, lambda: self.balancer.prefix)
         self.router = Router(self.balancer, self.limits, lambda: self.session, retry_delay=retry_delay,
                              connect_timeout=connect_timeout, api_key=self.api_key, metrics=self.metrics)
         self.active = 0
