@@ -450,7 +450,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     gates = _gates(proxies, resolved, body, manifests, children, departing, pods, routable)
     drains = _drains(proxies, resolved, body, departing, pods, gates, now, admin_token(boundary, resolved))
     replacing = _replacing(drains, moving.plan)
-    pinned = revisions.pin(resolved.names, manifests, history, rendered.revisions, replacing)
+    pinned = revisions.pin(resolved, manifests, history, rendered.revisions, replacing)
     desired = [stamp(pdroles.applied_form(m), body) for m in pinned]
     the_diff = diff(desired, children, meta["uid"])
     used = revisions.in_use(children, pods)

@@ -21,8 +21,13 @@ on it, or the rollout replaces its pods in this reconcile (its drain done); any 
 StatefulSet is written from its own record, so under OnDelete a pod evicted or crashed comes back on
 the instance's own revision, a paused, partitioned or halted rollout moves nothing pod by pod, and a
 StatefulSet deleted or edited by hand comes back as its record says, after an operator restart too
-(the records are in the cluster). Per instance, spec.<role>.rollout.revisionHistoryLimit bounds the
-records of revisions no pod of it runs; an instance's records go with it.
+(the records are in the cluster). Such an instance's PodGroup (spec.scheduling.gang) is the one its
+record's StatefulSet names and fills, derived from it (render/scheduling.py recorded_pod_group), so a
+pod of it recreated mid-rollout finds its group, of its own pod count, where one of the spec's
+would name a group no longer rendered (kube-scheduler's) or wait for more pods than its StatefulSet
+runs (Volcano's minMember); the records themselves hold no PodGroup. Per instance,
+spec.<role>.rollout.revisionHistoryLimit bounds the records of revisions no pod of it runs; an
+instance's records go with it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pd_operator.controller.diff import is_owned_by
 from pd_operator.controller.drain import instance_of
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.names import Names
+from pd_operator.render import scheduling
 from pd_operator.spec.validate import Resolved
 
 Key = tuple[str, int]
@@ -120,39 +126,46 @@ def _number(found: list[dict], name: str) -> int:
     return max((int(r.get("revision") or 0) for r in found), default=0) + 1
 
 
-def pin(names: Names, manifests: list[dict], history: History, revisions: Mapping[str, str],
+def pin(ctx: Resolved, manifests: list[dict], history: History, revisions: Mapping[str, str],
         moving: Collection[Key]) -> list[dict]:
     """`manifests` (the render, every instance on its role's current revision) with each instance's
     StatefulSet on its own revision, and the records to write. An instance takes the current
     template (and its record, numbered newest) when it has no record (a new instance, a surge one, or
     one from before records), its newest record is of the current revision already, or it is in
     `moving` (the rollout replaces its pods now); any other keeps the StatefulSet and revision config
-    of its newest record. `history`: the instances' records (records); `revisions`: each role's
-    current revision."""
+    of its newest record, and the PodGroup that StatefulSet's pods need (render/scheduling.py
+    recorded_pod_group: its name, its pod count), not the spec's. `history`: the instances' records
+    (records); `revisions`: each role's current revision."""
     configs = {label(m, ROLE): m for m in manifests if is_config(m)}
+    kept: dict[Key, dict] = {}
+    for manifest in manifests:
+        if manifest["kind"] == "StatefulSet" and (inst := instance_of(manifest)) is not None \
+                and (found := history.get(inst)) and inst not in moving \
+                and label(found[-1], RECORDED_REVISION) != revisions[inst[0]]:
+            kept[inst] = found[-1]
     out: list[dict] = []
     seen: set[str] = set()
 
-    def add(manifest: dict) -> None:
+    def add(manifest: dict | None) -> None:
+        if manifest is None:
+            return
         ident = f"{manifest['kind']}/{manifest['metadata']['name']}"
         if ident not in seen:
             seen.add(ident)
             out.append(manifest)
 
     for manifest in manifests:
-        inst = instance_of(manifest) if manifest["kind"] == "StatefulSet" else None
-        if inst is None:
+        inst = instance_of(manifest) if manifest["kind"] in ("StatefulSet", "PodGroup") else None
+        own = kept.get(inst) if inst is not None else None
+        if inst is None or own is None:
+            if inst is not None and manifest["kind"] == "StatefulSet":
+                new = record(ctx.names, manifest, configs[inst[0]])
+                add({**new, "revision": _number(history.get(inst, []), new["metadata"]["name"])})
             add(manifest)
-            continue
-        found = history.get(inst, [])
-        own = found[-1] if found else None
-        if own is None or label(own, RECORDED_REVISION) == revisions[inst[0]] or inst in moving:
-            new = record(names, manifest, configs[inst[0]])
-            add({**new, "revision": _number(found, new["metadata"]["name"])})
-            add(manifest)
-        else:
+        elif manifest["kind"] == "StatefulSet":  # the spec's PodGroup of a kept instance is left out
             data = copy.deepcopy(own["data"])
             add(data["config"])
+            add(scheduling.recorded_pod_group(ctx, *inst, data["statefulSet"]))
             add(data["statefulSet"])
     return out
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from pd_operator.api.labels import INSTANCE, VOLCANO_GROUP
 from pd_operator.render.labels import metadata, selector
@@ -57,44 +58,101 @@ def _digest(spec: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def _kube_spec(ctx: Resolved, role: str) -> dict:
-    spec: dict = {"schedulingPolicy": {"gang": {"minCount": ctx.shapes[role].pods}}}
-    placement = ctx.deployment.spec.placement
-    if placement.gang_topology and placement.domain_label:
-        spec["schedulingConstraints"] = {"topology": [{"key": placement.domain_label}]}
+@dataclass(frozen=True)
+class _Gang:
+    """What one instance's PodGroup holds: from the spec (`_current`) or from the StatefulSet of the
+    revision the instance is on (`recorded_pod_group`)."""
+    api: str
+    pods: int
+    npus_per_pod: int
+    priority_class: str | None
+    topology: str | None
+    """kube-scheduler's only: the key of its topology constraint."""
+
+
+def _current(ctx: Resolved, role: str) -> _Gang | None:
+    scheduling, placement, plan = ctx.deployment.spec.scheduling, ctx.deployment.spec.placement, ctx.shapes[role]
+    if scheduling.gang == "none":
+        return None
+    return _Gang(KUBE_API if scheduling.gang == "kubernetes" else VOLCANO_API, plan.pods, plan.npus_per_pod,
+                 scheduling.priority_class_name, placement.domain_label if placement.gang_topology else None)
+
+
+def _spec(ctx: Resolved, role: str, gang: _Gang) -> dict:
+    spec: dict
+    if gang.api == KUBE_API:
+        spec = {"schedulingPolicy": {"gang": {"minCount": gang.pods}}}
+        if gang.topology:
+            spec["schedulingConstraints"] = {"topology": [{"key": gang.topology}]}
+        return spec
+    spec = {"minMember": gang.pods,
+            "minResources": {ctx.role(role).npu_resource_name: gang.pods * gang.npus_per_pod}}
+    if queue := ctx.deployment.spec.scheduling.queue:
+        spec["queue"] = queue
+    if gang.priority_class:
+        spec["priorityClassName"] = gang.priority_class
     return spec
 
 
-def _volcano_spec(ctx: Resolved, role: str) -> dict:
-    plan, side, scheduling = ctx.shapes[role], ctx.role(role), ctx.deployment.spec.scheduling
-    spec: dict = {"minMember": plan.pods,
-                  "minResources": {side.npu_resource_name: plan.pods * plan.npus_per_pod}}
-    if scheduling.queue:
-        spec["queue"] = scheduling.queue
-    if scheduling.priority_class_name:
-        spec["priorityClassName"] = scheduling.priority_class_name
-    return spec
+def _name(ctx: Resolved, role: str, index: int, gang: _Gang) -> str:
+    if gang.api == KUBE_API:
+        return ctx.names.pod_group(role, index, _digest(_spec(ctx, role, gang)))
+    return ctx.names.pod_group(role, index)
+
+
+def _group(ctx: Resolved, role: str, index: int, gang: _Gang) -> dict:
+    return {"apiVersion": gang.api, "kind": "PodGroup",
+            "metadata": metadata(ctx, _name(ctx, role, index, gang), role, index),
+            "spec": _spec(ctx, role, gang)}
 
 
 def pod_group_name(ctx: Resolved, role: str, index: int) -> str | None:
     """The PodGroup the instance's pods belong to (None without gang scheduling)."""
-    gang = ctx.deployment.spec.scheduling.gang
-    if gang == "kubernetes":
-        return ctx.names.pod_group(role, index, _digest(_kube_spec(ctx, role)))
-    if gang == "volcano":
-        return ctx.names.pod_group(role, index)
-    return None
+    gang = _current(ctx, role)
+    return None if gang is None else _name(ctx, role, index, gang)
 
 
 def pod_group(ctx: Resolved, role: str, index: int) -> dict | None:
-    """One instance's PodGroup, or None with gang `none`."""
-    name = pod_group_name(ctx, role, index)
-    if name is None:
+    """One instance's PodGroup on the spec's current shape, or None with gang `none`."""
+    gang = _current(ctx, role)
+    return None if gang is None else _group(ctx, role, index, gang)
+
+
+def _topology_keys(affinity: object) -> list[str]:
+    """Every topologyKey in a pod's affinity terms."""
+    if isinstance(affinity, dict):
+        own = [affinity["topologyKey"]] if isinstance(affinity.get("topologyKey"), str) else []
+        return own + [k for v in affinity.values() for k in _topology_keys(v)]
+    if isinstance(affinity, list):
+        return [k for v in affinity for k in _topology_keys(v)]
+    return []
+
+
+def recorded_pod_group(ctx: Resolved, role: str, index: int, stateful_set: dict) -> dict | None:
+    """The PodGroup that the pods of `stateful_set` (instance `index` of `role` as a revision record
+    of it has it, controller/revisions.py) need, whatever the spec says now: the kind and name its
+    template names (None: no gang), minMember/minCount its `replicas`, minResources from its pods'
+    own NPU requests, Volcano's priorityClassName its pods'. kube-scheduler's name is a digest of its
+    spec, whose topology constraint the template does not hold: it is the candidate (the spec's, none,
+    a topologyKey of the template's affinity) whose spec has that digest, as an apply under the name
+    must not change the immutable spec; None if none has (the group then is not rendered)."""
+    template = stateful_set["spec"]["template"]
+    pod = template["spec"]
+    pods = int(stateful_set["spec"]["replicas"])
+    resource = ctx.role(role).npu_resource_name
+    npus = sum(int(((c.get("resources") or {}).get("requests") or {}).get(resource, 0))
+               for c in pod.get("containers") or [])
+    priority = pod.get("priorityClassName")
+    if named := (pod.get("schedulingGroup") or {}).get("podGroupName"):
+        now = _current(ctx, role)
+        for topology in dict.fromkeys([now.topology if now else None, None, *_topology_keys(pod.get("affinity"))]):
+            gang = _Gang(KUBE_API, pods, npus, priority, topology)
+            if _name(ctx, role, index, gang) == named:
+                return _group(ctx, role, index, gang)
         return None
-    kube = ctx.deployment.spec.scheduling.gang == "kubernetes"
-    return {"apiVersion": KUBE_API if kube else VOLCANO_API, "kind": "PodGroup",
-            "metadata": metadata(ctx, name, role, index),
-            "spec": _kube_spec(ctx, role) if kube else _volcano_spec(ctx, role)}
+    if (template["metadata"].get("annotations") or {}).get(VOLCANO_GROUP):
+        return _group(ctx, role, index, _Gang(VOLCANO_API, pods, npus, priority, None))
+    return None
 
 
 def pod_annotations(ctx: Resolved, role: str, index: int) -> dict[str, str]:
