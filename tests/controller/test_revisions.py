@@ -301,3 +301,76 @@ def test_a_change_of_pods_per_instance_goes_through_the_rollout():
     applied = [m for verb, m in client.writes if verb == "apply"]
     if any(m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-proxy") for m in applied):
         assert routed_names(applied, "decode") == [DECODE[0]]
+
+
+# -- each instance's PodGroup is its revision's (spec.scheduling.gang) ----------------------------------
+
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"
+
+
+def _group_named(sts: dict) -> str:
+    """The PodGroup the pods of `sts` name (kube-scheduler's field or Volcano's annotation)."""
+    template = sts["spec"]["template"]
+    return template["spec"].get("schedulingGroup", {}).get("podGroupName") \
+        or template["metadata"]["annotations"][VOLCANO_GROUP]
+
+
+def _count(group: dict) -> int:
+    spec = group["spec"]
+    return int(spec["minMember"] if "minMember" in spec else spec["schedulingPolicy"]["gang"]["minCount"])
+
+
+def _pods_per_instance_change(gang: str) -> tuple[list[dict], PruningClient, dict]:
+    """Two decode instances of one 4-NPU pod under `gang`, then TP4 x DP2 on 4-NPU nodes (two pods
+    each) rolled in place: the first reconcile of the change (decode-1 moves, decode-0 not yet)."""
+    body = _two_decodes()
+    body["spec"]["scheduling"] = {"gang": gang}
+    children = _created(body)
+    changed = copy.deepcopy(body)
+    changed["spec"]["decode"] |= {"dataParallelSize": 2, "npusPerNode": 4}
+    changed["metadata"]["generation"] = 2
+    client = PruningClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), changed, children, _running(children))  # type: ignore[arg-type]
+    return children, client, changed
+
+
+def test_mid_rollout_an_unmoved_instance_keeps_its_own_kube_scheduler_podgroup():
+    """kube-scheduler's PodGroups are named by a digest of their immutable spec: the spec's new pod
+    count is a new group, which only the moved instance's template names; the unmoved instance's
+    group (minCount 1, the name its template holds) stays, so a pod of it recreated finds it."""
+    children, client, changed = _pods_per_instance_change("kubernetes")
+    old = {s["metadata"]["name"]: s for s in of_kind(children, "StatefulSet")}
+    observed = {g["metadata"]["name"]: g for g in of_kind(children, "PodGroup")}
+    kept = _group_named(old[DECODE[0]])
+    assert kept in observed and _count(observed[kept]) == 1
+    assert f"PodGroup/{kept}" not in client.deleted, client.deleted
+    applied = {m["metadata"]["name"]: m for verb, m in client.writes if verb == "apply"}
+    moved = _group_named(_stateful_sets(client.writes)[DECODE[1]])
+    assert moved != _group_named(old[DECODE[1]]) and _count(applied[moved]) == 2
+    assert f"PodGroup/{_group_named(old[DECODE[1]])}" in client.deleted  # the moved one's old group
+    # The spec's group for decode-0 is not created ahead of its move: one group per instance.
+    assert [n for n, m in applied.items() if m["kind"] == "PodGroup" and "-decode-" in n] == [moved]
+
+    # Its group deleted by hand: it comes back from the record, as its pods name it (not the spec's).
+    without = [c for c in children if c["metadata"]["name"] != kept]
+    again = PruningClient()
+    reconcile_mod.reconcile(again, ProxyStateReader(), changed, without, _running(children))  # type: ignore[arg-type]
+    restored = {m["metadata"]["name"]: m for verb, m in again.writes
+                if verb == "apply" and m["kind"] == "PodGroup"}
+    assert _count(restored[kept]) == 1 and restored[kept]["spec"] == observed[kept]["spec"]
+
+
+def test_mid_rollout_an_unmoved_instance_keeps_its_own_volcano_podgroup():
+    """Volcano's PodGroup has the instance's name, so the group itself must follow the instance's
+    revision: minMember and minResources stay its one pod of 4 NPUs until it moves, where the
+    spec's (2 pods, 8 NPUs) would keep its recreated pod waiting for a second that never comes."""
+    children, client, _ = _pods_per_instance_change("volcano")
+    observed = {g["metadata"]["name"]: g for g in of_kind(children, "PodGroup")}
+    assert observed[DECODE[0]]["spec"]["minMember"] == 1
+    assert observed[DECODE[0]]["spec"]["minResources"] == {"huawei.com/Ascend910": 4}
+    applied = {m["metadata"]["name"]: m for verb, m in client.writes
+               if verb == "apply" and m["kind"] == "PodGroup" and "-decode-" in m["metadata"]["name"]}
+    assert set(applied) == {DECODE[1]}  # decode-0's group is as it was: nothing to write
+    assert applied[DECODE[1]]["spec"]["minMember"] == 2
+    assert applied[DECODE[1]]["spec"]["minResources"] == {"huawei.com/Ascend910": 8}
+    assert not [d for d in client.deleted if d.startswith("PodGroup/")], client.deleted

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from pd_operator.api.labels import DEPLOYMENT, HOSTNAME, INSTANCE, ROLE, VOLCANO_GROUP
-from pd_operator.render import render
+from pd_operator.render import render, scheduling
 from pd_operator.render.runnable import validate
 from support.renders import VALID_EXAMPLES, of_kind, serving_sets
 from support.specs import example
@@ -109,6 +109,62 @@ def test_kubernetes_renders_gang_podgroups_named_by_their_immutable_spec():
     assert renamed["spec"]["schedulingPolicy"]["gang"]["minCount"] == 3
     assert renamed["metadata"]["name"] != name
 
+
+
+def _recorded(doc: dict, sts: dict) -> dict | None:
+    """The PodGroup `sts` (an instance's StatefulSet as some revision rendered it) needs under `doc`."""
+    validation = validate(doc)
+    assert validation.resolved is not None
+    labels = sts["metadata"]["labels"]
+    return scheduling.recorded_pod_group(validation.resolved, labels[ROLE], int(labels[INSTANCE]), sts)
+
+
+@pytest.mark.parametrize("gang, placement", [("volcano", {}), ("kubernetes", {}),
+                                             ("kubernetes", {"domainLabel": DOMAIN, "gangTopology": True})])
+def test_a_stateful_set_of_the_spec_needs_the_spec_s_podgroup(gang, placement):
+    """One construction: the group derived from an instance's StatefulSet (as a revision record holds
+    it) is the spec's own group when the StatefulSet is the spec's."""
+    doc = multi_pod(gang, **placement)
+    doc["spec"]["scheduling"]["priorityClassName"] = "serving-high"
+    manifests = rendered(doc)
+    groups = {(g["metadata"]["labels"][ROLE], g["metadata"]["labels"][INSTANCE]): g
+              for g in of_kind(manifests, "PodGroup")}
+    assert len(groups) == 4
+    for sts in serving_sets(manifests):
+        labels = sts["metadata"]["labels"]
+        assert _recorded(doc, sts) == groups[labels[ROLE], labels[INSTANCE]]
+    assert _recorded(multi_pod(), statefulset(rendered(multi_pod()), "glm-flash-decode-0")) is None
+
+
+def test_an_old_revisions_stateful_set_keeps_its_own_podgroup_under_a_new_spec():
+    """What the pods of an instance not moved yet need, whatever the spec says now: their group's name
+    and count, their NPUs, and kube-scheduler's topology constraint as their group's name has it."""
+    before = multi_pod("kubernetes", domainLabel=DOMAIN)
+    old = statefulset(rendered(before), "glm-flash-decode-1")
+    (own,) = [g for g in of_kind(rendered(before), "PodGroup") if g["metadata"]["name"].startswith(
+        "glm-flash-decode-1-")]
+    now = multi_pod("kubernetes", domainLabel=DOMAIN, gangTopology=True)
+    now["spec"]["decode"]["dataParallelSize"] = 6
+    assert _recorded(now, old) == own  # no topology, 2 pods: the immutable spec its name digests
+    assert _recorded(now, old)["metadata"]["name"] == pod_spec(rendered(before), "glm-flash-decode-1")[
+        "schedulingGroup"]["podGroupName"]
+    # And back: a group with the constraint stays one with it after gangTopology is turned off.
+    with_topology = statefulset(rendered(now), "glm-flash-decode-1")
+    group = _recorded(before, with_topology)
+    assert group is not None and group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 3}},
+                                                   "schedulingConstraints": {"topology": [{"key": DOMAIN}]}}
+    # Volcano's group of a StatefulSet from before the switch to gang none: still its pods' group.
+    volcano = statefulset(rendered(multi_pod("volcano")), "glm-flash-decode-0")
+    group = _recorded(multi_pod(), volcano)
+    assert group is not None and group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert group["spec"] == {"minMember": 2, "minResources": {NPU: 16}}
+    # A name no candidate spec digests to (a topology the template does not show) is not guessed at:
+    # an apply under it could not change the existing group's immutable spec.
+    unknown = copy.deepcopy(old)
+    unknown["spec"]["template"]["spec"]["schedulingGroup"]["podGroupName"] = "glm-flash-decode-1-00000000"
+    assert _recorded(now, unknown) is None
+    # A StatefulSet from before gang scheduling needs no group, whatever the spec has now.
+    assert _recorded(multi_pod("volcano"), statefulset(rendered(multi_pod()), "glm-flash-decode-0")) is None
 
 def test_scheduler_name_overrides_the_default():
     doc = multi_pod("volcano")

@@ -71,7 +71,8 @@ class _Gang:
 
 
 def _current(ctx: Resolved, role: str) -> _Gang | None:
-    scheduling, placement, plan = ctx.deployment.spec.scheduling, ctx.deployment.spec.placement, ctx.shapes[role]
+    scheduling, placement, plan = ctx.deployment.spec.scheduling, ctx.deployment.spec.placement, \
+        ctx.shapes[role]
     if scheduling.gang == "none":
         return None
     return _Gang(KUBE_API if scheduling.gang == "kubernetes" else VOLCANO_API, plan.pods, plan.npus_per_pod,
@@ -145,7 +146,8 @@ def recorded_pod_group(ctx: Resolved, role: str, index: int, stateful_set: dict)
     priority = pod.get("priorityClassName")
     if named := (pod.get("schedulingGroup") or {}).get("podGroupName"):
         now = _current(ctx, role)
-        for topology in dict.fromkeys([now.topology if now else None, None, *_topology_keys(pod.get("affinity"))]):
+        candidates = [now.topology if now else None, None, *_topology_keys(pod.get("affinity"))]
+        for topology in dict.fromkeys(candidates):
             gang = _Gang(KUBE_API, pods, npus, priority, topology)
             if _name(ctx, role, index, gang) == named:
                 return _group(ctx, role, index, gang)
