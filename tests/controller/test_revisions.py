@@ -7,8 +7,11 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
+
 from pd_operator.controller import reconcile as reconcile_mod
 from pd_operator.controller import revisions
+from pd_operator.controller.client import NotServed
 from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.render import render, workloads
 from support.controller_fakes import (
@@ -374,3 +377,33 @@ def test_mid_rollout_an_unmoved_instance_keeps_its_own_volcano_podgroup():
     assert applied[DECODE[1]]["spec"]["minMember"] == 2
     assert applied[DECODE[1]]["spec"]["minResources"] == {"huawei.com/Ascend910": 8}
     assert not [d for d in client.deleted if d.startswith("PodGroup/")], client.deleted
+
+
+class NoKubePodGroups(MemoryClient):
+    """A cluster without scheduling.k8s.io/v1alpha2: a kube-scheduler PodGroup is not served."""
+
+    def apply(self, manifest: dict) -> dict:
+        if manifest["kind"] == "PodGroup" and manifest["apiVersion"] == "scheduling.k8s.io/v1alpha2":
+            raise NotServed("the server could not find the requested resource", manifest)
+        return super().apply(manifest)
+
+
+def test_an_instance_never_applied_is_on_no_revision_and_takes_the_spec_s_podgroup():
+    """Gang kubernetes on a cluster without its API stops the apply before the StatefulSets, and
+    before the records: so with gang none the instances are created on the spec's template, not held
+    to a record of a StatefulSet that never ran and its PodGroup the cluster cannot serve."""
+    body = _two_decodes()
+    body["spec"]["scheduling"] = {"gang": "kubernetes"}
+    refused = NoKubePodGroups()
+    with pytest.raises(NotServed):
+        reconcile_mod.reconcile(refused, ProxyStateReader(), body, [], [])  # type: ignore[arg-type]
+    applied = [m for verb, m in refused.writes if verb in ("apply", "create")]
+    assert not of_kind(applied, "StatefulSet") and not _records(applied)
+    none = copy.deepcopy(body)
+    none["spec"]["scheduling"] = {"gang": "none"}
+    none["metadata"]["generation"] = 2
+    client = MemoryClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), none, _owned(applied), [])  # type: ignore[arg-type]
+    written = [m for verb, m in client.writes if verb == "apply"]
+    assert not of_kind(written, "PodGroup") and len(of_kind(written, "StatefulSet")) == 3
+    assert all("schedulingGroup" not in s["spec"]["template"]["spec"] for s in of_kind(written, "StatefulSet"))

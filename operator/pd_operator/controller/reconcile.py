@@ -68,10 +68,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-LATER_WAVES = ({"RoleBinding"}, {"StatefulSet", "Deployment"})
+LATER_WAVES = ({"RoleBinding"}, {"ControllerRevision"}, {"StatefulSet", "Deployment"})
 """Kinds applied after the others, a wave after another (see _apply): a RoleBinding once its Role
-exists (the API server's escalation check reads the Role: binding a missing one is refused), the
-pods' workloads last."""
+exists (the API server's escalation check reads the Role: binding a missing one is refused), an
+instance's revision record once all else its StatefulSet's pods need was applied (a PodGroup kind
+the cluster does not serve stops the apply before it: an instance never applied is on no revision,
+so it takes the spec's, not a record's PodGroup the cluster lacks), the pods' workloads last."""
 
 
 class InvalidSpec(Exception):
@@ -151,9 +153,9 @@ def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict],
     a create of another writer; nothing but the API server's own create can close that window, and
     an apply cannot ask for it.
     The reads go out at once, then the writes in waves, each at once (client.concurrently): the
-    RoleBindings after their Roles, the pods' StatefulSets and Deployments last, once what their
-    pods need exists (their ServiceAccount, ConfigMaps, PodGroups, RoleBindings, and the
-    NetworkPolicies that fence them)."""
+    RoleBindings after their Roles, the instances' revision records, the pods' StatefulSets and
+    Deployments last, once what their pods need exists (their ServiceAccount, ConfigMaps, PodGroups,
+    RoleBindings, and the NetworkPolicies that fence them)."""
     current = {key(c): c for c in children}
     unseen = [m for m in the_diff.apply if key(m) not in current]
     taken = set()
