@@ -23,7 +23,8 @@ from pd_operator.render import render
 from support.cluster import ApiError, ControlPlane, NodePool, wait_for
 from support.installed import condition, get_pdd
 from support.pdd_cluster import apply, children, cond, glm, listed, pods, serve, wait_cond
-from support.rollout import IN_PLACE
+from support.rollout import IN_PLACE, progressing
+from support.rollout import status as rollout_status
 from support.specs import resolve
 from support.volcano import podgroup_crd
 
@@ -134,6 +135,52 @@ def test_a_new_pod_count_under_the_gang_replaces_the_instance_whole(control_plan
                 if not g["metadata"].get("deletionTimestamp")]
     wait_for("the old PodGroup pruned", lambda: min_counts() == [3])
 
+
+
+def test_mid_rollout_a_pod_of_an_instance_not_moved_finds_its_own_podgroup(control_plane, namespace,
+                                                                           start_operator):
+    """Issue 32: decode one pod per instance -> two (npusPerNode 8 -> 4), held by a pause. The
+    instances not moved yet keep their own PodGroups (minCount 1, the names their pods carry); none
+    of the spec's new shape is created ahead of them; a pod of one evicted comes back and is bound.
+    With the spec's groups instead, its group would be pruned and the new pod wait for it unbound."""
+    cp = control_plane
+    start_operator("--drift-interval=2")
+    doc = _doc(namespace, replicas=2)  # decode DP2 x TP4 on nodes of 8: one pod per instance
+    doc["spec"]["scheduling"] = {"gang": "kubernetes"}
+    apply(cp, doc)
+    serve(cp, namespace)
+    decode = f"pd.serving.dev/deployment=glm-flash,{ROLE}=decode"
+    before = {p["metadata"]["name"]: p["spec"]["schedulingGroup"]["podGroupName"]
+              for p in pods(cp, namespace, decode)}
+    assert sorted(before) == ["glm-flash-decode-0-0", "glm-flash-decode-1-0"]
+
+    old = rollout_status(cp, namespace)["decode"]["revision"]
+    doc["spec"]["decode"]["npusPerNode"] = 4
+    for role in ("prefill", "decode"):
+        doc["spec"][role]["rollout"] = {"paused": True}
+    apply(cp, doc)
+    def paused() -> bool:
+        st = rollout_status(cp, namespace)
+        return progressing(st) == ("Unknown", "RolloutPaused") and st["decode"]["revision"] != old
+    wait_for("the paused rollout", paused)
+
+    def groups() -> dict[str, int]:
+        return {g["metadata"]["name"]: g["spec"]["schedulingPolicy"]["gang"]["minCount"]
+                for g in listed(cp, KUBE_PODGROUPS, "podgroups", namespace, f"{ROLE}=decode")
+                if not g["metadata"].get("deletionTimestamp")}
+    assert groups() == {name: 1 for name in before.values()}
+
+    evicted = "glm-flash-decode-0-0"
+    uid = cp.api("GET", f"/api/v1/namespaces/{namespace}/pods/{evicted}")["metadata"]["uid"]
+    cp.api("DELETE", f"/api/v1/namespaces/{namespace}/pods/{evicted}")
+
+    def back() -> dict | None:
+        found = cp.find(f"/api/v1/namespaces/{namespace}/pods/{evicted}")
+        ok = found is not None and found["metadata"]["uid"] != uid and found["spec"].get("nodeName")
+        return found if ok else None
+    pod = wait_for(f"{evicted} recreated and bound", back)
+    assert pod["spec"]["schedulingGroup"]["podGroupName"] == before[evicted]
+    assert groups() == {name: 1 for name in before.values()}
 
 def _bound(cp: ControlPlane, namespace: str, name: str) -> list[bool]:
     instances = _instances(cp, namespace, "decode", name)
