@@ -406,4 +406,5 @@ def test_an_instance_never_applied_is_on_no_revision_and_takes_the_spec_s_podgro
     reconcile_mod.reconcile(client, ProxyStateReader(), none, _owned(applied), [])  # type: ignore[arg-type]
     written = [m for verb, m in client.writes if verb == "apply"]
     assert not of_kind(written, "PodGroup") and len(of_kind(written, "StatefulSet")) == 3
-    assert all("schedulingGroup" not in s["spec"]["template"]["spec"] for s in of_kind(written, "StatefulSet"))
+    assert all("schedulingGroup" not in s["spec"]["template"]["spec"]
+               for s in of_kind(written, "StatefulSet"))
