@@ -361,6 +361,12 @@ def test_a_dropped_topology_constraint_is_reported():
     assert (got["status"], got["reason"]) == ("False", "GangUnavailable")
     assert "TopologyAwareWorkloadScheduling" in got["message"]
     assert _gang(v, _serving(v))["reason"] == "PodGroups"
+    # The group of an instance not moved yet from a revision before gangTopology has none: not dropped.
+    before = validated(decode__dataParallelSize=4, scheduling={"gang": "kubernetes"},
+                       placement={"domainLabel": "example.com/super-pod"})
+    kept = [m for m in with_status(desired(before)) if m["kind"] == "PodGroup"]
+    serving = _serving(v)
+    assert _gang(v, replace(serving, children=[*serving.children, *kept]))["reason"] == "PodGroups"
 
 
 def test_a_key_the_new_status_drops_is_patched_to_null():

@@ -281,8 +281,12 @@ def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
                      "instance can be placed in part, holding NPUs while its other pods wait. Set "
                      "spec.scheduling.gang to volcano or kubernetes to place each instance whole.")
     if dep.spec.placement.gang_topology:
+        # The spec's groups only: one an instance not moved yet keeps (controller/revisions.py pin)
+        # may be of a revision from before gangTopology, rendered without the constraint.
+        ours = {scheduling.pod_group_name(resolved, role, i) for role, i in resolved.instances()}
         dropped = sorted(group["metadata"]["name"] for group in observed.children
                          if group["kind"] == "PodGroup" and group["apiVersion"] == scheduling.KUBE_API
+                         and group["metadata"]["name"] in ours
                          and not (group.get("spec") or {}).get("schedulingConstraints"))
         if dropped:
             return _Cond(c.GANG_SCHEDULING, False, c.GANG_UNAVAILABLE,
