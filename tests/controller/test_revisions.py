@@ -288,13 +288,7 @@ def test_a_change_of_pods_per_instance_goes_through_the_rollout():
     """Decode TP4 -> TP4 x DP2 on 4-NPU nodes: one pod per instance -> two. The instances not moved
     yet keep their StatefulSet (and its `replicas`) and, with their one pod Ready, keep serving; the
     instance the rollout replaces gets both."""
-    body = _two_decodes()
-    children = _created(body)
-    changed = copy.deepcopy(body)
-    changed["spec"]["decode"] |= {"dataParallelSize": 2, "npusPerNode": 4}
-    changed["metadata"]["generation"] = 2
-    client = PruningClient()
-    reconcile_mod.reconcile(client, ProxyStateReader(), changed, children, _running(children))  # type: ignore[arg-type]
+    _children, client, _changed = _pods_per_instance_change("none")
     written = {n: s for n, s in _stateful_sets(client.writes).items() if "-decode-" in n}
     assert set(written) == {DECODE[1]} and written[DECODE[1]]["spec"]["replicas"] == 2
     assert ("delete-pod", f"{DECODE[1]}-0") in client.writes
@@ -327,7 +321,8 @@ def _pods_per_instance_change(gang: str) -> tuple[list[dict], PruningClient, dic
     """Two decode instances of one 4-NPU pod under `gang`, then TP4 x DP2 on 4-NPU nodes (two pods
     each) rolled in place: the first reconcile of the change (decode-1 moves, decode-0 not yet)."""
     body = _two_decodes()
-    body["spec"]["scheduling"] = {"gang": gang}
+    if gang != "none":
+        body["spec"]["scheduling"] = {"gang": gang}
     children = _created(body)
     changed = copy.deepcopy(body)
     changed["spec"]["decode"] |= {"dataParallelSize": 2, "npusPerNode": 4}
