@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import pathlib
 import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -296,8 +297,16 @@ def _reviewer(verdict_of: VerdictFn) -> Any:
     return review
 
 
-def _process_main(where: Endpoint, verdict_of: VerdictFn, conn: Connection) -> None:
-    """The webhook's process: serve until the operator's end of `conn` closes."""
+PROCESS = "from pd_operator.controller.webhook import process_main; process_main({fd})"
+"""The webhook process's program: a fresh interpreter (not a fork: the operator has threads, whose
+locks a forked child would inherit held; not multiprocessing's spawn, which runs the operator's
+__main__ again), sent what to serve over the pipe `fd`."""
+
+
+def process_main(fd: int) -> None:
+    """The webhook's process: serve what the operator sends over `fd` until its end closes."""
+    conn = Connection(fd)
+    where, verdict_of = conn.recv()
     # Ctrl-C in a terminal reaches the whole process group: the operator decides when this ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logs.configure(where.log_format)
@@ -327,9 +336,7 @@ class Serving:
         self.endpoint = where
         self.verdict_of = verdict_of
         self.health = health
-        # Not fork: the operator has threads (a forked child inherits their locks, held or not).
-        self._context = multiprocessing.get_context("spawn")
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="webhook", daemon=True)
@@ -350,7 +357,7 @@ class Serving:
             process = self._process
         if process is not None:
             process.terminate()
-            process.join()
+            process.wait()
         self._thread.join()
 
     def __enter__(self) -> Serving:
@@ -366,34 +373,35 @@ class Serving:
             with self._lock:
                 if self._stopping.is_set():
                     return
-                ours, theirs = self._context.Pipe()
-                process = self._context.Process(target=_process_main, name="pd-operator-webhook",
-                                                args=(self.endpoint, self.verdict_of, theirs), daemon=True)
-                process.start()
+                ours, theirs = socket.socketpair()
+                with theirs:  # the process holds the other end alone: closed when it ends
+                    process = subprocess.Popen([sys.executable, "-c", PROCESS.format(fd=theirs.fileno())],
+                                               pass_fds=[theirs.fileno()])
                 self._process = process
-            theirs.close()  # the process holds the other end alone: closed when it ends
-            served = self._relay(ours)
-            ours.close()
-            process.join()
+            with Connection(ours.detach()) as conn:
+                served = self._relay(conn)
+            process.wait()
             if self._stopping.is_set():
                 return
             attempt = 0 if served else attempt + 1
-            self.health.bad(f"the webhook's process {process.pid} exited ({_exit(process.exitcode)}); "
+            self.health.bad(f"the webhook's process {process.pid} exited ({_exit(process.returncode)}); "
                             f"restarting it in {_delay(attempt)} s")
             if self._stopping.wait(_delay(attempt)):
                 return
 
     def _relay(self, conn: Connection) -> bool:
-        """The process's health changes into `health` until it ends; whether it served."""
+        """Send the process what to serve, then its health changes into `health` until it ends;
+        whether it served."""
         served = False
-        while True:
-            try:
+        try:
+            conn.send((self.endpoint, self.verdict_of))
+            while True:
                 change, message = conn.recv()
-            except EOFError:
-                return served
-            if change in RELAYED:
-                getattr(self.health, change)(message)
-                served = served or change != "bad"
+                if change in RELAYED:
+                    getattr(self.health, change)(message)
+                    served = served or change != "bad"
+        except (EOFError, OSError):  # it ended (OSError: before it read what to serve)
+            return served
 
 
 def _exit(code: int | None) -> str:
