@@ -187,7 +187,8 @@ def test_the_webhook_process_ends_when_the_operator_is_killed(monkeypatch):
     """SIGKILL: no handler of the operator's runs, only its end of the pipe closes."""
     monkeypatch.setenv("POD_IP", "127.0.0.1")
     port = _free_port()
-    operator = subprocess.Popen([sys.executable, "-c", OPERATOR, str(port)], stdout=subprocess.PIPE, text=True)
+    operator = subprocess.Popen([sys.executable, "-c", OPERATOR, str(port)], stdout=subprocess.PIPE,
+                                text=True)
     try:
         assert operator.stdout is not None
         child = int(operator.stdout.readline())

@@ -375,8 +375,9 @@ class Serving:
                     return
                 ours, theirs = socket.socketpair()
                 with theirs:  # the process holds the other end alone: closed when it ends
-                    process = subprocess.Popen([sys.executable, "-c", PROCESS.format(fd=theirs.fileno())],
-                                               pass_fds=[theirs.fileno()])
+                    fd = theirs.fileno()
+                    process = subprocess.Popen([sys.executable, "-P", "-c", PROCESS.format(fd=fd)],
+                                               pass_fds=[fd])
                 self._process = process
             with Connection(ours.detach()) as conn:
                 served = self._relay(conn)
