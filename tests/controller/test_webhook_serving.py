@@ -25,7 +25,7 @@ import pytest
 from pd_operator.controller.main import options_from, serving_webhook
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.runner import RECONCILE_WORKERS, Runner
-from pd_operator.controller.webhook import REJECTED, WEBHOOK_ID, Serving, WebhookHealth
+from pd_operator.controller.webhook import REJECTED, WEBHOOK_ID, WebhookHealth
 from support.specs import example
 
 HANG_GUARD_S = 120  # only so that a regression fails instead of hanging; nothing is timed
@@ -139,28 +139,41 @@ def test_admission_answers_while_every_reconcile_thread_and_kopfs_loop_are_block
     asyncio.run_coroutine_threadsafe(runner.close(), busy_loop).result(HANG_GUARD_S)
 
 
-def _serving(tmp_path, monkeypatch) -> tuple[Serving, WebhookHealth, str]:
-    monkeypatch.setenv("POD_IP", "127.0.0.1")
-    port = _free_port()
-    health = WebhookHealth()
-    runner = Runner(None, Metrics())  # type: ignore[arg-type]  # the webhook reads only its settings
-    options = options_from(["run", "--webhook-self-signed", f"--webhook-port={port}"])
-    return serving_webhook(options, tmp_path, health, runner), health, f"https://127.0.0.1:{port}/{WEBHOOK_ID}"
+class Recorded(WebhookHealth):
+    """Every state the health went through, in order: (ok, message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: list[tuple[bool, str]] = []
+
+    def good(self, message: str) -> None:
+        super().good(message)
+        self.states.append((self.ok, message))
+
+    def bad(self, message: str) -> None:
+        super().bad(message)
+        self.states.append((self.ok, message))
 
 
 def test_a_killed_webhook_process_is_restarted_and_health_says_so_meanwhile(tmp_path, monkeypatch):
-    serving, health, url = _serving(tmp_path, monkeypatch)
-    with serving:
+    monkeypatch.setenv("POD_IP", "127.0.0.1")
+    port = _free_port()
+    health = Recorded()
+    runner = Runner(None, Metrics())  # type: ignore[arg-type]  # the webhook reads only its settings
+    options = options_from(["run", "--webhook-self-signed", f"--webhook-port={port}"])
+    with serving_webhook(options, tmp_path, health, runner) as serving:
         _until(lambda: health.ok)
         first = serving.pid
         assert first is not None and first != os.getpid()
         os.kill(first, signal.SIGKILL)
-        _until(lambda: health.failures == 1)
-        assert not health.ok and f"process {first} exited (signal {signal.SIGKILL})" in health.message
-        _until(lambda: health.ok)
+        _until(lambda: health.failures == 1 and health.ok)
         assert serving.pid not in (None, first)
+        exited = f"the webhook's process {first} exited (signal {signal.SIGKILL.value}); restarting it in 1 s"
+        served = (True, f"serving at https://127.0.0.1:{port}")
+        assert health.states == [served, (False, exited), served]
         assert serving.endpoint.cadata is not None
-        status, answer = _post(url, serving.endpoint.cadata, _review(example(), "uid-after"))
+        status, answer = _post(f"https://127.0.0.1:{port}/{WEBHOOK_ID}", serving.endpoint.cadata,
+                               _review(example(), "uid-after"))
         assert status == 200 and answer["response"]["allowed"] is True
     assert health.failures == 1  # stopping is no failure
 
