@@ -315,7 +315,8 @@ def process_main(fd: int) -> None:
 
 async def _serve(where: Endpoint, verdict_of: VerdictFn, conn: Connection) -> None:
     orphaned = asyncio.Event()
-    # The operator sends nothing: its end readable means closed (it stopped us, or it died).
+    # The operator sends nothing more: its end readable means closed, the operator gone (it stops
+    # this process with SIGTERM).
     asyncio.get_running_loop().add_reader(conn.fileno(), orphaned.set)
     serving = asyncio.ensure_future(_drain(server(where, _Relayed(conn))(_reviewer(verdict_of))))
     await orphaned.wait()
