@@ -21,7 +21,8 @@ From the API server's audit log: the operator's requests until all Ready per chi
 PDDeployment creates' own latency (the webhook's call in it, beside the operator's reconciles), and
 the operator's writes during a drift pass over every object once all is Ready
 (`writes_per_noop_reconcile`, target 0: the bench exits 1 otherwise). From /proc: the operator's
-CPU time over the run per reconcile it ran, and its resident memory at the end. Admission at rest:
+CPU time over the run per reconcile it ran, and its resident memory at the end (both with its
+webhook process's). Admission at rest:
 --concurrency (20) parallel `kubectl apply --dry-run=server` of valid manifests (--rounds, 5
 rounds), the API server's own latency for each (received to answered, the webhook call included)
 as p50/p99, against the same for a ConfigMap (no webhook) in the same run. Before the figures, as
@@ -42,7 +43,10 @@ Figures:
 - api_requests_per_child: the operator's API requests until all Ready, per child
 - api_writes_per_child: the writes among them
 - reconciles_per_object: the operator's reconciles until all Ready, per PDDeployment
-- cpu_seconds_per_reconcile: the operator's CPU time until all Ready over those reconciles
+- cpu_seconds_per_reconcile: the operator's CPU time (its webhook process's included) until all
+  Ready over those reconciles
+- create_burst_seconds: from the first PDDeployment create to the last's answer (the reconciles of
+  the first ones write meanwhile: a longer burst meets more of their load)
 - create_server_p50_ms: the API server's latency for the run's PDDeployment creates (the webhook's call in it)
 - create_server_p99_ms: its p99
 - create_configmap_server_p50_ms: the API server's latency for the ConfigMap created after each (no webhook)
@@ -50,7 +54,7 @@ Figures:
 - create_pdd_vs_configmap_p50_ratio: create_server_p50_ms over create_configmap_server_p50_ms
 - noop_reconciles: reconciles in the drift pass
 - writes_per_noop_reconcile: the operator's writes in that pass, per reconcile
-- operator_rss_mb: the operator's resident memory at the end
+- operator_rss_mb: the operator's resident memory at the end (its webhook process's included)
 - admission_concurrency: parallel dry runs
 - admission_pdd_server_p50_ms: the API server's latency for a PDDeployment (the webhook's call in it)
 - admission_pdd_server_p99_ms: its p99
@@ -141,10 +145,27 @@ def _at(event: Event, key: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(str(event.raw[key]).replace("Z", "+00:00"))
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command (the state first)."""
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def _tree(pid: int) -> list[int]:
+    """A process and its children (the operator's webhook process), from /proc (Linux)."""
+    children = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int(_stat(int(entry.name))[1]) == pid:
+                    children.append(int(entry.name))
+            except (OSError, IndexError):  # ended meanwhile
+                continue
+    return [pid, *children]
+
+
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process and its children so far (Linux /proc)."""
+    return sum(int(_stat(p)[11]) + int(_stat(p)[12]) for p in _tree(pid)) / os.sysconf("SC_CLK_TCK")
 
 
 def bare(cp: ControlPlane, count: int, workdir: pathlib.Path) -> tuple[float, float]:
@@ -200,6 +221,7 @@ def operator_run(cp: ControlPlane, op: OperatorProcess, user: str, count: int) -
             beside.submit(cp.api, "POST", f"/api/v1/namespaces/{namespace}/configmaps", {
                 "apiVersion": "v1", "kind": "ConfigMap", "data": {},
                 "metadata": {"name": f"{BESIDE}{doc['metadata']['name']}"}})
+        burst = time.monotonic() - started
 
     def all_ready() -> bool:
         items = cp.api("GET", pdd_path(namespace))["items"]
@@ -229,9 +251,10 @@ def operator_run(cp: ControlPlane, op: OperatorProcess, user: str, count: int) -
         print(f"# a write in the drift pass: {event}")
     return {"present": present, "seconds": seconds, "children": len(children), "requests": len(mine),
             "writes": sum(e.write for e in mine), "reconciles": reconciles, "cpu": cpu,
+            "burst": burst,
             "create_p50": statistics.median(creates), "create_p99": _percentile(creates, 0.99),
             "beside_p50": statistics.median(beside), "beside_p99": _percentile(beside, 0.99),
-            "noop_writes": len(noop_writes), "noop_runs": noop_runs, "rss_mb": rss_mb(pid)}
+            "noop_writes": len(noop_writes), "noop_runs": noop_runs, "rss_mb": sum(map(rss_mb, _tree(pid)))}
 
 
 def _server_latency_ms(event: Event) -> float:
@@ -313,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "api_writes_per_child": f"{run['writes'] / run['children']:.2f}",
         "reconciles_per_object": f"{run['reconciles'] / count:.1f}",
         "cpu_seconds_per_reconcile": f"{run['cpu'] / run['reconciles']:.4f}",
+        "create_burst_seconds": f"{run['burst']:.2f}",
         "create_server_p50_ms": f"{run['create_p50']:.1f}",
         "create_server_p99_ms": f"{run['create_p99']:.1f}",
         "create_configmap_server_p50_ms": f"{run['beside_p50']:.1f}",

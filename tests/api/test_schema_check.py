@@ -69,15 +69,19 @@ def test_cel_rule_per_cache_group_kind():
 def test_a_document_checked_again_is_answered_from_memory_and_only_the_same_text_is(monkeypatch):
     from pd_operator.api import schema_check
 
-    doc = edited(spec__prefill__tensorParallelSize=0)
-    doc["metadata"]["name"] = "memo-check"  # a document no other test checked
+    doc = edited(spec__prefill__tensorParallelSize=0, spec__kvTransfer__kvPort=31017)  # no other test's
     first = schema_problems(doc)
     monkeypatch.setattr(schema_check, "_problems", lambda *args: pytest.fail("checked again"))
     assert schema_problems(copy.deepcopy(doc)) == first
+    # Another object of the same manifest, as the API server sends it (a burst of creates, or the
+    # same object after a status write): only metadata differs, which the schema does not describe.
+    other = copy.deepcopy(doc)
+    other["metadata"] = {"name": "another", "namespace": "n", "uid": "u-2", "resourceVersion": "7",
+                         "managedFields": [{"manager": "kubectl", "operation": "Apply"}]}
+    assert schema_problems(other) == first
     first.clear()  # the caller's list is its own
     assert schema_problems(doc) != []
     monkeypatch.undo()
-    as_text = edited(spec__prefill__tensorParallelSize="0")  # equal as JSON text, not as a document
-    as_text["metadata"]["name"] = "memo-check"
+    as_text = edited(spec__prefill__tensorParallelSize="0", spec__kvTransfer__kvPort=31017)  # equal as JSON
     assert [p for p, _ in schema_problems(as_text)] == ["spec.prefill.tensorParallelSize"]
     assert "not of type" in schema_problems(as_text)[0][1]

@@ -1,16 +1,21 @@
-"""The admission webhook answers while the reconcile side is stuck: it runs on a thread and event loop
-of its own (controller/webhook.py Serving), so neither kopf's loop nor the reconciles' threads stand
-between the API server and the verdict. The operator's own composition (main.serving_webhook) serves
-real HTTPS reviews here while every reconcile thread waits in a reconcile's read and the loop the
-runner works in (kopf's, in the operator) is blocked outright."""
+"""The admission webhook runs in a process of its own (controller/webhook.py Serving): it answers while
+the reconcile side is stuck, a killed webhook process is restarted (its state in /healthz meanwhile),
+and the process ends with the operator however the operator ends. The operator's own composition
+(main.serving_webhook) serves real HTTPS reviews here."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import select
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -42,6 +47,14 @@ class StuckClient:
                 self.all_stuck.set()
         self.release.wait(HANG_GUARD_S)
         return None  # gone: the runner forgets it
+
+
+def _until(condition: Any) -> None:
+    """Wait for `condition` (polled; the guard only turns a regression into a failure)."""
+    guard = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < guard, "waited in vain"
+        threading.Event().wait(0.01)
 
 
 def _free_port() -> int:
@@ -92,9 +105,8 @@ def test_admission_answers_while_every_reconcile_thread_and_kopfs_loop_are_block
         client.release.wait(HANG_GUARD_S)
 
     try:
-        with serving_webhook(options, tmp_path, client, health, runner) as serving:  # type: ignore[arg-type]
-            while not health.ok:  # serving (no configuration to write without --webhook-config-name)
-                threading.Event().wait(0.01)
+        with serving_webhook(options, tmp_path, health, runner) as serving:
+            _until(lambda: health.ok)  # serving (no configuration to write without --webhook-config-name)
             # The reconcile side: a reconcile per thread of the pool, each stuck in its read ...
             for i in range(RECONCILE_WORKERS):
                 busy_loop.call_soon_threadsafe(runner.poke, "bench", f"glm-{i}", "create", 0.0)
@@ -103,7 +115,8 @@ def test_admission_answers_while_every_reconcile_thread_and_kopfs_loop_are_block
             busy_loop.call_soon_threadsafe(block_the_loop)
             assert loop_blocked.wait(HANG_GUARD_S)
 
-            ca = serving.server.cadata
+            ca = serving.endpoint.cadata
+            assert ca is not None
             status, allowed = _post(f"{url}/{WEBHOOK_ID}", ca, _review(example(), "uid-good"))
             assert status == 200 and allowed["kind"] == "AdmissionReview"
             assert allowed["response"]["uid"] == "uid-good" and allowed["response"]["allowed"] is True
@@ -124,3 +137,84 @@ def test_admission_answers_while_every_reconcile_thread_and_kopfs_loop_are_block
     with pytest.raises(ConnectionRefusedError):  # stopped: the port is closed when stop() returns
         socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S)
     asyncio.run_coroutine_threadsafe(runner.close(), busy_loop).result(HANG_GUARD_S)
+
+
+class Recorded(WebhookHealth):
+    """Every state the health went through, in order: (ok, message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: list[tuple[bool, str]] = []
+
+    def good(self, message: str) -> None:
+        super().good(message)
+        self.states.append((self.ok, message))
+
+    def bad(self, message: str) -> None:
+        super().bad(message)
+        self.states.append((self.ok, message))
+
+
+def test_a_killed_webhook_process_is_restarted_and_health_says_so_meanwhile(tmp_path, monkeypatch):
+    monkeypatch.setenv("POD_IP", "127.0.0.1")
+    port = _free_port()
+    health = Recorded()
+    runner = Runner(None, Metrics())  # type: ignore[arg-type]  # the webhook reads only its settings
+    options = options_from(["run", "--webhook-self-signed", f"--webhook-port={port}"])
+    with serving_webhook(options, tmp_path, health, runner) as serving:
+        _until(lambda: health.ok)
+        first = serving.pid
+        assert first is not None and first != os.getpid()
+        os.kill(first, signal.SIGKILL)
+        _until(lambda: health.failures == 1 and health.ok)
+        assert serving.pid not in (None, first)
+        exited = f"the webhook's process {first} exited (signal {signal.SIGKILL.value}); restarting it in 1 s"
+        served = (True, f"serving at https://127.0.0.1:{port}")
+        assert health.states == [served, (False, exited), served]
+        assert serving.endpoint.cadata is not None
+        status, answer = _post(f"https://127.0.0.1:{port}/{WEBHOOK_ID}", serving.endpoint.cadata,
+                               _review(example(), "uid-after"))
+        assert status == 200 and answer["response"]["allowed"] is True
+    assert health.failures == 1  # stopping is no failure
+
+
+OPERATOR = """
+import pathlib, sys, tempfile, threading
+from pd_operator.controller.main import options_from, serving_webhook
+from pd_operator.controller.metrics import Metrics
+from pd_operator.controller.runner import Runner
+from pd_operator.controller.webhook import WebhookHealth
+
+health = WebhookHealth()
+options = options_from(["run", "--webhook-self-signed", f"--webhook-port={sys.argv[1]}"])
+serving = serving_webhook(options, pathlib.Path(tempfile.mkdtemp()), health, Runner(None, Metrics()))
+serving.start()
+while not health.ok:
+    threading.Event().wait(0.01)
+print(serving.pid, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_the_webhook_process_ends_when_the_operator_is_killed(monkeypatch):
+    """SIGKILL: no handler of the operator's runs, only its end of the pipe closes."""
+    monkeypatch.setenv("POD_IP", "127.0.0.1")
+    port = _free_port()
+    operator = subprocess.Popen([sys.executable, "-c", OPERATOR, str(port)], stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        assert operator.stdout is not None
+        child = int(operator.stdout.readline())
+        gone = os.pidfd_open(child)  # readable once the process has exited, whoever its parent is then
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S).close()  # it serves
+            assert not select.select([gone], [], [], 0)[0]
+            operator.kill()
+            assert select.select([gone], [], [], HANG_GUARD_S)[0], "the webhook process outlived the operator"
+        finally:
+            os.close(gone)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S)
+    finally:
+        operator.kill()
+        operator.wait()

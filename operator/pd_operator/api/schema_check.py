@@ -136,9 +136,17 @@ def schema_problems(doc: dict, model: type[BaseModel] = PDDeployment) -> list[Pr
     valid documents, as in the API server (a rule over a wrongly typed field would only repeat the
     type error).
 
-    Remembered for the last MEMO_SIZE documents by their text (repr tells 1 from "1" and 1.0, which
-    JSON would not): the CEL rules cost most of a reconcile's CPU time (cel-python interprets them),
-    and most reconciles check a spec an earlier one already checked."""
+    metadata is checked to be a mapping and no further: its content is the API server's ObjectMeta,
+    which the CRD's schema does not describe.
+
+    Remembered for the last MEMO_SIZE documents by their text without metadata (repr tells 1 from
+    "1" and 1.0, which JSON would not): the CEL rules cost most of a reconcile's and an admission
+    review's CPU time (cel-python interprets them), most reconciles check a spec an earlier one
+    already checked, and objects created from one manifest differ only in metadata (name, uid,
+    resourceVersion, managedFields: which made every create and every reconcile after a status
+    write miss the memory when it held whole documents)."""
+    if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict):
+        doc = {**doc, "metadata": {}}
     text = repr(doc)
     with _memo_lock:
         if (text, model) in _memo:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from pd_operator.api.labels import FINALIZER
 from pd_operator.api.types import GROUP, ClientPeer
 from pd_operator.controller import admission, handlers, logs, webhook
-from pd_operator.controller.client import Client, connect
+from pd_operator.controller.client import connect
 from pd_operator.controller.metrics import Metrics
 from pd_operator.controller.runner import Runner
 from pd_operator.render import Boundary, policy, runnable
@@ -157,17 +157,16 @@ def settings_for(options: Options) -> kopf.OperatorSettings:
     return settings
 
 
-def serving_webhook(options: Options, workdir: pathlib.Path, client: Client, health: webhook.WebhookHealth,
+def serving_webhook(options: Options, workdir: pathlib.Path, health: webhook.WebhookHealth,
                     runner: Runner) -> webhook.Serving:
-    """The admission webhook, on a thread of its own, judging with the reconcile's validator settings."""
+    """The admission webhook, in a process of its own, judging with the reconcile's validator settings."""
     # Not kopf's settings.admission.managed: webhook.py says why.
-    configurator = (webhook.Configurator(client, options.webhook_config_name, options.namespaces, health)
-                    if options.webhook_config_name else None)
-    server = webhook.server(port=options.webhook_port, cert_dir=options.webhook_cert_dir, workdir=workdir,
-                            health=health, configurator=configurator)
-    return webhook.Serving(server, functools.partial(
+    where = webhook.endpoint(port=options.webhook_port, cert_dir=options.webhook_cert_dir, workdir=workdir,
+                             config_name=options.webhook_config_name, namespaces=options.namespaces,
+                             kubeconfig=options.kubeconfig, log_format=options.log_format)
+    return webhook.Serving(where, functools.partial(
         admission.verdict, host_path_policy=runner.host_path_policy, tools_image=runner.tools_image,
-        node_access=runner.node_access))
+        node_access=runner.node_access), health)
 
 
 def run(options: Options, *, stop_flag: threading.Event | None = None,
@@ -187,8 +186,7 @@ def run(options: Options, *, stop_flag: threading.Event | None = None,
         with (tempfile.TemporaryDirectory(prefix="pd-operator-") as workdir,
               contextlib.ExitStack() as webhook_serving):
             if health is not None:
-                webhook_serving.enter_context(serving_webhook(options, pathlib.Path(workdir), client, health,
-                                                              runner))
+                webhook_serving.enter_context(serving_webhook(options, pathlib.Path(workdir), health, runner))
             asyncio.run(kopf.operator(
                 registry=registry, settings=settings_for(options),
                 standalone=options.peering is None, peering_name=options.peering,

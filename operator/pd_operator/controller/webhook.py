@@ -1,10 +1,16 @@
-"""The admission webhook's server and, when self-signed, its ValidatingWebhookConfiguration.
+"""The admission webhook's server, in a process of its own, and, when self-signed, its
+ValidatingWebhookConfiguration.
 
-The webhook runs on a thread and event loop of its own (`Serving`), not kopf's: on kopf's loop a
-review waited behind kopf's processing of every watch event and the reconciles' bookkeeping, so
-admission slowed down exactly when many PDDeployments were created at once. kopf's admission
-machinery is not used at all: the one validator (render/runnable.py, through admission.py)
-answers each review directly; only kopf's server class is kept (TLS, certificate reloads).
+The webhook runs in a child process of the operator (`Serving`), so that nothing of the operator's
+stands between the API server and the verdict: on kopf's loop a review waited behind kopf's
+processing of every watch event, and on a thread of the operator's it waited for the GIL, which
+the reconciles' threads and kopf's loop hold most of the time while many PDDeployments are created
+at once (the verdict's own CPU, mostly cel-python evaluating the CRD's CEL rules, then took several
+times its length). The operator starts the process, relays its state into /healthz, restarts it
+when it exits, and ends it when it stops; the process ends when the operator is gone (its pipe to
+the operator closes). kopf's admission machinery is not used at all: the one validator
+(render/runnable.py, through admission.py) answers each review directly; only kopf's server class
+is kept (TLS, certificate reloads).
 
 Server and configuration are supervised so that a webhook problem never stops reconciling (kopf
 ended the whole operator when its webhook server or its configuration manager, kopf's
@@ -22,14 +28,17 @@ which the API server refuses unless that makes three dot-separated segments.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import pathlib
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any
 
 import aiohttp.web
@@ -37,9 +46,9 @@ import kopf
 
 from pd_operator.api.labels import NAMESPACE_NAME
 from pd_operator.api.types import GROUP, PLURAL, VERSION
-from pd_operator.controller import certs
+from pd_operator.controller import certs, logs
 from pd_operator.controller.admission import Verdict
-from pd_operator.controller.client import ApiError, Client
+from pd_operator.controller.client import ApiError, Client, connect
 
 WEBHOOK_ID = "validate-pddeployment"
 """The URL path of the webhook (the chart's cert-manager configuration points at it)."""
@@ -192,20 +201,48 @@ class WebhookServer(kopf.WebhookServer):
         return await kopf.WebhookServer._serve(fn, request.clone(client_max_size=MAX_REVIEW_BYTES))
 
 
-def server(*, port: int, cert_dir: str | None, workdir: pathlib.Path, health: WebhookHealth,
-           configurator: Configurator | None) -> WebhookServer:
+@dataclass(frozen=True)
+class Endpoint:
+    """What the webhook's process serves and configures (it crosses to the process: picklable)."""
+
+    port: int
+    certfile: str
+    pkeyfile: str
+    host: str | None = None
+    """The address the configuration names (self-signed); None: cert-manager's configuration."""
+    cadata: bytes | None = None
+    config_name: str | None = None
+    """The ValidatingWebhookConfiguration to write the URL and CA into; None: none."""
+    namespaces: tuple[str, ...] = ()
+    kubeconfig: str | None = None
+    log_format: str = "plain"
+
+
+def endpoint(*, port: int, cert_dir: str | None, workdir: pathlib.Path, config_name: str | None = None,
+             namespaces: Sequence[str] = (), kubeconfig: str | None = None,
+             log_format: str = "plain") -> Endpoint:
     """With `cert_dir` (cert-manager's Secret) serve its certificate; else make a CA and a serving
-    certificate for the pod IP and, with `configurator`, write them into the configuration."""
+    certificate for the pod IP (once: a restarted process serves the same) and, with `config_name`,
+    write them into that configuration."""
     if cert_dir:
         directory = pathlib.Path(cert_dir)
-        return WebhookServer(health=health, addr="0.0.0.0", port=port, certfile=directory / "tls.crt",
-                             pkeyfile=directory / "tls.key")
+        return Endpoint(port, str(directory / "tls.crt"), str(directory / "tls.key"),
+                        kubeconfig=kubeconfig, log_format=log_format)
     # The API server reaches the pod by its IP (the chart sets POD_IP from the downward API).
     host = os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
     ca = certs.self_signed(workdir, [host, "localhost", "127.0.0.1"])
-    return WebhookServer(health=health, configurator=configurator,
-                         addr="0.0.0.0", port=port, host=host, certfile=workdir / "tls.crt",
-                         pkeyfile=workdir / "tls.key", cadata=ca)
+    return Endpoint(port, str(workdir / "tls.crt"), str(workdir / "tls.key"), host=host, cadata=ca,
+                    config_name=config_name, namespaces=tuple(namespaces), kubeconfig=kubeconfig,
+                    log_format=log_format)
+
+
+def server(where: Endpoint, health: WebhookHealth) -> WebhookServer:
+    """`where`'s server (in the webhook's process), configuring `where.config_name` when named."""
+    configurator = (Configurator(connect(where.kubeconfig), where.config_name, where.namespaces, health)
+                    if where.config_name else None)
+    return WebhookServer(health=health, configurator=configurator, addr="0.0.0.0", port=where.port,
+                         host=where.host, certfile=where.certfile, pkeyfile=where.pkeyfile,
+                         cadata=where.cadata)
 
 
 VerdictFn = Callable[[dict, str], Verdict]
@@ -227,29 +264,101 @@ def answer(review: dict[str, Any], verdict_of: VerdictFn) -> dict[str, Any]:
             "response": response}
 
 
-class Serving:
-    """`server` answering reviews with `verdict_of`, on a thread and event loop of its own, from
-    `start()` until `stop()` (or as a context manager): neither kopf's loop nor the reconciles'
-    threads stand between the API server and the verdict (only the GIL, for the verdict's CPU)."""
+class _Relayed(WebhookHealth):
+    """The webhook process's health: each change goes to the operator, whose WebhookHealth /healthz
+    reports (and whose log says it)."""
 
-    def __init__(self, server: WebhookServer, verdict_of: VerdictFn) -> None:
-        self.server = server
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def good(self, message: str) -> None:
+        self._conn.send(("good", message))
+
+    def pending(self, message: str) -> None:
+        self._conn.send(("pending", message))
+
+    def bad(self, message: str) -> None:
+        self._conn.send(("bad", message))
+
+
+RELAYED = {"good", "pending", "bad"}
+
+
+def _reviewer(verdict_of: VerdictFn) -> Any:
+    async def review(request: Any, *, webhook: str | None = None, headers: Any = None,
+                     sslpeer: Any = None) -> Any:
+        """kopf's server calls this (kopf.WebhookFn, whose TypedDicts kopf does not export) with the
+        review and the id from the URL path."""
+        if webhook != WEBHOOK_ID:
+            raise aiohttp.web.HTTPNotFound(reason=f"no webhook at /{webhook}; this one is /{WEBHOOK_ID}")
+        # In the loop itself: this process serves nothing else.
+        return answer(request, verdict_of)
+    return review
+
+
+PROCESS = "from pd_operator.controller.webhook import process_main; process_main({fd})"
+"""The webhook process's program: a fresh interpreter (not a fork: the operator has threads, whose
+locks a forked child would inherit held; not multiprocessing's spawn, which runs the operator's
+__main__ again), sent what to serve over the pipe `fd`."""
+
+
+def process_main(fd: int) -> None:
+    """The webhook's process: serve what the operator sends over `fd` until its end closes."""
+    conn = Connection(fd)
+    where, verdict_of = conn.recv()
+    # Ctrl-C in a terminal reaches the whole process group: the operator decides when this ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logs.configure(where.log_format)
+    asyncio.run(_serve(where, verdict_of, conn))
+
+
+async def _serve(where: Endpoint, verdict_of: VerdictFn, conn: Connection) -> None:
+    orphaned = asyncio.Event()
+    # The operator sends nothing more: its end readable means closed, the operator gone (it stops
+    # this process with SIGTERM).
+    asyncio.get_running_loop().add_reader(conn.fileno(), orphaned.set)
+    serving = asyncio.ensure_future(_drain(server(where, _Relayed(conn))(_reviewer(verdict_of))))
+    await orphaned.wait()
+    serving.cancel()
+
+
+async def _drain(configs: AsyncIterator[Any]) -> None:
+    async for _client_config in configs:
+        pass
+
+
+class Serving:
+    """The webhook (`where`, answering with `verdict_of`) in a child process from `start()` until
+    `stop()` (or as a context manager), its state in `health`: restarted when it exits (after
+    RETRY_DELAYS, reset once it serves), and ending when the operator ends, however it ends."""
+
+    def __init__(self, where: Endpoint, verdict_of: VerdictFn, health: WebhookHealth) -> None:
+        self.endpoint = where
         self.verdict_of = verdict_of
-        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), name="webhook",
-                                        daemon=True)
-        self._running = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.health = health
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="webhook", daemon=True)
+
+    @property
+    def pid(self) -> int | None:
+        """The webhook process's id (None before the first start)."""
+        process = self._process
+        return None if process is None else process.pid
 
     def start(self) -> None:
         self._thread.start()
-        self._running.wait()
 
     def stop(self) -> None:
-        """Stop serving (the port is closed when this returns) and configuring."""
-        if self._loop is not None and self._task is not None and self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):  # the loop closed since: already stopped
-                self._loop.call_soon_threadsafe(self._task.cancel)
+        """Stop serving (the process gone, its port closed, when this returns) and configuring."""
+        with self._lock:
+            self._stopping.set()
+            process = self._process
+        if process is not None:
+            process.terminate()
+            process.wait()
         self._thread.join()
 
     def __enter__(self) -> Serving:
@@ -259,20 +368,43 @@ class Serving:
     def __exit__(self, *_: object) -> None:
         self.stop()
 
-    async def _serve(self) -> None:
-        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
-        self._running.set()
-        try:
-            async for _client_config in self.server(self._review):
-                pass
-        except asyncio.CancelledError:
-            pass
+    def _supervise(self) -> None:
+        attempt = 0
+        while True:
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                ours, theirs = socket.socketpair()
+                with theirs:  # the process holds the other end alone: closed when it ends
+                    fd = theirs.fileno()
+                    process = subprocess.Popen([sys.executable, "-P", "-c", PROCESS.format(fd=fd)],
+                                               pass_fds=[fd])
+                self._process = process
+            with Connection(ours.detach()) as conn:
+                served = self._relay(conn)
+            process.wait()
+            if self._stopping.is_set():
+                return
+            attempt = 0 if served else attempt + 1
+            self.health.bad(f"the webhook's process {process.pid} exited ({_exit(process.returncode)}); "
+                            f"restarting it in {_delay(attempt)} s")
+            if self._stopping.wait(_delay(attempt)):
+                return
 
-    async def _review(self, request: Any, *, webhook: str | None = None, headers: Any = None,
-                      sslpeer: Any = None) -> Any:
-        """kopf's server calls this (kopf.WebhookFn, whose TypedDicts kopf does not export) with the
-        review and the id from the URL path."""
-        if webhook != WEBHOOK_ID:
-            raise aiohttp.web.HTTPNotFound(reason=f"no webhook at /{webhook}; this one is /{WEBHOOK_ID}")
-        # In the loop itself: this loop serves nothing else, and a thread would only wait for the GIL.
-        return answer(request, self.verdict_of)
+    def _relay(self, conn: Connection) -> bool:
+        """Send the process what to serve, then its health changes into `health` until it ends;
+        whether it served."""
+        served = False
+        try:
+            conn.send((self.endpoint, self.verdict_of))
+            while True:
+                change, message = conn.recv()
+                if change in RELAYED:
+                    getattr(self.health, change)(message)
+                    served = served or change != "bad"
+        except (EOFError, OSError):  # it ended (OSError: before it read what to serve)
+            return served
+
+
+def _exit(code: int | None) -> str:
+    return f"signal {-code}" if code is not None and code < 0 else f"code {code}"
