@@ -47,7 +47,11 @@ def prompt_of(b: Balancer, tokens: list[int], salt: str = ""):
 
 def route(b: Balancer, tokens: list[int], salt: str = "") -> str:
     """Pick a prefill for `tokens` and serve it there at once (nothing stays in flight)."""
-    prompt = prompt_of(b, tokens, salt)
+    return routed(b, prompt_of(b, tokens, salt))
+
+
+def routed(b: Balancer, prompt) -> str:
+    """Pick a prefill for `prompt` and serve it there at once."""
     chosen = b.pick("prefill", set(), prompt=prompt)
     assert chosen is not None
     with b.serving(chosen, "prefill", prompt):
@@ -99,13 +103,7 @@ def test_decode_and_requests_without_token_ids_go_by_load():
 
 def route_body(b: Balancer, path: str, body: dict) -> str:
     """Pick a prefill for the request `body` to `path` as pd-proxy reads it, and serve it there."""
-    prompt = b.prefix.prompt(prompt_tokens(path, body))
-    assert prompt is not None
-    chosen = b.pick("prefill", set(), prompt=prompt)
-    assert chosen is not None
-    with b.serving(chosen, "prefill", prompt):
-        pass
-    return chosen.name
+    return routed(b, prompt_of_body(b, path, body))
 
 
 def chat(*turns: str) -> dict:
