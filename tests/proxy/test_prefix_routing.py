@@ -223,8 +223,8 @@ def test_two_layouts_at_once_each_hashed_at_its_own_block():
 
 
 @pytest.mark.parametrize(("path", "body", "want"), [
-    ("/v1/completions", {"prompt": [1, 2, 3]}, PromptTokens((1, 2, 3))),
-    ("/v1/completions", {"prompt": [[1, 2, 3]], "cache_salt": "s"}, PromptTokens((1, 2, 3), "s")),
+    ("/v1/completions", {"prompt": [1, 2, 3]}, PromptTokens([1, 2, 3])),
+    ("/v1/completions", {"prompt": [[1, 2, 3]], "cache_salt": "s"}, PromptTokens([1, 2, 3], "s")),
     ("/v1/completions", {"prompt": [[1, 2], [3]]}, None),  # a batch: no single prefix
     ("/v1/completions", {"prompt": "text"}, PromptTokens("text")),
     ("/v1/completions", {"prompt": ["text"], "cache_salt": "s"}, PromptTokens("text", "s")),
@@ -234,9 +234,9 @@ def test_two_layouts_at_once_each_hashed_at_its_own_block():
     ("/v1/completions", {"prompt": ["1", 2]}, None),  # a string first: a batch of texts
     # Ids are not checked one by one (vLLM does): 1, 1.0 and true are the id vLLM reads as 1, and a
     # prompt vLLM rejects (-1) fails wherever it goes.
-    ("/v1/completions", {"prompt": [1, True, 1.0]}, PromptTokens((1, 1, 1))),
-    ("/v1/completions", {"prompt": [1, -1]}, PromptTokens((1, -1))),
-    ("/v1/completions", {"prompt": [1, 2], "cache_salt": 5}, PromptTokens((1, 2))),
+    ("/v1/completions", {"prompt": [1, True, 1.0]}, PromptTokens([1, 1, 1])),
+    ("/v1/completions", {"prompt": [1, -1]}, PromptTokens([1, -1])),
+    ("/v1/completions", {"prompt": [1, 2], "cache_salt": 5}, PromptTokens([1, 2])),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, PromptTokens("\0user\0hi")),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "h"},
                                                                       {"type": "text", "text": "i"}]}]},
@@ -247,6 +247,14 @@ def test_two_layouts_at_once_each_hashed_at_its_own_block():
 ])
 def test_what_a_request_is_keyed_by(path, body, want):
     assert prompt_tokens(path, body) == want
+
+
+
+def test_a_prompts_ids_are_keyed_where_the_body_holds_them():
+    """No copy of the ids on a request's path (test_prefix_index: a list keys as its tuple does)."""
+    ids = [7, 8, 9]
+    assert prompt_tokens("/v1/completions", {"prompt": ids}).tokens is ids
+    assert prompt_tokens("/v1/completions", {"prompt": [ids]}).tokens is ids
 
 
 def test_the_membership_carries_each_prefills_block_capacity_and_publishers():

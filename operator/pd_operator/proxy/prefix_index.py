@@ -57,12 +57,14 @@ def block_keys(tokens: Sequence[object] | str, block_tokens: int, salt: str = ""
     (approximate routing), unlike token keys."""
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, not {block_tokens}")
-    ids = tokens if isinstance(tokens, tuple | str) else tuple(tokens)
     parent = root_key(block_tokens, salt, text=isinstance(tokens, str))
     out = []
     try:
-        for start in range(0, len(ids) - block_tokens + 1, block_tokens):
-            parent = hash((parent, ids[start:start + block_tokens]))
+        for start in range(0, len(tokens) - block_tokens + 1, block_tokens):
+            block = tokens[start:start + block_tokens]
+            # A block of a list is copied into a tuple, the hashable form of the same ids; a copy
+            # per block costs less than one of the whole prompt first (the ids stay in the body).
+            parent = hash((parent, block if isinstance(block, str | tuple) else tuple(block)))
             out.append(parent)
     except TypeError:  # an unhashable element: vLLM rejects the prompt
         pass
