@@ -372,6 +372,9 @@ def test_mid_rollout_an_unmoved_instance_keeps_its_own_volcano_podgroup():
     assert applied[DECODE[1]]["spec"]["minMember"] == 2
     assert applied[DECODE[1]]["spec"]["minResources"] == {"huawei.com/Ascend910": 8}
     assert not [d for d in client.deleted if d.startswith("PodGroup/")], client.deleted
+    (status,) = [s for verb, s in client.writes if verb == "status"]
+    (gang,) = [c for c in status["conditions"] if c["type"] == "GangScheduling"]
+    assert f"decode 1 ({DECODE[0]}), decode 2 ({DECODE[1]})" in gang["message"], gang["message"]
 
 
 class NoKubePodGroups(MemoryClient):
