@@ -440,7 +440,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children))
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
-    history = revisions.records(children, meta["uid"])
+    history = revisions.records(children, pods, meta["uid"])
     sizes = revisions.pods_per_instance(history, pods)
     state = gate.observe(resolved, rendered.revisions, pods, leaving, sizes)
     figures = rollout.figures(resolved, rendered.revisions, pods, sizes)
