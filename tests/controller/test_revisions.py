@@ -274,7 +274,7 @@ def _pod_on(revision: str) -> dict:
 def test_the_history_limit_bounds_the_records_of_revisions_no_pod_runs():
     records, desired = _history(13)
     names = [r["metadata"]["name"] for r in records]
-    history = revisions.records(records, RECONCILED_UID)
+    history = revisions.records(records, [], RECONCILED_UID)
     # The newest (the instance's revision) and one its pod still runs are kept beyond the limit.
     kept = revisions.kept_records(history, [_pod_on("rev1")], desired, {"decode": 10})
     assert kept == {names[0], *names[-11:]}
@@ -372,6 +372,9 @@ def test_mid_rollout_an_unmoved_instance_keeps_its_own_volcano_podgroup():
     assert applied[DECODE[1]]["spec"]["minMember"] == 2
     assert applied[DECODE[1]]["spec"]["minResources"] == {"huawei.com/Ascend910": 8}
     assert not [d for d in client.deleted if d.startswith("PodGroup/")], client.deleted
+    (status,) = [s for verb, s in client.writes if verb == "status"]
+    (gang,) = [c for c in status["conditions"] if c["type"] == "GangScheduling"]
+    assert f"decode 1 ({DECODE[0]}), decode 2 ({DECODE[1]})" in gang["message"], gang["message"]
 
 
 class NoKubePodGroups(MemoryClient):
@@ -403,3 +406,41 @@ def test_an_instance_never_applied_is_on_no_revision_and_takes_the_spec_s_podgro
     assert not of_kind(written, "PodGroup") and len(of_kind(written, "StatefulSet")) == 3
     assert all("schedulingGroup" not in s["spec"]["template"]["spec"]
                for s in of_kind(written, "StatefulSet"))
+
+
+def test_records_of_instances_never_applied_pin_nothing():
+    """An operator from before records had their own wave wrote them beside the PodGroups, and a
+    PodGroup kind the cluster does not serve stopped the apply there: records of StatefulSets that
+    never ran, and no StatefulSet, pod or PodGroup. With the spec switched to gang none, the instances
+    take the spec's revision, not those records and their unserved PodGroups, and the records go."""
+    body = _two_decodes()
+    body["spec"]["scheduling"] = {"gang": "kubernetes"}
+    stale = [c for c in _created(body) if c["kind"] not in ("StatefulSet", "PodGroup")]
+    assert len(_records(stale)) == 3
+    none = copy.deepcopy(body)
+    none["spec"]["scheduling"] = {"gang": "none"}
+    none["metadata"]["generation"] = 2
+    client = PruningClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), none, stale, [])  # type: ignore[arg-type]
+    written = [m for verb, m in client.writes if verb == "apply"]
+    assert not of_kind(written, "PodGroup") and len(of_kind(written, "StatefulSet")) == 3
+    assert all("schedulingGroup" not in s["spec"]["template"]["spec"]
+               for s in of_kind(written, "StatefulSet"))
+    assert {f"ControllerRevision/{r['metadata']['name']}" for r in _records(stale)} <= set(client.deleted)
+    assert len(_records(written)) == 3
+
+
+def test_an_instance_deleted_with_its_pods_keeps_its_revision():
+    """The StatefulSet of an instance not moved yet deleted, and its pods gone too, while the operator
+    was down: nothing of it runs, but its PodGroup is there, so its record was applied and it comes
+    back on its own revision (the rollout is paused), not the spec's."""
+    body = _two_decodes()
+    body["spec"]["scheduling"] = {"gang": "kubernetes"}
+    children = _created(body)
+    old = {s["metadata"]["name"]: s for s in of_kind(children, "StatefulSet")}
+    left = [c for c in children if c is not old[DECODE[1]]]
+    pods = [p for p in _running(children) if not p["metadata"]["name"].startswith(DECODE[1])]
+    client = MemoryClient()
+    reconcile_mod.reconcile(client, ProxyStateReader(), _env_changed(body, paused=True), left, pods)  # type: ignore[arg-type]
+    restored = _stateful_sets(client.writes)
+    assert set(restored) == {DECODE[1]} and restored[DECODE[1]]["spec"] == old[DECODE[1]]["spec"]

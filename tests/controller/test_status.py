@@ -340,6 +340,20 @@ def test_gang_condition_says_when_an_instance_can_be_placed_in_part():
     assert "Volcano PodGroup" in got["message"] and "decode 2" in got["message"]
 
 
+@pytest.mark.parametrize("gang", ["none", "volcano"])
+def test_mid_rollout_the_gang_condition_gives_each_instance_its_own_pod_count(gang):
+    """Decode DP2 -> DP4 (1 -> 2 pods per instance) mid-rollout: decode-1 moved, decode-0 runs its own
+    revision's one pod (observed.sizes, from its record), so its PodGroup waits for 1, not the spec's 2."""
+    v = validated(decode__replicas=2, decode__dataParallelSize=4, scheduling={"gang": gang})
+    observed = replace(_serving(v), sizes={("decode", 0): 1, ("decode", 1): 2})
+    mid, moved = {"none": ("decode instances (2 pods each: glm-flash-decode-1)",
+                           "decode instances (2 pods each)"),
+                  "volcano": ("prefill 1, decode 1 (glm-flash-decode-0), decode 2 (glm-flash-decode-1)",
+                              "prefill 1, decode 2)")}[gang]
+    assert mid in _gang(v, observed)["message"]
+    assert moved in _gang(v, _serving(v))["message"]  # all moved: one count for the role
+
+
 def test_a_podgroup_kind_not_served_blocks_ready_and_says_what_to_enable():
     v = validated(decode__dataParallelSize=4, scheduling={"gang": "kubernetes"})
     group = next(m for m in desired(v) if m["kind"] == "PodGroup")

@@ -440,7 +440,7 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children))
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
-    history = revisions.records(children, meta["uid"])
+    history = revisions.records(children, pods, meta["uid"])
     sizes = revisions.pods_per_instance(history, pods)
     state = gate.observe(resolved, rendered.revisions, pods, leaving, sizes)
     figures = rollout.figures(resolved, rendered.revisions, pods, sizes)
@@ -475,6 +475,8 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     gone = {pod for d in decisions if d.action in ("restart", "replace") for pod in d.pods}
     remaining = [p for p in pods
                  if p["metadata"]["name"] not in gone and drain.instance_of(p) not in outcome.replaced_keys]
+    # An instance replaced is on the current revision now: the spec's pods per instance, not its old pods'.
+    sizes = {inst: count for inst, count in sizes.items() if inst not in outcome.replaced_keys}
     if len(remaining) != len(pods):  # the status reports the pods this pass left
         figures = rollout.figures(resolved, rendered.revisions, remaining, sizes)
     observed = status_mod.Observed(children=children, pods=remaining, foreign=the_diff.foreign,

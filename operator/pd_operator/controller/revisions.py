@@ -88,9 +88,10 @@ History = Mapping[Key, list[dict]]
 """Per instance: its records, oldest first (records)."""
 
 
-def records(children: Iterable[dict], owner_uid: str) -> dict[Key, list[dict]]:
-    """Per instance: its owned records, oldest first (by their `revision` number). Read once per
-    reconcile and passed to pin, kept_records and pods_per_instance."""
+def records(children: list[dict], pods: Iterable[dict], owner_uid: str) -> dict[Key, list[dict]]:
+    """Per instance: its owned records, oldest first (by their `revision` number), but none of an
+    instance never applied (_applied). Read once per reconcile and passed to pin, kept_records and
+    pods_per_instance."""
     out: dict[Key, list[dict]] = {}
     for obj in children:
         if is_record(obj) and is_owned_by(obj, owner_uid) and not is_terminating(obj) \
@@ -98,7 +99,27 @@ def records(children: Iterable[dict], owner_uid: str) -> dict[Key, list[dict]]:
             out.setdefault(inst, []).append(obj)
     for found in out.values():
         found.sort(key=lambda r: int(r.get("revision") or 0))
-    return out
+    return _applied(out, children, pods)
+
+
+def _applied(history: dict[Key, list[dict]], children: list[dict], pods: Iterable[dict]
+             ) -> dict[Key, list[dict]]:
+    """`history` without the instances whose newest record was never applied: no StatefulSet, no pod
+    (a terminating one counts) and not the PodGroup that record's pods name. An apply writes the
+    PodGroup before the StatefulSet, so such a record ran nothing: one an operator wrote beside the
+    PodGroups before records had their own wave (reconcile.py LATER_WAVES), when a PodGroup kind the
+    cluster does not serve stopped the apply. Pinned to it, the instance would ask for that group for
+    good; it takes the spec's revision instead, and the prune collects the records. An instance whose
+    StatefulSet was deleted, its pods gone too (the operator down meanwhile), still has its group and
+    so keeps its revision; so does one without a gang."""
+    groups = {(obj["apiVersion"], obj["metadata"]["name"]) for obj in children if obj["kind"] == "PodGroup"}
+    sets = {inst for obj in children
+            if obj["kind"] == "StatefulSet" and (inst := instance_of(obj)) is not None}
+    running = {inst for pod in pods if (inst := instance_of(pod)) is not None}
+    return {inst: found for inst, found in history.items()
+            if inst in sets or inst in running
+            or (group := scheduling.named_group(found[-1]["data"]["statefulSet"]["spec"]["template"])) is None
+            or group in groups}
 
 
 def record(names: Names, stateful_set: dict, config: dict) -> dict:

@@ -259,6 +259,23 @@ def _degraded(observed: Observed) -> _Cond:
     return _Cond(c.DEGRADED, False, c.AS_EXPECTED, "Nothing is degraded.")
 
 
+def _gang_sizes(resolved: Resolved, observed: Observed) -> list[tuple[str, int, str]]:
+    """(role, pods per instance, its instances' names or "" when the whole role has that count) of
+    every instance the rollout runs: mid-rollout an instance not moved yet keeps its own revision's
+    count (observed.sizes), so a role may have two."""
+    members = observed.rollout.plan.instances if observed.rollout is not None else {
+        role: range(resolved.role(role).replicas) for role in ROLES}
+    out: list[tuple[str, int, str]] = []
+    for role in ROLES:
+        by_count: dict[int, list[str]] = {}
+        for index in sorted(members[role]):
+            by_count.setdefault(expected_pods(resolved, observed.sizes, role, index), []).append(
+                resolved.names.instance(role, index))
+        out += [(role, pods, ", ".join(names) if len(by_count) > 1 else "")
+                for pods, names in sorted(by_count.items())]
+    return out
+
+
 def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
     dep = resolved.deployment
     gang = dep.spec.scheduling.gang
@@ -269,13 +286,14 @@ def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
                      f"serve ({observed.unserved_error}); it needs {scheduling.NEEDS.get(api, api)}. The "
                      "instances' StatefulSets are not applied until then; or set spec.scheduling.gang "
                      "to none.")
-    multi = [(role, resolved.shapes[role].pods) for role in ROLES
-             if dep.role(role).replicas and resolved.shapes[role].multi_pod]
+    sizes = _gang_sizes(resolved, observed)
     if gang == "none":
+        multi = [(role, pods, names) for role, pods, names in sizes if pods > 1]
         if not multi:
             return _Cond(c.GANG_SCHEDULING, True, c.SINGLE_POD_INSTANCES,
                          "Every instance is one pod: none can be placed in part.")
-        roles = " and ".join(f"{role} instances ({pods} pods each)" for role, pods in multi)
+        roles = " and ".join(f"{role} instances ({pods} pods each{': ' + names if names else ''})"
+                             for role, pods, names in multi)
         return _Cond(c.GANG_SCHEDULING, False, c.PARTIAL_PLACEMENT_POSSIBLE,
                      f"The pods of {roles} are scheduled one by one (spec.scheduling.gang is none): an "
                      "instance can be placed in part, holding NPUs while its other pods wait. Set "
@@ -294,10 +312,9 @@ def _gang_condition(resolved: Resolved, observed: Observed) -> _Cond:
                          f"enable the {scheduling.TOPOLOGY_GATE} feature gate on kube-apiserver and "
                          "kube-scheduler, or set spec.placement.gangTopology to false.")
     which = "Volcano" if gang == "volcano" else "kube-scheduler"
-    sizes = ", ".join(f"{role} {resolved.shapes[role].pods}" for role in ROLES
-                      if dep.role(role).replicas)
+    counts = ", ".join(f"{role} {pods}{f' ({names})' if names else ''}" for role, pods, names in sizes)
     return _Cond(c.GANG_SCHEDULING, True, c.POD_GROUPS,
-                 f"Each instance is one {which} PodGroup of all its pods ({sizes or 'no instances'}): the "
+                 f"Each instance is one {which} PodGroup of all its pods ({counts or 'no instances'}): the "
                  "scheduler binds all of an instance's pods or none.")
 
 

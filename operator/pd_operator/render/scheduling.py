@@ -144,7 +144,8 @@ def recorded_pod_group(ctx: Resolved, role: str, index: int, stateful_set: dict)
     npus = sum(int(((c.get("resources") or {}).get("requests") or {}).get(resource, 0))
                for c in pod.get("containers") or [])
     priority = pod.get("priorityClassName")
-    if named := (pod.get("schedulingGroup") or {}).get("podGroupName"):
+    api, named = named_group(template) or (None, None)
+    if api == KUBE_API:
         now = _current(ctx, role)
         candidates = [now.topology if now else None, None, *_topology_keys(pod.get("affinity"))]
         for topology in dict.fromkeys(candidates):
@@ -152,8 +153,18 @@ def recorded_pod_group(ctx: Resolved, role: str, index: int, stateful_set: dict)
             if _name(ctx, role, index, gang) == named:
                 return _group(ctx, role, index, gang)
         return None
-    if (template["metadata"].get("annotations") or {}).get(VOLCANO_GROUP):
+    if api == VOLCANO_API:
         return _group(ctx, role, index, _Gang(VOLCANO_API, pods, npus, priority, None))
+    return None
+
+
+def named_group(template: dict) -> tuple[str, str] | None:
+    """(apiVersion, name) of the PodGroup the pods of a StatefulSet's pod `template` name: the in-tree
+    field or Volcano's annotation (None: no gang)."""
+    if named := (template["spec"].get("schedulingGroup") or {}).get("podGroupName"):
+        return KUBE_API, named
+    if named := (template["metadata"].get("annotations") or {}).get(VOLCANO_GROUP):
+        return VOLCANO_API, named
     return None
 
 
