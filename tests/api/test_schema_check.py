@@ -79,9 +79,30 @@ def test_a_document_checked_again_is_answered_from_memory_and_only_the_same_text
     other["metadata"] = {"name": "another", "namespace": "n", "uid": "u-2", "resourceVersion": "7",
                          "managedFields": [{"manager": "kubectl", "operation": "Apply"}]}
     assert schema_problems(other) == first
+    # Nor status, which the API server drops from writes of the object itself (the status subresource).
+    other["status"] = {"conditions": "not a list", "observedGeneration": -1}
+    assert schema_problems(other) == first
     first.clear()  # the caller's list is its own
     assert schema_problems(doc) != []
     monkeypatch.undo()
     as_text = edited(spec__prefill__tensorParallelSize="0", spec__kvTransfer__kvPort=31017)  # equal as JSON
     assert [p for p, _ in schema_problems(as_text)] == ["spec.prefill.tensorParallelSize"]
     assert "not of type" in schema_problems(as_text)[0][1]
+
+
+
+def test_every_cel_rule_of_the_generated_crd_compiles_up_front():
+    from pd_operator.api import schema_check
+
+    def rules(node) -> set[str]:
+        if isinstance(node, dict):
+            own = {r["rule"] for r in node.get("x-kubernetes-validations", [])}
+            return own.union(*(rules(v) for v in node.values()))
+        return set().union(*(rules(v) for v in node)) if isinstance(node, list) else set()
+
+    crd_file = Path(__file__).parents[2] / "crds" / "pd.serving.dev_pddeployments.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    written = rules(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    schema_check._program.cache_clear()
+    assert len(written) > 10 and schema_check.compile_rules() == len(written)
+    assert schema_check._program.cache_info().currsize == len(written)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +23,22 @@ def test_stamp_adopts_with_a_controller_reference_and_records_the_hash():
     (ref,) = manifest["metadata"]["ownerReferences"]
     assert ref["uid"] == OWNER_UID and ref["controller"] is True and ref["blockOwnerDeletion"] is True
     assert manifest["metadata"]["annotations"][APPLIED_HASH] == manifest_hash(manifest)
+
+
+def test_the_hash_is_the_canonical_text_without_itself_so_an_upgrade_keeps_it():
+    """The applied hash on every child is the SHA-256 of its compact, key-sorted JSON without the hash
+    annotation (and without an annotations map that only held it): an operator computing it another
+    way would see every child of every PDDeployment as changed after an upgrade."""
+    for manifest in desired(validated()):
+        before = copy.deepcopy(manifest)
+        bare = copy.deepcopy(manifest)
+        bare["metadata"]["annotations"].pop(APPLIED_HASH)
+        if not bare["metadata"]["annotations"]:
+            del bare["metadata"]["annotations"]
+        text = json.dumps(bare, sort_keys=True, separators=(",", ":"))
+        expected = hashlib.sha256(text.encode()).hexdigest()[:16]
+        assert manifest_hash(manifest) == expected == manifest_hash(bare)
+        assert manifest == before  # read, not edited
 
 
 def test_hash_follows_the_spec_and_ignores_itself():

@@ -60,3 +60,23 @@ def test_peers_get_distinct_priorities_so_one_of_them_works():
     assert len(priorities) == 5 and min(priorities) > 0
     standalone = settings_for(options_from(["run", "--no-webhook"]))
     assert standalone.peering.priority == 0
+
+
+def test_kopf_keeps_no_diff_base_and_nothing_needs_one():
+    """settings_for gives kopf an empty diff base (handlers.NoDiffBase), which is right only while
+    every handler is an event handler: a changing one (on.create/update/resume/field) reads the
+    diff base, so adding one must replace NoDiffBase."""
+    import kopf
+
+    from pd_operator.controller import handlers
+    from pd_operator.controller.main import settings_for
+    from pd_operator.controller.metrics import Metrics
+    from pd_operator.controller.runner import Runner
+
+    settings = settings_for(options_from(["run", "--no-webhook"]))
+    assert isinstance(settings.persistence.diffbase_storage, handlers.NoDiffBase)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, Runner(client=None, metrics=Metrics()), webhook=None)  # type: ignore[arg-type]
+    assert registry._watching.get_all_handlers() and registry._indexing.get_all_handlers()
+    assert not registry._changing.get_all_handlers()
+    assert settings.persistence.diffbase_storage.fetch(body=kopf.Body({"spec": {}})) is None

@@ -196,3 +196,14 @@ def test_events_during_a_reconcile_fold_into_one_more(monkeypatch):
         return len(runs)
 
     assert asyncio.run(scenario()) == 2
+
+
+def test_tree_copy_is_deep_and_refuses_what_is_not_json():
+    obj = {"metadata": {"labels": {"a": "b"}}, "spec": {"n": [1, 2.5, True, None, {"x": "y"}]}}
+    copied = runner_mod.tree_copy(obj)
+    assert copied == obj
+    copied["spec"]["n"][4]["x"] = "z"
+    copied["metadata"]["labels"]["a"] = "c"
+    assert obj == {"metadata": {"labels": {"a": "b"}}, "spec": {"n": [1, 2.5, True, None, {"x": "y"}]}}
+    with pytest.raises(ValueError):
+        runner_mod.tree_copy({"a": object()})

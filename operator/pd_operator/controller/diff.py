@@ -35,12 +35,15 @@ def is_owned_by(obj: dict, uid: str) -> bool:
 
 
 def manifest_hash(manifest: dict) -> str:
-    body = json.loads(json.dumps(manifest))
-    annotations = body["metadata"].get("annotations", {})
-    annotations.pop(APPLIED_HASH, None)
-    if not annotations:
-        body["metadata"].pop("annotations", None)  # stamped or not, the same manifest
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    # Stamped or not, the same manifest: its text without the hash annotation (and without an
+    # annotations map left empty), the rest read in place rather than copied.
+    meta = dict(manifest["metadata"])
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != APPLIED_HASH}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    text = json.dumps({**manifest, "metadata": meta}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

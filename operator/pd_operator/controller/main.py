@@ -22,6 +22,7 @@ import kopf
 import prometheus_client
 from pydantic import ValidationError
 
+from pd_operator.api import schema_check
 from pd_operator.api.labels import FINALIZER
 from pd_operator.api.types import GROUP, ClientPeer
 from pd_operator.controller import admission, handlers, logs, webhook
@@ -146,7 +147,7 @@ def settings_for(options: Options) -> kopf.OperatorSettings:
     # Everything kopf writes onto objects carries the operator's own prefix.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = handlers.NoDiffBase()  # event handlers only: no diffs
     settings.posting.enabled = False  # the reconcile posts its own events, only on transitions
     handlers.watch_only_ours(settings)
     if options.peering:
@@ -172,6 +173,8 @@ def serving_webhook(options: Options, workdir: pathlib.Path, health: webhook.Web
 def run(options: Options, *, stop_flag: threading.Event | None = None,
         ready_flag: threading.Event | None = None) -> None:
     """Run until stopped (SIGINT/SIGTERM, or `stop_flag` when given)."""
+    # Up front, once: the reconcile threads' first checks would each build cel-python's parser.
+    schema_check.compile_rules()
     metrics = Metrics()
     client = connect(options.kubeconfig)
     runner = Runner(client, metrics, drift_interval_s=options.drift_interval_s,

@@ -44,6 +44,7 @@ from typing import Any
 import aiohttp.web
 import kopf
 
+from pd_operator.api import schema_check
 from pd_operator.api.labels import NAMESPACE_NAME
 from pd_operator.api.types import GROUP, PLURAL, VERSION
 from pd_operator.controller import certs, logs
@@ -310,6 +311,7 @@ def process_main(fd: int) -> None:
     # Ctrl-C in a terminal reaches the whole process group: the operator decides when this ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logs.configure(where.log_format)
+    schema_check.compile_rules()  # before it serves: no review pays for it
     asyncio.run(_serve(where, verdict_of, conn))
 
 
