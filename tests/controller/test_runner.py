@@ -207,3 +207,37 @@ def test_tree_copy_is_deep_and_refuses_what_is_not_json():
     assert obj == {"metadata": {"labels": {"a": "b"}}, "spec": {"n": [1, 2.5, True, None, {"x": "y"}]}}
     with pytest.raises(ValueError):
         runner_mod.tree_copy({"a": object()})
+
+
+def test_a_new_spec_waiting_for_a_reconcile_goes_before_waiting_follow_ups(runner, monkeypatch):
+    """With every reconcile slot taken, waiting follow-ups of child events keep their order, a new
+    spec (a watch event with a new generation) goes before them, and a waiter cancelled meanwhile
+    takes no slot with it."""
+    monkeypatch.setattr(runner_mod, "RECONCILE_WORKERS", 1)
+    order: list[tuple[str, str]] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with runner._slot(("ns", "busy")):
+                await release.wait()
+
+        async def reconcile(key: tuple[str, str]) -> None:
+            async with runner._slot(key):
+                order.append(key)
+
+        holder = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        waiting = [asyncio.create_task(reconcile(("ns", name))) for name in ("child-1", "child-2", "new")]
+        cancelled = asyncio.create_task(reconcile(("ns", "gone")))
+        await asyncio.sleep(0)
+        assert list(runner._waiting) == [("ns", "child-1"), ("ns", "child-2"), ("ns", "new"), ("ns", "gone")]
+        runner.spec_event("ns", "new", "MODIFIED", 2)
+        cancelled.cancel()
+        release.set()
+        await asyncio.gather(holder, *waiting)
+        assert runner._running == 0 and not runner._waiting
+
+    asyncio.run(scenario())
+    assert order == [("ns", "new"), ("ns", "child-1"), ("ns", "child-2")]

@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import marshal
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, TypeVar
 
 from pd_operator.controller.client import ApiError, Client
@@ -126,6 +127,11 @@ class Runner:
         self._retries: dict[ObjKey, int] = {}
         # Child events that came while a reconcile of their owner ran: (child, resourceVersion).
         self._during: dict[ObjKey, list[tuple[Key, str | None]]] = {}
+        # Reconciles running (_slot), those waiting for one (in the order they came), and the objects
+        # whose next reconcile is for a new spec.
+        self._running = 0
+        self._waiting: dict[ObjKey, asyncio.Future[None]] = {}
+        self._new_spec: set[ObjKey] = set()
         self._executor = concurrent.futures.ThreadPoolExecutor(RECONCILE_WORKERS,
                                                                thread_name_prefix="reconcile")
 
@@ -199,8 +205,9 @@ class Runner:
     async def run(self, namespace: str, name: str, trigger: str) -> Outcome | None:
         """Reconcile now; None when the object is gone. Raises InvalidSpec or ApiError."""
         key = (namespace, name)
-        async with self._locks.setdefault(key, asyncio.Lock()):
+        async with self._locks.setdefault(key, asyncio.Lock()), self._slot(key):
             self._pending.discard(key)  # events from here on are after the read below: a run of their own
+            self._new_spec.discard(key)
             self._during[key] = []
             started = time.perf_counter()
             since = time.monotonic()
@@ -251,6 +258,37 @@ class Runner:
         if any(seen not in written for seen in during):
             self.poke(*key)
 
+    @contextlib.asynccontextmanager
+    async def _slot(self, key: ObjKey) -> AsyncIterator[None]:
+        """One of the RECONCILE_WORKERS reconciles that run at once. When all are taken, a waiting
+        new spec (create, update, resume) goes before waiting follow-ups of child events, each kind
+        in the order it came: a burst of creates gets its children written before the follow-ups
+        of the first ones' status changes (which fold more events the longer they wait)."""
+        if self._running < RECONCILE_WORKERS and not self._waiting:
+            self._running += 1
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiting[key] = turn
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if self._waiting.get(key) is turn:
+                    del self._waiting[key]
+                elif not turn.cancelled():  # handed the slot as it was cancelled: pass it on
+                    self._release()
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._running -= 1
+        following = next((k for k in self._waiting if k in self._new_spec), next(iter(self._waiting), None))
+        if following is not None:
+            self._running += 1
+            self._waiting.pop(following).set_result(None)
+
     async def _in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` on a reconcile thread (it blocks on API requests)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor,
@@ -264,6 +302,7 @@ class Runner:
         if key in self._generations and self._generations[key] == generation:
             return
         self._generations[key] = generation
+        self._new_spec.add(key)
         self.poke(namespace, name, SPEC_TRIGGERS.get(event_type, "update"), delay=0.0)
 
     def track(self, namespace: str, name: str) -> None:
@@ -276,6 +315,7 @@ class Runner:
         self._failed.pop((namespace, name), None)
         self._deleted.pop((namespace, name), None)
         self._generations.pop((namespace, name), None)
+        self._new_spec.discard((namespace, name))
         self._retries.pop((namespace, name), None)
         for k in [k for k in self._event_at if k[0] == (namespace, name)]:
             del self._event_at[k]
