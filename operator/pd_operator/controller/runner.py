@@ -81,7 +81,7 @@ any other event with a new generation is an `update`."""
 def tree_copy(obj: T) -> T:
     """A deep copy of a JSON tree (dicts, lists, strings, numbers, booleans, None), as the API
     server's objects are; anything else raises ValueError. marshal's round trip is C: it takes about
-    a fourth of copy.deepcopy's time, whose copies of children and pods were 16% of the operator's
+    a third of copy.deepcopy's time, whose copies of children and pods were 16% of the operator's
     Python CPU with 100 PDDeployments (docs/benchmarks.md#reconcile-cost)."""
     copied: T = marshal.loads(marshal.dumps(obj))  # type: ignore[arg-type]
     return copied
