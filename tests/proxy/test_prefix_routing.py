@@ -249,7 +249,6 @@ def test_what_a_request_is_keyed_by(path, body, want):
     assert prompt_tokens(path, body) == want
 
 
-
 def test_a_prompts_ids_are_keyed_where_the_body_holds_them():
     """No copy of the ids on a request's path (test_prefix_index: a list keys as its tuple does)."""
     ids = [7, 8, 9]

@@ -45,8 +45,9 @@ CHARS_PER_TOKEN = 4
 class PromptTokens:
     tokens: Sequence[int] | str
     """The token ids, or (a text prompt, a chat request) the text keyed in their place. The ids are
-    the parsed body's own list, not a copy: a copy of a 100,000-token prompt cost 0.2-0.5 ms of a
-    decision (bench/routing.py `routing_overhead_p99_ms`); the proxy never edits a prompt."""
+    the parsed body's own list, not a copy: a copy held 800 KB more per 100,000-token request in
+    flight, and dropping it did not move the decision's time (docs/benchmarks.md, bench/routing.py
+    `routing_overhead_p99_ms`); the proxy never edits a prompt."""
     salt: str = ""
 
     @property
