@@ -80,3 +80,22 @@ def test_kopf_keeps_no_diff_base_and_nothing_needs_one():
     assert registry._watching.get_all_handlers() and registry._indexing.get_all_handlers()
     assert not registry._changing.get_all_handlers()
     assert settings.persistence.diffbase_storage.fetch(body=kopf.Body({"spec": {}})) is None
+
+
+def test_an_index_entry_is_a_copy_of_its_own_without_managed_fields():
+    """The index keeps each watched object by its owner's key: a deep copy (kopf reuses the event's
+    body), without managedFields, which nothing reads; the event's body keeps them."""
+    from pd_operator.api.labels import DEPLOYMENT
+    from pd_operator.controller.handlers import by_owner
+
+    body = {"kind": "StatefulSet", "metadata": {"name": "a", "labels": {DEPLOYMENT: "glm"},
+                                                "managedFields": [{"manager": "pd-operator"}]},
+            "spec": {"replicas": 2, "template": {"metadata": {"labels": {"x": "y"}}}}}
+    ((owner, entry),) = by_owner(namespace="ns", labels=body["metadata"]["labels"], body=body).items()
+    assert owner == ("ns", "glm")
+    assert "managedFields" not in entry["metadata"] and body["metadata"]["managedFields"]
+    assert entry["spec"] == body["spec"] and entry["metadata"]["labels"] == body["metadata"]["labels"]
+    entry["spec"]["template"]["metadata"]["labels"]["x"] = "z"
+    entry["metadata"]["labels"][DEPLOYMENT] = "other"
+    assert body["spec"]["template"]["metadata"]["labels"] == {"x": "y"}
+    assert body["metadata"]["labels"] == {DEPLOYMENT: "glm"}

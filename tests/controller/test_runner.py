@@ -241,3 +241,40 @@ def test_a_new_spec_waiting_for_a_reconcile_goes_before_waiting_follow_ups(runne
 
     asyncio.run(scenario())
     assert order == [("ns", "new"), ("ns", "child-1"), ("ns", "child-2")]
+
+
+@pytest.mark.parametrize("patience, started_beside_the_new_spec", [(3600.0, False), (0.0, True)])
+def test_a_follow_up_waits_while_a_new_spec_runs_even_with_slots_free(runner, monkeypatch, patience,
+                                                                    started_beside_the_new_spec):
+    """A follow-up of child events does not run beside a new spec's reconcile (they would share the
+    GIL), though slots are free; it starts when the new spec's reconcile ends, or once it has waited
+    FOLLOW_UP_PATIENCE_S."""
+    monkeypatch.setattr(runner_mod, "FOLLOW_UP_PATIENCE_S", patience)
+    beside: list[bool] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+        runner.spec_event("ns", "new", "ADDED", 1)
+        for task in list(runner._tasks):  # the poke's reconcile: this test takes the slot itself
+            task.cancel()
+
+        async def new_spec() -> None:
+            async with runner._slot(("ns", "new")):
+                await release.wait()
+
+        async def follow_up() -> None:
+            async with runner._slot(("ns", "child")):
+                beside.append(not release.is_set())
+
+        holder = asyncio.create_task(new_spec())
+        await asyncio.sleep(0)
+        waiter = asyncio.create_task(follow_up())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert (("ns", "child") in runner._waiting) is not started_beside_the_new_spec
+        release.set()
+        await asyncio.gather(holder, waiter)
+        assert runner._running == 0 and not runner._waiting and not runner._running_new
+
+    asyncio.run(scenario())
+    assert beside == [started_beside_the_new_spec]

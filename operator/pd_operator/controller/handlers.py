@@ -45,6 +45,14 @@ def watch_only_ours(settings: kopf.OperatorSettings) -> None:
         RECORDED_REVISION
 
 
+def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any) -> dict:
+    """The index entry of a watched child or pod: a copy of its own (kopf reuses the event's body),
+    by its owner's key. Without managedFields: nothing reads them, and they are up to half of an
+    applied object, so leaving them out before the copy halves its cost."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    return {(namespace, labels[DEPLOYMENT]): tree_copy({**body, "metadata": meta})}
+
+
 class NoDiffBase(kopf.DiffBaseStorage):
     """kopf's diff base, for a registry of event handlers only. kopf builds it on every watch event
     from a deep copy of the whole object (status included) and diffs it with the last stored one
@@ -91,12 +99,6 @@ def register(registry: kopf.OperatorRegistry, runner: Runner, *, webhook: Webhoo
     # Index names: the plural, with its group where two kinds share one (the two PodGroups).
     shared = {plural for _, _, plural in OWNED if sum(p == plural for _, _, p in OWNED) > 1}
     plurals = [f"{plural}.{group}" if plural in shared else plural for group, _, plural in OWNED]
-
-    def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict:
-        obj = tree_copy(dict(body))
-        # Nothing reads them, and they are up to half of an applied object, copied on each reconcile.
-        obj["metadata"].pop("managedFields", None)
-        return {(namespace, labels[DEPLOYMENT]): obj}
 
     @kopf.on.event(*resource, registry=registry)
     async def follow_pdd(*, type: str | None, namespace: str | None, name: str, body: kopf.Body,
