@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+
 import pytest
 
 from pd_operator.controller.main import options_from
@@ -91,7 +94,9 @@ def test_an_index_entry_is_a_copy_of_its_own_without_managed_fields():
     body = {"kind": "StatefulSet", "metadata": {"name": "a", "labels": {DEPLOYMENT: "glm"},
                                                 "managedFields": [{"manager": "pd-operator"}]},
             "spec": {"replicas": 2, "template": {"metadata": {"labels": {"x": "y"}}}}}
-    ((owner, entry),) = by_owner(namespace="ns", labels=body["metadata"]["labels"], body=body).items()
+    assert inspect.iscoroutinefunction(by_owner)  # kopf calls it in its loop, not in a thread
+    entries = asyncio.run(by_owner(namespace="ns", labels=body["metadata"]["labels"], body=body))
+    ((owner, entry),) = entries.items()
     assert owner == ("ns", "glm")
     assert "managedFields" not in entry["metadata"] and body["metadata"]["managedFields"]
     assert entry["spec"] == body["spec"] and entry["metadata"]["labels"] == body["metadata"]["labels"]

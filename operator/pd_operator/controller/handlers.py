@@ -45,10 +45,13 @@ def watch_only_ours(settings: kopf.OperatorSettings) -> None:
         RECORDED_REVISION
 
 
-def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any) -> dict:
+async def by_owner(*, namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any
+                   ) -> dict:
     """The index entry of a watched child or pod: a copy of its own (kopf reuses the event's body),
     by its owner's key. Without managedFields: nothing reads them, and they are up to half of an
-    applied object, so leaving them out before the copy halves its cost."""
+    applied object, so leaving them out before the copy halves its cost. A coroutine, so kopf calls
+    it in its event loop: a plain function it would hand to a thread on every watch event (kopf 1.45
+    _core/actions/invocation.py `invoke`), to wait there for the GIL behind the reconcile threads."""
     meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
     return {(namespace, labels[DEPLOYMENT]): tree_copy({**body, "metadata": meta})}
 
