@@ -314,6 +314,7 @@ def simulate(requests: Sequence[Request], scale: float, policy: Policy, setup: S
             nonlocal failed
             if delivered is not None:
                 delivered()
+            proxy.answered(upstream, "prefill")
             serving.__exit__(None, None, None)
             decode = proxy.pick("decode", set())
             if decode is None:
