@@ -130,9 +130,12 @@ def test_a_members_rate_counts_each_answered_call_from_its_start_or_the_answer_b
     b.answered(member, "prefill")
     second.__exit__(None, None, None)
     assert load.computed_tokens / load.computed_s == 1000  # 2000 tokens over 2 s, not over 3
-    # A call that failed (no answer) teaches nothing: it may have computed nothing.
+    # A failed call (no answer) or the client's error teaches nothing: it may have computed nothing.
     with b.serving(member, "prefill", prompt_of(b, [3] * 1000)):
         now[0] = 2.01
+    with b.serving(member, "prefill", prompt_of(b, [4] * 1000)):
+        now[0] = 2.02
+        b.answered(member, "prefill", computed=False)
     assert (load.computed_tokens, load.computed_s) == (2000, 2.0)
 
 

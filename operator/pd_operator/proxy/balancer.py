@@ -46,11 +46,12 @@ class _Load:
     pending_tokens: int = 0
     """Prefill: prompt tokens it is expected to compute for the calls in flight there."""
     since: float = 0.0
-    """Prefill: when it last answered or became busy, whichever is later."""
+    """Prefill: when it last answered with a result or became busy, whichever is later."""
     computed_tokens: int = 0
     computed_s: float = 0.0
     """Prefill: tokens of its answered calls and the time they took (module doc)."""
     answers: int = 0
+    """Answers with a result (`Balancer.answered`)."""
     failures: int = 0
     """Failed calls in a row."""
     rests_until: float = 0.0
@@ -121,8 +122,8 @@ class Balancer:
     def serving(self, upstream: Upstream, role: str, prompt: Prompt | None = None) -> Iterator[None]:
         """Count a call to `upstream` as in flight for the duration of the block; a prefill of
         `prompt` also counts the tokens it is expected to compute there, and (approximate mode)
-        leaves its blocks recorded there; when the call is `answered`, the member's rate counts them
-        and the time they took."""
+        leaves its blocks recorded there; when the member answers with a result during the call
+        (`answered`), its rate counts them and the time they took."""
         load = self._load(upstream.name, role)
         tokens = 0
         if role == "prefill" and prompt is not None:
@@ -151,11 +152,13 @@ class Balancer:
         load.failures += 1
         load.rests_until = self._clock() + min(COOLDOWN_S * 2 ** (load.failures - 1), MAX_COOLDOWN_S)
 
-    def answered(self, upstream: Upstream, role: str) -> None:
-        """`upstream` answered (a result or the client's own error): it is well."""
+    def answered(self, upstream: Upstream, role: str, computed: bool = True) -> None:
+        """`upstream` answered (a result, or with `computed` False the client's own error, which may
+        have computed nothing and so does not count in its rate): it is well."""
         load = self._load(upstream.name, role)
         load.failures, load.rests_until = 0, 0.0
-        load.answers += 1
+        if computed:
+            load.answers += 1
 
     def awaiting_decode(self, prefill: Upstream) -> Awaiting:
         """Count a finished prefill as holding blocks until `Awaiting.done()`."""
