@@ -12,7 +12,8 @@ blocks of it.
 It is a time-compressed discrete-event simulation, not a wall-clock replay: the modelled seconds
 pass on a virtual clock, and every routing decision is made by pd-proxy's own code of this build,
 pd_operator.proxy.balancer.Balancer on that clock as pd-proxy runs it (prefill counted in flight
-from its call to its answer): `least_loaded` with prefix routing off (fewest requests in flight);
+from its call to its answer, and told of each answer, from which it learns the prefill's rate):
+`least_loaded` with prefix routing off (fewest requests in flight);
 `approximate`, its approximate prefix routing (the requests' token ids as their bodies carry them;
 the membership gives each prefill its 640-token block and that bound); and the same with two
 proxy replicas taking the requests in turn, each knowing only what it routed. Each prefill instance
@@ -314,6 +315,7 @@ def simulate(requests: Sequence[Request], scale: float, policy: Policy, setup: S
             nonlocal failed
             if delivered is not None:
                 delivered()
+            proxy.answered(upstream, "prefill")
             serving.__exit__(None, None, None)
             decode = proxy.pick("decode", set())
             if decode is None:

@@ -86,6 +86,59 @@ def test_a_busy_holder_loses_once_its_queue_costs_more_than_recomputing_the_pref
     assert b._loads[holder].pending_tokens == 0
 
 
+def clocked(prefills: list[Upstream]) -> tuple[Balancer, list[float]]:
+    """A balancer on a clock the test sets."""
+    now = [0.0]
+    b = Balancer(clock=lambda: now[0], prefix="approximate")
+    b.update(membership(prefills, [decode(0)]))
+    return b, now
+
+
+def test_a_holder_near_the_end_of_a_long_prefill_wins_once_what_is_left_costs_less():
+    b, now = clocked([prefill(0), prefill(1)])
+    shared = list(range(160))  # 10 blocks
+    holder = routed(b, prompt_of(b, shared))
+    other = "d-prefill-1" if holder == "d-prefill-0" else "d-prefill-0"
+    members = {u.name: u for u in b.listed("prefill")}
+    # The holder computes 1000 tokens in 1 s and answers: its rate is 1000 tokens/s.
+    with b.serving(members[holder], "prefill", prompt_of(b, [5] * 1000)):
+        now[0] = 1.0
+        b.answered(members[holder], "prefill")
+    now[0] = 10.0
+    with b.serving(members[holder], "prefill", prompt_of(b, [7] * 1000)):
+        # Just started: 1000 tokens left there, more than the 168 the other would compute.
+        assert b.pick("prefill", set(), prompt=prompt_of(b, shared + [1] * 8)).name == other
+        now[0] = 10.95  # about 50 left: less than recomputing the prefix elsewhere
+        assert b.pick("prefill", set(), prompt=prompt_of(b, shared + [2] * 8)).name == holder
+        now[0] = 12.0  # overdue: nothing is expected left, never less than nothing
+        assert b._loads[holder].left_tokens(now[0]) == 0
+
+
+def test_a_members_rate_counts_each_answered_call_from_its_start_or_the_answer_before():
+    b, now = clocked([prefill(0)])
+    member = b.listed("prefill")[0]
+    load = b._loads[member.name]
+    first, second = b.serving(member, "prefill", prompt_of(b, [1] * 1000)), \
+        b.serving(member, "prefill", prompt_of(b, [2] * 1000))
+    first.__enter__()
+    second.__enter__()  # queued behind the first, sent at the same time
+    assert load.left_tokens(0.5) == 2000  # no answer yet: no rate, nothing taken off
+    now[0] = 1.0
+    b.answered(member, "prefill")
+    first.__exit__(None, None, None)
+    now[0] = 2.0
+    b.answered(member, "prefill")
+    second.__exit__(None, None, None)
+    assert load.computed_tokens / load.computed_s == 1000  # 2000 tokens over 2 s, not over 3
+    # A failed call (no answer) or the client's error teaches nothing: it may have computed nothing.
+    with b.serving(member, "prefill", prompt_of(b, [3] * 1000)):
+        now[0] = 2.01
+    with b.serving(member, "prefill", prompt_of(b, [4] * 1000)):
+        now[0] = 2.02
+        b.answered(member, "prefill", computed=False)
+    assert (load.computed_tokens, load.computed_s) == (2000, 2.0)
+
+
 def test_decode_and_requests_without_token_ids_go_by_load():
     b = balancer([prefill(0), prefill(1)], [decode(0), decode(1)])
     route(b, [5] * 64)

@@ -12,9 +12,15 @@ kubelet projects the new file: up to a minute or more), each costing a retry or 
 A resting member is still picked when no other is left to try.
 
 Prefill by prefix (proxy/prefix_routing.py): with a prefix routing mode on and a request whose token
-ids are known, the prefill member is the one with the least prompt tokens to compute, its own
-(the prompt less the prefix it is expected to hold) plus those of the prefills in flight there;
-otherwise, and for decode always, the one with the fewest requests in flight.
+ids are known, the prefill member is the one with the least prompt tokens to compute before this
+request's first token, its own (the prompt less the prefix it is expected to hold) plus what is
+left of the prefills in flight there; otherwise, and for decode always, the one with the fewest
+requests in flight. What is left: the tokens of the calls in flight less what the member is
+expected to have computed since its last answer (or since it became busy), at the rate its answered
+calls were computed (tokens over the time each took, counted from its start or the answer before,
+whichever is later, as an engine computing in arrival order takes them). Until a member has answered,
+nothing is taken off. Without it a member finishing a long prompt looks as busy as one that has just
+started it, and a prompt of 100,000 tokens takes 16 s to compute (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -39,12 +45,26 @@ class _Load:
     awaiting_decode: int = 0
     pending_tokens: int = 0
     """Prefill: prompt tokens it is expected to compute for the calls in flight there."""
+    since: float = 0.0
+    """Prefill: when it last answered with a result or became busy, whichever is later."""
+    computed_tokens: int = 0
+    computed_s: float = 0.0
+    """Prefill: tokens of its answered calls and the time they took (module doc)."""
+    answers: int = 0
+    """Answers with a result (`Balancer.answered`)."""
     failures: int = 0
     """Failed calls in a row."""
     rests_until: float = 0.0
 
     def idle(self) -> bool:
         return self.inflight == 0 and self.awaiting_decode == 0
+
+    def left_tokens(self, now: float) -> float:
+        """Prefill: tokens of the calls in flight it is expected to have left to compute (module doc)."""
+        if self.computed_s <= 0:
+            return self.pending_tokens
+        rate = self.computed_tokens / self.computed_s
+        return max(0.0, self.pending_tokens - rate * (now - self.since))
 
 
 class Balancer:
@@ -89,7 +109,8 @@ class Balancer:
         fresh = [u for u in fresh if self._load(u.name, role).rests_until <= now] or fresh
         if role == "prefill" and prompt is not None:
             hits = self.prefix.hit_tokens(prompt, fresh)
-            tokens = {u.name: len(prompt) - hits[u.name] + self._loads[u.name].pending_tokens for u in fresh}
+            tokens = {u.name: len(prompt) - hits[u.name] + self._loads[u.name].left_tokens(now)
+                      for u in fresh}
             cheapest = min(tokens.values())
             fresh = [u for u in fresh if tokens[u.name] == cheapest]
         least = min(self._load(u.name, role).inflight for u in fresh)
@@ -101,12 +122,16 @@ class Balancer:
     def serving(self, upstream: Upstream, role: str, prompt: Prompt | None = None) -> Iterator[None]:
         """Count a call to `upstream` as in flight for the duration of the block; a prefill of
         `prompt` also counts the tokens it is expected to compute there, and (approximate mode)
-        leaves its blocks recorded there."""
+        leaves its blocks recorded there; when the member answers with a result during the call
+        (`answered`), its rate counts them and the time they took."""
         load = self._load(upstream.name, role)
         tokens = 0
         if role == "prefill" and prompt is not None:
             tokens = len(prompt) - self.prefix.hit_tokens(prompt, [upstream])[upstream.name]
             self.prefix.routed(upstream, prompt)
+        began, answers = self._clock(), load.answers
+        if load.inflight == 0:
+            load.since = began
         load.inflight += 1
         load.pending_tokens += tokens
         try:
@@ -114,6 +139,11 @@ class Balancer:
         finally:
             load.inflight -= 1
             load.pending_tokens -= tokens
+            if role == "prefill" and load.answers != answers:
+                now = self._clock()
+                load.computed_tokens += tokens
+                load.computed_s += now - max(began, load.since)
+                load.since = now
             self._drop_idle()
 
     def failed(self, upstream: Upstream, role: str) -> None:
@@ -122,10 +152,13 @@ class Balancer:
         load.failures += 1
         load.rests_until = self._clock() + min(COOLDOWN_S * 2 ** (load.failures - 1), MAX_COOLDOWN_S)
 
-    def answered(self, upstream: Upstream, role: str) -> None:
-        """`upstream` answered (a result or the client's own error): it is well."""
+    def answered(self, upstream: Upstream, role: str, computed: bool = True) -> None:
+        """`upstream` answered (a result, or with `computed` False the client's own error, which may
+        have computed nothing and so does not count in its rate): it is well."""
         load = self._load(upstream.name, role)
         load.failures, load.rests_until = 0, 0.0
+        if computed:
+            load.answers += 1
 
     def awaiting_decode(self, prefill: Upstream) -> Awaiting:
         """Count a finished prefill as holding blocks until `Awaiting.done()`."""

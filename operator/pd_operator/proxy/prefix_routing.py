@@ -18,10 +18,12 @@ What a member is expected to hold is counted in whole blocks of its layout's `bl
 keyed by its text in approximate mode and routed by load alone in precise mode, and one naming no
 single prompt by load alone in both (proxy/prompt_tokens.py), as in `off`.
 
-Choice (`PrefixRouter.costs`, used by Balancer.pick): a prefill's cost is the prompt tokens it would
-compute (the prompt less the prefix it is expected to hold) plus the tokens it already has to
-compute for requests in flight there; the cheapest wins, fewer requests in flight breaking ties. So
-a member holding the prefix wins until its queue costs more than recomputing the prefix elsewhere.
+Choice (Balancer.pick, with `PrefixRouter.hit_tokens`): a prefill's cost is the prompt tokens it
+would compute (the prompt less the prefix it is expected to hold) plus what it is expected to have
+left of the requests in flight there (their tokens less what it computed since its last answer, at
+the rate it answered them: balancer.py); the cheapest wins, fewer requests in flight breaking ties.
+So a member holding the prefix wins until what it has left costs more than recomputing the prefix
+elsewhere.
 Decode is chosen by load alone: which decode holds a prefix does not matter, since decode receives
 every prompt block from prefill (decode-side reuse is out of scope: docs/architecture.md).
 """

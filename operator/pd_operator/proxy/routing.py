@@ -257,7 +257,7 @@ class Router:
                         return result
                     last = forwarded(result.status, result.body, result.content_type)
                     if result.status < 500:
-                        self.balancer.answered(upstream, role)
+                        self.balancer.answered(upstream, role, computed=False)
                         return last
                     reason = f"HTTP {result.status}"
                 self.balancer.failed(upstream, role)
