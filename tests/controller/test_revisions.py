@@ -444,3 +444,58 @@ def test_an_instance_deleted_with_its_pods_keeps_its_revision():
     reconcile_mod.reconcile(client, ProxyStateReader(), _env_changed(body, paused=True), left, pods)  # type: ignore[arg-type]
     restored = _stateful_sets(client.writes)
     assert set(restored) == {DECODE[1]} and restored[DECODE[1]]["spec"] == old[DECODE[1]]["spec"]
+
+
+# -- prefix routing during a rollout: each prefill cut at its own revision's block ----------------------
+
+def _membership(client: MemoryClient) -> dict:
+    (config_map,) = [m for verb, m in client.writes if verb == "apply" and m["kind"] == "ConfigMap"
+                     and m["metadata"]["name"] == "glm-flash-1p1d-proxy"]
+    return json.loads(config_map["data"]["upstreams.json"])
+
+
+def _prefill_tp_rollout(recorded: bool) -> tuple[dict, dict, dict]:
+    """Two prefill and two decode instances on prefill TP 4 (engine block 1152), then prefill TP 8
+    (block 640, another KV layout): the reconcile that surges the first new pair, and the next, with
+    that pair Ready beside an old one. (the spec before, after, the last membership written).
+    `recorded`: whether the old instances' revision records are observed."""
+    body = reconciled_body("glm-5.3-flash-1p1d-tp4.yaml")
+    body["spec"]["prefill"]["replicas"] = body["spec"]["decode"]["replicas"] = 2
+    changed = copy.deepcopy(body)
+    changed["spec"]["prefill"]["tensorParallelSize"] = 8
+    changed["metadata"]["generation"] = 2
+    children = [c for c in _created(body) if recorded or c["kind"] != "ControllerRevision"]
+    pods = _running(children)
+    surging = PruningClient()
+    reconcile_mod.reconcile(surging, ProxyStateReader(), changed, children, pods)  # type: ignore[arg-type]
+    known = {c["metadata"]["name"] for c in children}
+    new = _owned([m for verb, m in surging.writes if verb == "apply" and m["metadata"]["name"] not in known])
+    assert {s["metadata"]["name"] for s in of_kind(new, "StatefulSet")} == {
+        "glm-flash-1p1d-prefill-2", "glm-flash-1p1d-decode-2"}
+    both = PruningClient()
+    reconcile_mod.reconcile(both, ProxyStateReader(), changed, children + new,  # type: ignore[arg-type]
+                            pods + _running(of_kind(new, "StatefulSet")))
+    return body, changed, _membership(both)
+
+
+def test_mid_rollout_each_prefill_carries_its_own_revision_s_block():
+    body, changed, doc = _prefill_tp_rollout(recorded=True)
+    old, new = resolve(body), resolve(changed)
+    assert (old.prefix_hit_tokens("prefill"), new.prefix_hit_tokens("prefill")) == (1152, 640)
+    assert old.layout_hash != new.layout_hash
+    # Both layouts are routable at once: an old pair and the new one.
+    assert {u["name"]: u["layout"] for u in doc["decode"]} == {
+        "glm-flash-1p1d-decode-0": old.layout_hash, "glm-flash-1p1d-decode-2": new.layout_hash}
+    # The old prefill keeps the block its own engines run (read from its revision record), not the
+    # spec's 640 and not none: the proxy goes on cutting its prompts where its prefix cache does.
+    assert [{k: u.get(k) for k in ("name", "layout", "blockTokens")} for u in doc["prefill"]] == [
+        {"name": "glm-flash-1p1d-prefill-0", "layout": old.layout_hash, "blockTokens": 1152},
+        {"name": "glm-flash-1p1d-prefill-2", "layout": new.layout_hash, "blockTokens": 640}]
+
+
+def test_mid_rollout_a_prefill_without_a_record_of_its_revision_is_routed_by_load_alone():
+    body, changed, doc = _prefill_tp_rollout(recorded=False)
+    old, new = resolve(body), resolve(changed)
+    assert [{k: u.get(k) for k in ("name", "layout", "blockTokens")} for u in doc["prefill"]] == [
+        {"name": "glm-flash-1p1d-prefill-0", "layout": old.layout_hash, "blockTokens": None},
+        {"name": "glm-flash-1p1d-prefill-2", "layout": new.layout_hash, "blockTokens": 640}]

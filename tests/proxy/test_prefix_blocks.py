@@ -11,11 +11,13 @@ import json
 
 import pytest
 
+from pd_operator.proxy.membership import parse_document
 from pd_operator.proxy.prefix_index import block_keys
 from pd_operator.proxy.prefix_routing import Prompt
 from pd_operator.proxy.prompt_tokens import PromptTokens
 from pd_operator.render import render
 from pd_operator.render.policy import proxies_of
+from pd_operator.render.proxy import Prefix, membership_document, recorded_prefix, spec_prefix
 from support.renders import VALID_EXAMPLES, proxy_membership, serving_argv, serving_sets
 from support.specs import example, resolve
 
@@ -101,3 +103,61 @@ def test_no_events_without_precise_routing(mode):
     (policy,) = [m for m in manifests if m["kind"] == "NetworkPolicy"
                  and m["metadata"]["name"] == ctx.names.network_policy]
     assert not any(p["port"] == 5557 for r in policy["spec"]["ingress"] for p in r.get("ports", []))
+
+
+# -- an instance on another revision: what its own engines run (render/proxy.py recorded_prefix) ----------
+
+@pytest.mark.parametrize("caching,mode", [(False, "approximate"), (True, "approximate"), (True, "precise")],
+                         ids=["caching-off", "caching-on", "precise"])
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_a_recorded_stateful_set_reads_back_as_the_prefix_routing_it_was_rendered_for(path, caching, mode):
+    """What the controller reads of an old revision's recorded StatefulSet is what that revision's
+    spec resolves: its block with prefix caching on (none off), its publishers in precise mode
+    (which needs prefill caching prefixes)."""
+    doc = copy.deepcopy(example(path))
+    doc["spec"]["prefill"]["enablePrefixCaching"] = caching
+    doc["spec"].setdefault("proxy", {})["routing"] = {"prefix": mode}
+    ctx = resolve(doc)
+    sets = {s["metadata"]["name"]: s for s in serving_sets(render(ctx))}
+    for i in range(ctx.role("prefill").replicas):
+        read = recorded_prefix(ctx, i, sets[ctx.names.instance("prefill", i)])
+        assert read == spec_prefix(ctx, i)
+        assert (read is not None) is caching and (caching is False or read.block_tokens > 0)
+        assert bool(read and read.events) is (mode == "precise")
+
+
+def _engine(argv: list[str]) -> dict:
+    prelude = ["python3", "/pd-tools/pd-preflight", "--config", "/etc/pd/preflight-prefill.json", "--"]
+    return {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "command": prelude + argv}]}}}}
+
+
+SERVE = ["vllm", "serve", "m", "--data-parallel-size", "2", "--block-size", "128"]
+
+
+@pytest.mark.parametrize("argv,want", [
+    (SERVE, 128),  # vLLM's default: prefix caching on
+    ([*SERVE, "--no-enable-prefix-caching"], None),
+    ([*SERVE, "--no-enable-prefix-caching", "--enable-prefix-caching"], 128),  # the last one holds
+    ([*SERVE, "--enable-prefix-caching", "--no-enable-prefix-caching"], None),
+    ([*SERVE, "--no-enable-prefix"], None),  # an abbreviation: not read, so not known
+    ([*SERVE[:-2]], None),  # no block size said
+    ([*SERVE[:-1], "many"], None),
+    (["sleep", "infinity"], None),  # not a vllm serve this operator rendered
+], ids=["default-on", "off", "last-on", "last-off", "abbreviated", "no-block", "bad-block", "not-vllm"])
+def test_a_recorded_engine_gives_a_block_only_when_its_argv_says_it_for_certain(argv, want):
+    ctx = resolve(example(VALID_EXAMPLES[0]))
+    read = recorded_prefix(ctx, 0, _engine(argv))
+    assert (read.block_tokens if read else None) == want
+
+
+def test_the_membership_lists_an_old_revision_s_prefill_with_its_own_prefix_routing_or_by_load():
+    doc = copy.deepcopy(example(VALID_EXAMPLES[0]))
+    doc["spec"]["prefill"]["enablePrefixCaching"] = True
+    doc["spec"].setdefault("proxy", {})["routing"] = {"prefix": "approximate", "prefillCacheBlocks": 4096}
+    ctx = resolve(doc)
+    routable = {"prefill": {0: "old", 1: "other", 2: ctx.layout_hash}, "decode": {}}
+    members = parse_document(membership_document(ctx, routable, {0: Prefix(16), 1: None})).prefill
+    # Its own block; prefillCacheBlocks counts the spec's engines' blocks, not its: the proxy's default.
+    assert [(u.layout, u.block_tokens, u.cache_blocks) for u in members] == [
+        ("old", 16, None), ("other", None, None),
+        (ctx.layout_hash, ctx.prefix_hit_tokens("prefill"), 4096)]

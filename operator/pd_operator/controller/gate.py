@@ -13,7 +13,9 @@ Rollout: an instance the rollout takes out (controller/rollout.py) leaves the me
 its pods are replaced. Instance names (and so the proxy's upstreams) do not change when the KV
 layout does, so each member carries the layout its pods run and the proxy pairs a prefill only
 with a decode of the same layout (proxy/membership.py): old and new instances serve side by side,
-never together.
+never together. A prefill still on an older revision carries that revision's own prefix-cache block
+and KV-events publishers, read from its revision record (own_prefixes), so prefix routing goes on
+cutting its prompts where its own engines cache them.
 
 The gate returns the routable set; the renderer writes the proxy's membership ConfigMap from it
 (render/proxy.py), never its Deployment, so gating restarts no proxy pod. With no instance left for
@@ -30,7 +32,9 @@ from pd_operator.api.types import ROLES
 from pd_operator.controller import rollout
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label
-from pd_operator.controller.revisions import Sizes, expected_pods
+from pd_operator.controller.revisions import Key, Sizes, expected_pods
+from pd_operator.render import proxy
+from pd_operator.render.proxy import Prefix, Routable
 from pd_operator.spec.validate import Resolved
 
 
@@ -50,3 +54,16 @@ def observe(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict], 
             ready=ready, layout=label(members[0], KV_LAYOUT) or "",
             leaving=resolved.names.instance(role, index) in leaving and index < resolved.role(role).replicas)
     return out
+
+
+def own_prefixes(resolved: Resolved, runs: Mapping[Key, dict],
+                 state: Mapping[str, Mapping[int, rollout.InstanceState]], routable: Routable
+                 ) -> dict[int, Prefix | None]:
+    """Per routable prefill instance whose pods do not all run the spec's revision (`state`: observe's):
+    prefix routing as its own revision's engines run it, read from the StatefulSet of the record its
+    pods run (controller/revisions.py running; render/proxy.py recorded_prefix), None without one.
+    So during a rollout that changes the block (a block size, prefix caching, a KV layout) the proxy
+    cuts each prefill's prompts at its own engine's boundaries, never at the spec's nor a guessed one."""
+    return {i: (proxy.recorded_prefix(resolved, i, rec["data"]["statefulSet"])
+                if (rec := runs.get(("prefill", i))) is not None else None)
+            for i in routable.get("prefill", {}) if not state["prefill"][i].updated}

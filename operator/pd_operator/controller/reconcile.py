@@ -51,7 +51,7 @@ from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.controller.proxy_state import ProxyStateReader, ProxyUnreachable
 from pd_operator.names import Names
 from pd_operator.proxy.membership import KEY
-from pd_operator.render import Boundary, Routable, render, tools, workloads
+from pd_operator.render import Boundary, Prefixes, Routable, render, tools, workloads
 from pd_operator.render.policy import CHART_DEFAULT, admin_token
 from pd_operator.render.proxy import COMPONENT as PROXY
 from pd_operator.render.proxy import membership_document
@@ -134,12 +134,13 @@ def _now() -> datetime:
 
 
 def _render(resolved: Resolved, rendered: Templates, the_plan: rollout.Plan, routable: Routable,
-            boundary: Boundary) -> list[dict]:
-    """The spec's manifests: its instances plus the rollout's surge, the membership `routable`, every
-    instance on its role's current template (revisions.pin then keeps each on its own)."""
+            own: Prefixes, boundary: Boundary) -> list[dict]:
+    """The spec's manifests: its instances plus the rollout's surge, the membership `routable` (its
+    prefills on another revision with their `own` prefix routing), every instance on its role's
+    current template (revisions.pin then keeps each on its own)."""
     surge: dict[str, set[int]] = {
         role: {i for i in the_plan.instances[role] if i >= resolved.role(role).replicas} for role in ROLES}
-    return render(resolved, routable=routable, boundary=boundary, surge=surge, rendered=rendered)
+    return render(resolved, routable=routable, boundary=boundary, surge=surge, rendered=rendered, own=own)
 
 
 def _apply(client: Client, namespace: str, the_diff: Diff, children: list[dict], asks: dict[str, pdroles.Ask],
@@ -249,8 +250,8 @@ def _leaving(resolved: Resolved, body: dict, children: list[dict], the_plan: rol
 
 
 def _gates(proxies: ProxyStateReader, resolved: Resolved, body: dict, manifests: list[dict],
-           children: list[dict], leaving: dict[drain.Instance, str], pods: list[dict], routable: Routable
-           ) -> list[drain.GateRead]:
+           children: list[dict], leaving: dict[drain.Instance, str], pods: list[dict], routable: Routable,
+           own: Prefixes) -> list[drain.GateRead]:
     """Push the membership to the decode pods' gates when it changed or a prefill instance drains
     (their mounted file follows up to a minute late; each reconcile of a drain pushes again to a
     gate still behind). Nothing otherwise: a steady deployment dials no pod. The document is the
@@ -262,7 +263,7 @@ def _gates(proxies: ProxyStateReader, resolved: Resolved, body: dict, manifests:
     changed = rendered is not None and (current is None or differs(stamp(rendered, body), current))
     if not changed and not any(role == "prefill" for role, _ in leaving):
         return []
-    document = json.loads(rendered["data"][KEY]) if rendered else membership_document(resolved, routable)
+    document = json.loads(rendered["data"][KEY]) if rendered else membership_document(resolved, routable, own)
     return _push_gates(proxies, pods, document)
 
 
@@ -441,15 +442,17 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
     history = revisions.records(children, pods, meta["uid"])
-    sizes = revisions.pods_per_instance(history, pods)
+    runs = revisions.running(history, pods)
+    sizes = revisions.pods_per_instance(runs)
     state = gate.observe(resolved, rendered.revisions, pods, leaving, sizes)
     figures = rollout.figures(resolved, rendered.revisions, pods, sizes)
     moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"))
     routable = moving.plan.routable(moving.state)
-    manifests = [*_render(resolved, rendered, moving.plan, routable, boundary),
+    own = gate.own_prefixes(resolved, runs, moving.state, routable)
+    manifests = [*_render(resolved, rendered, moving.plan, routable, own, boundary),
                  last_valid.record(resolved, served)]
     departing = _leaving(resolved, body, children, moving.plan)
-    gates = _gates(proxies, resolved, body, manifests, children, departing, pods, routable)
+    gates = _gates(proxies, resolved, body, manifests, children, departing, pods, routable, own)
     drains = _drains(proxies, resolved, body, departing, pods, gates, now, admin_token(boundary, resolved))
     replacing = _replacing(drains, moving.plan)
     pinned = revisions.pin(resolved, manifests, history, rendered.revisions, replacing)

@@ -91,7 +91,7 @@ History = Mapping[Key, list[dict]]
 def records(children: list[dict], pods: Iterable[dict], owner_uid: str) -> dict[Key, list[dict]]:
     """Per instance: its owned records, oldest first (by their `revision` number), but none of an
     instance never applied (_applied). Read once per reconcile and passed to pin, kept_records and
-    pods_per_instance."""
+    running."""
     out: dict[Key, list[dict]] = {}
     for obj in children:
         if is_record(obj) and is_owned_by(obj, owner_uid) and not is_terminating(obj) \
@@ -220,17 +220,23 @@ Sizes = Mapping[Key, int]
 """Per instance with live pods: how many pods it runs (pods_per_instance)."""
 
 
-def pods_per_instance(history: History, pods: list[dict]) -> dict[Key, int]:
-    """Per instance whose live pods run one revision with a record: that record's StatefulSet
-    `replicas`. An instance not moved yet through a change of pods per instance (decode DP2 -> DP4 on
-    one node each) is whole with its own revision's count, not the spec's (expected_pods)."""
-    out: dict[Key, int] = {}
+def running(history: History, pods: list[dict]) -> dict[Key, dict]:
+    """Per instance whose live pods run one revision with a record: that record (the StatefulSet and
+    config its pods run). Read once per reconcile and passed to pods_per_instance and gate.own_prefixes."""
+    out: dict[Key, dict] = {}
     for inst, members in by_instance(pods).items():
-        running = {label(p, REVISION) for p in members}
-        for rec in history.get(inst, []) if len(running) == 1 else []:
-            if label(rec, RECORDED_REVISION) in running:
-                out[inst] = int(rec["data"]["statefulSet"]["spec"]["replicas"])
+        revisions = {label(p, REVISION) for p in members}
+        for rec in history.get(inst, []) if len(revisions) == 1 else []:
+            if label(rec, RECORDED_REVISION) in revisions:
+                out[inst] = rec
     return out
+
+
+def pods_per_instance(runs: Mapping[Key, dict]) -> dict[Key, int]:
+    """Per instance whose live pods run one revision with a record (running): that record's
+    StatefulSet `replicas`. An instance not moved yet through a change of pods per instance (decode
+    DP2 -> DP4 on one node each) is whole with its own revision's count, not the spec's (expected_pods)."""
+    return {inst: int(rec["data"]["statefulSet"]["spec"]["replicas"]) for inst, rec in runs.items()}
 
 
 def expected_pods(resolved: Resolved, sizes: Sizes | None, role: str, index: int) -> int:

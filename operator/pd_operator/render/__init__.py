@@ -27,18 +27,20 @@ from pd_operator.render.policy import (
     network_policy,
     proxy_network_policy,
 )
-from pd_operator.render.proxy import Routable
+from pd_operator.render.proxy import Prefixes, Routable
 from pd_operator.render.proxy_access import proxy_access
 from pd_operator.render.workloads import Templates, headless_service, stateful_set, templates
 from pd_operator.spec.validate import Resolved
 
-__all__ = ["Boundary", "Routable", "render"]
+__all__ = ["Boundary", "Prefixes", "Routable", "render"]
 
 
 def render(ctx: Resolved, routable: Routable | None = None, boundary: Boundary = CHART_DEFAULT,
-           surge: Mapping[str, Collection[int]] | None = None, rendered: Templates | None = None
-           ) -> list[dict]:
+           surge: Mapping[str, Collection[int]] | None = None, rendered: Templates | None = None,
+           own: Prefixes | None = None) -> list[dict]:
     """`routable`: the instances the proxy's membership lists (controller/gate.py); None: every one.
+    `own`: the prefix routing of its prefill instances on another revision than the spec's
+    (render/proxy.py Prefixes; controller/gate.py own_prefixes).
     `boundary`: the operator's namespace and the metrics scrapers the NetworkPolicies admit
     (render/policy.py).
     `surge`: per role, the indices of extra instances a rollout runs past the spec's (controller/rollout.py).
@@ -51,7 +53,7 @@ def render(ctx: Resolved, routable: Routable | None = None, boundary: Boundary =
     if not proxy_on:
         out.append(serving_config.peers_config_map(ctx))
     if proxy_on:
-        out.append(proxy.membership_config_map(ctx, routable))
+        out.append(proxy.membership_config_map(ctx, routable, own))
     out += [headless_service(ctx, role, i) for role, i in instances]
     if proxy_on:
         out += [proxy.service(ctx), *proxy_access(ctx)]

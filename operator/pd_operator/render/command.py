@@ -18,6 +18,8 @@ from pd_operator.spec.reserved import PREFIX_CACHING_OFF, PREFIX_CACHING_ON
 from pd_operator.spec.validate import Resolved
 
 PREFLIGHT = "pd-preflight"  # run from the tools bundle (render/tools.py) by the serving image's python3
+ENGINE_CONTAINER = "vllm"
+"""The serving pod's engine container (render/pod.py)."""
 CONFIG_DIR = "/etc/pd"
 """Where serving pods mount their role's revision config (render/serving_config.py)."""
 # vLLM 0.34 turns prefix caching on by default, for hybrid models too, where it switches the state cache to
@@ -83,6 +85,16 @@ def kv_events_config(ctx: Resolved, role: str) -> dict | None:
     if port is None:
         return None
     return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+
+
+def serve_argv_of(stateful_set: dict) -> list[str] | None:
+    """The `vllm serve` argv a rendered serving StatefulSet's engines run (pod_command: what follows
+    pd-preflight's `--`), or None when its engine container has none (not one this module rendered)."""
+    containers = stateful_set.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+    command = next((c.get("command") or [] for c in containers if c.get("name") == ENGINE_CONTAINER), [])
+    if "--" not in command or command[command.index("--") + 1:][:2] != ["vllm", "serve"]:
+        return None
+    return command[command.index("--") + 1:]
 
 
 def preflight_config_path(role: str) -> str:

@@ -7,7 +7,7 @@ import re
 
 from pd_operator.api.labels import HOSTNAME
 from pd_operator.render import kv_probe, scheduling, security, serving_config, tools
-from pd_operator.render.command import pod_command
+from pd_operator.render.command import ENGINE_CONTAINER, pod_command
 from pd_operator.render.env import container_env
 from pd_operator.render.labels import labels, selector
 from pd_operator.render.probes import probes
@@ -69,7 +69,7 @@ def _volumes(ctx: Resolved, role: str, config: str) -> tuple[list[dict], list[di
 def serving_container(ctx: Resolved, role: str, index: int, mounts: list[dict]) -> dict:
     spec, side = ctx.deployment.spec, ctx.role(role)
     return {
-        "name": "vllm",
+        "name": ENGINE_CONTAINER,
         "image": spec.image.name,
         "imagePullPolicy": ctx.serving_pull_policy(),
         "command": pod_command(ctx, role, index),

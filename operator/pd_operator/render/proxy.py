@@ -13,14 +13,18 @@ Deployment never rolls.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pd_operator.api.types import ROLES, Resources
+from pd_operator.names import Names
 from pd_operator.proxy import membership, options
 from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, instance_url, parse_text
-from pd_operator.render import security, tools
+from pd_operator.render import command, security, tools
 from pd_operator.render.env import secret_env
 from pd_operator.render.labels import labels, metadata, selector
 from pd_operator.render.resources import resources
+from pd_operator.spec.reserved import PREFIX_CACHING_FLAGS, PREFIX_CACHING_ON, flag_name
 from pd_operator.spec.validate import Resolved
 
 COMPONENT = "proxy"
@@ -34,29 +38,104 @@ METRICS_PORT_NAME = "metrics"
 VOLUME = "membership"
 
 
-def upstream(ctx: Resolved, role: str, index: int, layout: str) -> Upstream:
+@dataclass(frozen=True)
+class Prefix:
+    """What prefix routing needs of a prefill instance, as its engines run."""
+
+    block_tokens: int
+    """Tokens of one of its prefix-cache blocks (membership `blockTokens`)."""
+    events: tuple[str, ...] = ()
+    """Its DP ranks' KV-events publishers (membership `events`; precise mode only)."""
+
+
+Prefixes = Mapping[int, Prefix | None]
+"""Per prefill instance whose pods run another revision than the spec's (a rollout's old ones): prefix
+routing as that revision's engines run it (recorded_prefix, from the instance's revision record:
+controller/gate.py own_prefixes), None when that cannot be known or they cache no prefixes."""
+
+
+def upstream(ctx: Resolved, role: str, index: int, layout: str, own: Prefixes | None = None) -> Upstream:
     """An instance as the proxy reaches it: its leader pod's stable DNS name and serving port, and the
-    KV layout its pods run; a prefill's also what prefix routing needs (proxy/prefix_routing.py)."""
+    KV layout its pods run; a prefill's also what prefix routing needs (proxy/prefix_routing.py): as
+    `own` has it for an instance it lists, else the spec's."""
     url = instance_url(ctx.names, role, index, ctx.deployment.spec.serving_port)
     routing = ctx.deployment.spec.proxy.routing
     if role != "prefill" or routing.prefix == "off":
         return Upstream(ctx.names.instance(role, index), url, layout)
-    # The block is known for the wanted layout only: an instance of another (a rollout's old one) is
-    # routed by load, never by a guessed block.
-    block = ctx.prefix_hit_tokens(role) if layout == ctx.layout_hash else None
-    return Upstream(ctx.names.instance(role, index), url, layout, block,
-                    routing.prefill_cache_blocks if block else None,
-                    kv_events_endpoints(ctx, role, index) if block else ())
+    if own is not None and index in own:
+        # Another revision's engines: their own block and publishers. prefillCacheBlocks counts the
+        # spec's engines' blocks, not theirs: the proxy's default bound applies.
+        prefix, blocks = own[index], None
+    else:
+        # Without a record to read, an instance of another layout is routed by load, never by a
+        # guessed block.
+        prefix = spec_prefix(ctx, index) if layout == ctx.layout_hash else None
+        blocks = routing.prefill_cache_blocks
+    if prefix is None:
+        return Upstream(ctx.names.instance(role, index), url, layout)
+    return Upstream(ctx.names.instance(role, index), url, layout, prefix.block_tokens, blocks, prefix.events)
+
+
+def spec_prefix(ctx: Resolved, index: int) -> Prefix | None:
+    """Prefix routing as the spec's prefill engines run it (None: they cache no prefixes)."""
+    block = ctx.prefix_hit_tokens("prefill")
+    return Prefix(block, kv_events_endpoints(ctx, "prefill", index)) if block else None
 
 
 def kv_events_endpoints(ctx: Resolved, role: str, index: int) -> tuple[str, ...]:
     """Where an instance's DP ranks publish KV events, in rank order: rank r on the pod that runs it,
     at the events port + r (spec/ports.py kv_events); () when its role publishes none."""
     port, plan = ctx.kv_events_port(role), ctx.shapes[role]
+    return publishers(ctx.names, role, index, port, plan.dp, plan.dp_local)
+
+
+def publishers(names: Names, role: str, index: int, port: int | None, dp: int, dp_local: int
+               ) -> tuple[str, ...]:
+    """`dp` ranks publishing at `port` + rank, `dp_local` to a pod, in rank order (() without a port)."""
     if port is None:
         return ()
-    return tuple(f"tcp://{ctx.names.pod_host(role, index, rank // plan.dp_local)}:{port + rank}"
-                 for rank in range(plan.dp))
+    return tuple(f"tcp://{names.pod_host(role, index, rank // dp_local)}:{port + rank}" for rank in range(dp))
+
+
+def recorded_prefix(ctx: Resolved, index: int, stateful_set: dict) -> Prefix | None:
+    """Prefix routing as prefill instance `index`'s engines run it, read from the `vllm serve` argv of
+    the StatefulSet they run (render/command.py serve_argv_of; a revision record's): the block is its
+    `--block-size` (the engine block the operator resolved for that revision, which vLLM keeps) when
+    it caches prefixes, its publishers those of its `--kv-events-config` over its DP ranks. None when
+    it caches none, or the argv does not say for certain (no `--block-size`, an abbreviated
+    prefix-caching flag)."""
+    argv = command.serve_argv_of(stateful_set)
+    if argv is None or not _prefix_caching(argv):
+        return None
+    values = {arg: argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg.startswith("--")}
+    try:
+        block = int(values["--block-size"])
+        dp = int(values.get("--data-parallel-size", "1"))
+        dp_local = int(values.get("--data-parallel-size-local", str(dp)))
+        events = json.loads(values["--kv-events-config"]) if "--kv-events-config" in values else {}
+        on = events.get("enable_kv_cache_events")
+        port = int(str(events["endpoint"]).rsplit(":", 1)[1]) if on else None
+    except (KeyError, ValueError, IndexError, TypeError, AttributeError):
+        return None
+    if block < 1 or dp < 1 or dp_local < 1:
+        return None
+    precise = ctx.deployment.spec.proxy.routing.prefix == "precise"  # only that mode subscribes
+    return Prefix(block, publishers(ctx.names, "prefill", index, port if precise else None, dp, dp_local))
+
+
+def _prefix_caching(argv: list[str]) -> bool | None:
+    """Whether an engine with `argv` caches prefixes: the last of the two flags (argparse's
+    BooleanOptionalAction), else vLLM's default, on (vllm-project/vllm: vllm/config/cache.py
+    CacheConfig.enable_prefix_caching @ v0.34.0; render/command.py renders one for every hybrid model).
+    None when a word abbreviates either flag (argparse reads it as the flag it uniquely starts)."""
+    caching = True
+    for arg in argv:
+        name = flag_name(arg)
+        if name in PREFIX_CACHING_FLAGS:
+            caching = name == PREFIX_CACHING_ON
+        elif name and len(name) > 2 and any(flag.startswith(name) for flag in PREFIX_CACHING_FLAGS):
+            return None
+    return caching
 
 
 Routable = dict[str, dict[int, str]]
@@ -69,18 +148,21 @@ def every_instance(ctx: Resolved) -> Routable:
     return {role: dict.fromkeys(range(n), ctx.layout_hash) for role, n in ctx.replicas().items()}
 
 
-def membership_document(ctx: Resolved, routable: Routable | None = None) -> dict:
-    """The membership listing `routable` (None: every instance of both roles)."""
+def membership_document(ctx: Resolved, routable: Routable | None = None, own: Prefixes | None = None) -> dict:
+    """The membership listing `routable` (None: every instance of both roles); `own`: the prefix
+    routing of the prefill instances on another revision than the spec's (Prefixes)."""
     wanted = routable if routable is not None else every_instance(ctx)
-    lists = ([upstream(ctx, role, i, layout) for i, layout in sorted(wanted[role].items())] for role in ROLES)
+    lists = ([upstream(ctx, role, i, layout, own) for i, layout in sorted(wanted[role].items())]
+             for role in ROLES)
     return membership.document(*lists)
 
 
-def membership_config_map(ctx: Resolved, routable: Routable | None = None) -> dict:
+def membership_config_map(ctx: Resolved, routable: Routable | None = None, own: Prefixes | None = None
+                          ) -> dict:
     """The ConfigMap the proxy reads its membership from."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": metadata(ctx, ctx.names.proxy_membership, COMPONENT),
-            "data": membership_data(membership_document(ctx, routable))}
+            "data": membership_data(membership_document(ctx, routable, own))}
 
 
 def membership_volume(ctx: Resolved) -> tuple[dict, dict]:
