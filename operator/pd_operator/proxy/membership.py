@@ -18,12 +18,15 @@ changes the layout, old and new instances are members at once, and the proxy pai
 with a decode of the same layout (balancer.py).
 
 Prefix routing (proxy/prefix_routing.py) reads three more fields of a prefill entry, each optional:
-`blockTokens`, the tokens of one prefix-cache block on that member's layout (the engine block the
-operator resolved: spec/validate.py `Resolved.prefix_hit_tokens`; absent when that layout does not
-cache prefixes, and the member is then chosen by load alone: the proxy never guesses a block);
-`cacheBlocks`, how many such blocks its KV cache holds (spec.proxy.routing.prefillCacheBlocks; the
-approximate mode's bound); and `events`, the vLLM KV-events publishers of its DP ranks in rank order
-(`tcp://<pod host>:<port>`, precise mode), each at one of that instance's pods.
+`blockTokens`, the tokens of one prefix-cache block as that member's engines run (the engine block the
+operator resolved: spec/validate.py `Resolved.prefix_hit_tokens`; for a member still on an older
+revision during a rollout, the block that revision's engines were rendered with, read from its
+revision record: render/proxy.py recorded_prefix; absent when its engines do not cache prefixes or
+that cannot be known, and the member is then chosen by load alone: the proxy never guesses a block);
+`cacheBlocks`, how many such blocks its KV cache holds (spec.proxy.routing.prefillCacheBlocks, for
+members on the spec's revision only; the approximate mode's bound); and `events`, the vLLM KV-events
+publishers of its DP ranks in rank order (`tcp://<pod host>:<port>`, precise mode), each at one of
+that instance's pods, as its own revision runs them.
 """
 
 from __future__ import annotations

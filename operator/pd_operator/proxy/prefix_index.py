@@ -1,16 +1,16 @@
 """Which prefill holds which prompt prefix, block by block: pd-proxy's prefix index. Pure (no I/O,
 no clock).
 
-Keys. A prompt's token ids are cut into whole blocks of `block_tokens`, the engine's resolved block
-for that member's KV layout (spec/validate.py `Resolved.prefix_hit_tokens`, carried to the proxy by
-the membership: proxy/membership.py); a partial last block is never cached by vLLM, so it has no
-key. Each block's key chains its parent's key with its own tokens (as vLLM's block hashes do: vllm-
-project/vllm: vllm/v1/core/kv_cache_utils.py @ v0.34.0, `hash_block_tokens`), so a key stands for the
-whole prefix up to it. The chain starts from a root made of `block_tokens` and the request's
-`cache_salt`: requests with different salts, or hashed for layouts of different block sizes, never
-share a key. Keys are the proxy's own, not vLLM's: vLLM seeds its hashes per process, and the precise
-mode (proxy/kv_events.py) turns each engine hash into the proxy's key from the token ids the event
-carries.
+Keys. A prompt's token ids are cut into whole blocks of `block_tokens`, the resolved engine block
+that member's engines run (spec/validate.py `Resolved.prefix_hit_tokens`, or an older revision's own
+during a rollout; carried to the proxy by the membership: proxy/membership.py); a partial last block
+is never cached by vLLM, so it has no key. Each block's key chains its parent's key with its own
+tokens (as vLLM's block hashes do: vllm-project/vllm: vllm/v1/core/kv_cache_utils.py @ v0.34.0,
+`hash_block_tokens`), so a key stands for the whole prefix up to it. The chain starts from a root
+made of `block_tokens` and the request's `cache_salt`: requests with different salts, or hashed for
+layouts of different block sizes, never share a key. Keys are the proxy's own, not vLLM's: vLLM
+seeds its hashes per process, and the precise mode (proxy/kv_events.py) turns each engine hash into
+the proxy's key from the token ids the event carries.
 
 A key is Python's 64-bit hash of (parent key, the block's ids as a tuple): hashing the ids where
 the parsed body holds them costs a few nanoseconds a token, where packing them into bytes first for
