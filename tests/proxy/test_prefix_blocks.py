@@ -155,9 +155,12 @@ def test_the_membership_lists_an_old_revision_s_prefill_with_its_own_prefix_rout
     doc["spec"]["prefill"]["enablePrefixCaching"] = True
     doc["spec"].setdefault("proxy", {})["routing"] = {"prefix": "approximate", "prefillCacheBlocks": 4096}
     ctx = resolve(doc)
-    routable = {"prefill": {0: "old", 1: "other", 2: ctx.layout_hash}, "decode": {}}
-    members = parse_document(membership_document(ctx, routable, {0: Prefix(16), 1: None})).prefill
-    # Its own block; prefillCacheBlocks counts the spec's engines' blocks, not its: the proxy's default.
+    routable = {"prefill": {0: "old", 1: "other", 2: ctx.layout_hash, 3: ctx.layout_hash}, "decode": {}}
+    own = {0: Prefix(16), 1: None, 3: Prefix(ctx.prefix_hit_tokens("prefill"))}
+    members = parse_document(membership_document(ctx, routable, own)).prefill
+    # Its own block; prefillCacheBlocks counts the blocks of engines of the spec's layout: on another
+    # layout the proxy's default, on the spec's (an old revision of an env change) the spec's bound.
     assert [(u.layout, u.block_tokens, u.cache_blocks) for u in members] == [
         ("old", 16, None), ("other", None, None),
+        (ctx.layout_hash, ctx.prefix_hit_tokens("prefill"), 4096),
         (ctx.layout_hash, ctx.prefix_hit_tokens("prefill"), 4096)]

@@ -24,7 +24,7 @@ revision during a rollout, the block that revision's engines were rendered with,
 revision record: render/proxy.py recorded_prefix; absent when its engines do not cache prefixes or
 that cannot be known, and the member is then chosen by load alone: the proxy never guesses a block);
 `cacheBlocks`, how many such blocks its KV cache holds (spec.proxy.routing.prefillCacheBlocks, for
-members on the spec's revision only; the approximate mode's bound); and `events`, the vLLM KV-events
+members on the spec's KV layout only; the approximate mode's bound); and `events`, the vLLM KV-events
 publishers of its DP ranks in rank order (`tcp://<pod host>:<port>`, precise mode), each at one of
 that instance's pods, as its own revision runs them.
 """

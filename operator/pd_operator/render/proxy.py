@@ -64,8 +64,10 @@ def upstream(ctx: Resolved, role: str, index: int, layout: str, own: Prefixes | 
         return Upstream(ctx.names.instance(role, index), url, layout)
     if own is not None and index in own:
         # Another revision's engines: their own block and publishers. prefillCacheBlocks counts the
-        # spec's engines' blocks, not theirs: the proxy's default bound applies.
-        prefix, blocks = own[index], None
+        # blocks of engines of the spec's KV layout: it holds for theirs only on that layout (an env
+        # change), else the proxy's default bound applies.
+        prefix = own[index]
+        blocks = routing.prefill_cache_blocks if layout == ctx.layout_hash else None
     else:
         # Without a record to read, an instance of another layout is routed by load, never by a
         # guessed block.
