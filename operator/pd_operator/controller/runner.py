@@ -69,9 +69,6 @@ T = TypeVar("T")
 WRITE_MEMORY_S = 10.0
 RETRY_DELAYS = (1, 2, 5, 10, 30, 60)
 """Seconds before retrying a reconcile after its 1st, 2nd, ... temporary API error in a row."""
-FOLLOW_UP_PATIENCE_S = 5.0
-"""The longest a follow-up of child events waits for new specs' reconciles (runner._slot): a stream
-of spec changes never starves a pod failure's restart or a rollout's next step beyond it."""
 RECONCILE_WORKERS = 8
 """Reconciles at once. Each runs in a thread of its own (it blocks on its API requests, which it
 sends in parallel where it can: client.concurrently); more would add to the time each holds the
@@ -133,8 +130,7 @@ class Runner:
         # Reconciles running (_slot), those waiting for one (in the order they came), and the objects
         # whose next reconcile is for a new spec.
         self._running = 0
-        self._running_new: set[ObjKey] = set()
-        self._waiting: dict[ObjKey, tuple[asyncio.Future[None], float]] = {}
+        self._waiting: dict[ObjKey, asyncio.Future[None]] = {}
         self._new_spec: set[ObjKey] = set()
         self._executor = concurrent.futures.ThreadPoolExecutor(RECONCILE_WORKERS,
                                                                thread_name_prefix="reconcile")
@@ -264,56 +260,34 @@ class Runner:
 
     @contextlib.asynccontextmanager
     async def _slot(self, key: ObjKey) -> AsyncIterator[None]:
-        """One of the RECONCILE_WORKERS reconciles that run at once. A new spec (create, update,
-        resume) goes first: it waits only for a free slot and for new specs that came before it. A
-        follow-up of child events waits, in the order it came, also while any new spec runs or waits,
-        for at most FOLLOW_UP_PATIENCE_S: the reconciles share one interpreter (the GIL), so a
-        follow-up running beside a burst of creates delays their children being written, and it folds
-        more events the longer it waits."""
-        turn = asyncio.get_running_loop().create_future()
-        self._waiting[key] = (turn, time.monotonic())
-        self._dispatch()
-        if not turn.done() and key not in self._new_spec:
-            asyncio.get_running_loop().call_later(FOLLOW_UP_PATIENCE_S, self._dispatch)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if key in self._waiting and self._waiting[key][0] is turn:
-                del self._waiting[key]
-            elif not turn.cancelled():  # handed the slot as it was cancelled: pass it on
-                self._release(key)
-            raise
+        """One of the RECONCILE_WORKERS reconciles that run at once. When all are taken, a waiting
+        new spec (create, update, resume) goes before waiting follow-ups of child events, each kind
+        in the order it came: a burst of creates gets its children written before the follow-ups
+        of the first ones' status changes (which fold more events the longer they wait)."""
+        if self._running < RECONCILE_WORKERS and not self._waiting:
+            self._running += 1
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiting[key] = turn
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if self._waiting.get(key) is turn:
+                    del self._waiting[key]
+                elif not turn.cancelled():  # handed the slot as it was cancelled: pass it on
+                    self._release()
+                raise
         try:
             yield
         finally:
-            self._release(key)
+            self._release()
 
-    def _start(self, key: ObjKey) -> None:
-        self._running += 1
-        if key in self._new_spec:
-            self._running_new.add(key)
-
-    def _release(self, key: ObjKey) -> None:
+    def _release(self) -> None:
         self._running -= 1
-        self._running_new.discard(key)
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        """Hand free slots to the waiting reconciles that may start."""
-        while self._running < RECONCILE_WORKERS and (following := self._next_waiting()) is not None:
-            turn, _ = self._waiting.pop(following)
-            self._start(following)
-            turn.set_result(None)
-
-    def _next_waiting(self) -> ObjKey | None:
-        """The waiting reconcile to start next, if any may (see _slot)."""
-        new = next((k for k in self._waiting if k in self._new_spec), None)
-        if new is not None or not self._waiting:
-            return new
-        follow_up, (_, since) = next(iter(self._waiting.items()))
-        if not self._running_new or time.monotonic() - since >= FOLLOW_UP_PATIENCE_S:
-            return follow_up
-        return None
+        following = next((k for k in self._waiting if k in self._new_spec), next(iter(self._waiting), None))
+        if following is not None:
+            self._running += 1
+            self._waiting.pop(following).set_result(None)
 
     async def _in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` on a reconcile thread (it blocks on API requests)."""
