@@ -468,8 +468,8 @@ class ProxyRouting(ApiModel):
     """Prefix-cache blocks one prefill instance's KV cache holds (vLLM logs it at start-up: the GPU
     KV cache size in tokens over the block size); what the proxy remembers per prefill in approximate
     mode, the least recently routed going first. Unset: 65536 blocks. It counts the blocks of the
-    spec's prefill engines: during a rollout, a prefill still on an older revision gets the unset
-    bound (its own block size, read from its revision, may differ)."""
+    spec's prefill engines: during a rollout, a prefill still on an older revision of another KV
+    layout gets the unset bound (its own block size, read from its revision, may differ)."""
     kv_events_port: Port = 5557
     """precise: the prefill engines' KV-events port (vLLM's publisher endpoint); DP rank r of an
     instance publishes on this port + r, on the pod that runs it."""
