@@ -92,9 +92,10 @@ def serve_argv_of(stateful_set: dict) -> list[str] | None:
     pd-preflight's `--`), or None when its engine container has none (not one this module rendered)."""
     containers = stateful_set.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
     command = next((c.get("command") or [] for c in containers if c.get("name") == ENGINE_CONTAINER), [])
-    if "--" not in command or command[command.index("--") + 1:][:2] != ["vllm", "serve"]:
+    if "--" not in command:
         return None
-    return command[command.index("--") + 1:]
+    argv = command[command.index("--") + 1:]
+    return argv if argv[:2] == ["vllm", "serve"] else None
 
 
 def preflight_config_path(role: str) -> str:

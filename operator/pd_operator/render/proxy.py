@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from pd_operator.api.types import ROLES, Resources
 from pd_operator.names import Names
+from pd_operator.preflight.checks import flag_values
 from pd_operator.proxy import membership, options
 from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, instance_url, parse_text
 from pd_operator.render import command, security, tools
@@ -109,7 +110,7 @@ def recorded_prefix(ctx: Resolved, index: int, stateful_set: dict) -> Prefix | N
     argv = command.serve_argv_of(stateful_set)
     if argv is None or not _prefix_caching(argv):
         return None
-    values = {arg: argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg.startswith("--")}
+    values = flag_values(argv)
     try:
         block = int(values["--block-size"])
         dp = int(values.get("--data-parallel-size", "1"))
