@@ -139,6 +139,21 @@ def test_a_members_rate_counts_each_answered_call_from_its_start_or_the_answer_b
     assert (load.computed_tokens, load.computed_s) == (2000, 2.0)
 
 
+def test_a_routed_prefill_looks_its_prompt_up_once_and_counts_what_the_pick_expected(monkeypatch):
+    b = balancer([prefill(0), prefill(1)])
+    shared = list(range(160))  # 10 blocks
+    holder = route(b, shared)
+    lookups = []
+    hits = b.prefix.index.hits
+    monkeypatch.setattr(b.prefix.index, "hits", lambda *args: lookups.append(args) or hits(*args))
+    prompt = prompt_of(b, shared + [1] * 8)
+    chosen = b.pick("prefill", set(), prompt=prompt)
+    assert chosen is not None and chosen.name == holder
+    with b.serving(chosen, "prefill", prompt):
+        assert b._loads[holder].pending_tokens == 8  # the prefix it holds is not computed again
+    assert len(lookups) == 1  # the pick's, for both members; serving takes the holder's from it
+
+
 def test_decode_and_requests_without_token_ids_go_by_load():
     b = balancer([prefill(0), prefill(1)], [decode(0), decode(1)])
     route(b, [5] * 64)

@@ -108,7 +108,7 @@ class Balancer:
         now = self._clock()
         fresh = [u for u in fresh if self._load(u.name, role).rests_until <= now] or fresh
         if role == "prefill" and prompt is not None:
-            hits = self.prefix.hit_tokens(prompt, fresh)
+            hits = prompt.picked = self.prefix.hit_tokens(prompt, fresh)
             tokens = {u.name: len(prompt) - hits[u.name] + self._loads[u.name].left_tokens(now)
                       for u in fresh}
             cheapest = min(tokens.values())
@@ -121,13 +121,18 @@ class Balancer:
     @contextmanager
     def serving(self, upstream: Upstream, role: str, prompt: Prompt | None = None) -> Iterator[None]:
         """Count a call to `upstream` as in flight for the duration of the block; a prefill of
-        `prompt` also counts the tokens it is expected to compute there, and (approximate mode)
+        `prompt` also counts the tokens it is expected to compute there (with what it was expected to
+        hold when `pick` chose it for `prompt`, not looked up again), and (approximate mode)
         leaves its blocks recorded there; when the member answers with a result during the call
         (`answered`), its rate counts them and the time they took."""
         load = self._load(upstream.name, role)
         tokens = 0
         if role == "prefill" and prompt is not None:
-            tokens = len(prompt) - self.prefix.hit_tokens(prompt, [upstream])[upstream.name]
+            picked, prompt.picked = prompt.picked, {}
+            held = picked.get(upstream.name)
+            if held is None:  # served where no pick scored it (a caller choosing the member itself)
+                held = self.prefix.hit_tokens(prompt, [upstream])[upstream.name]
+            tokens = len(prompt) - held
             self.prefix.routed(upstream, prompt)
         began, answers = self._clock(), load.answers
         if load.inflight == 0:

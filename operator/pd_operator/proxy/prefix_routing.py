@@ -54,6 +54,9 @@ class Prompt:
 
     tokens: PromptTokens
     _keys: dict[int, list[Key]] = field(default_factory=dict)
+    picked: dict[str, int] = field(default_factory=dict)
+    """Per member, the prompt tokens it was expected to hold when the last Balancer.pick scored it,
+    until Balancer.serving of the call that pick chose takes them."""
 
     def keys(self, block_tokens: int) -> list[Key]:
         """The keys of its whole `block_tokens`-token blocks (of text: as many characters per token
