@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pd_operator.names import Names
-from pd_operator.proxy.balancer import Balancer
+from pd_operator.proxy.balancer import RATE_HALF_LIFE_ANSWERS, Balancer
 from pd_operator.proxy.membership import InstanceAddresses, Membership, Upstream, document, parse_document
 from pd_operator.proxy.metrics import ProxyMetrics
 from pd_operator.proxy.prefix_routing import DEFAULT_CACHE_BLOCKS, MODES, PrefixRouter
@@ -129,14 +129,55 @@ def test_a_members_rate_counts_each_answered_call_from_its_start_or_the_answer_b
     now[0] = 2.0
     b.answered(member, "prefill")
     second.__exit__(None, None, None)
-    assert load.computed_tokens / load.computed_s == 1000  # 2000 tokens over 2 s, not over 3
+    assert load.rate() == pytest.approx(1000)  # 1000 tokens in 1 s twice, not 2000 over 3 s
+    learned = (load.computed_tokens, load.computed_s)
     # A failed call (no answer) or the client's error teaches nothing: it may have computed nothing.
     with b.serving(member, "prefill", prompt_of(b, [3] * 1000)):
         now[0] = 2.01
     with b.serving(member, "prefill", prompt_of(b, [4] * 1000)):
         now[0] = 2.02
         b.answered(member, "prefill", computed=False)
-    assert (load.computed_tokens, load.computed_s) == (2000, 2.0)
+    assert (load.computed_tokens, load.computed_s) == learned
+
+
+def answer(b: Balancer, now: list[float], member: Upstream, prompt, took_s: float) -> None:
+    """`member` computes `prompt` alone in `took_s` and answers."""
+    with b.serving(member, "prefill", prompt):
+        now[0] += took_s
+        b.answered(member, "prefill")
+
+
+def test_a_members_rate_follows_a_change_of_speed_within_a_few_half_lives():
+    b, now = clocked([prefill(0, block=None)])  # no blocks: every call computes its whole prompt
+    member, tokens = b.listed("prefill")[0], 1000
+    load, prompt, fast_s, slow_s = b._loads[member.name], prompt_of(b, [1] * tokens), 1.0, 4.0
+    for _ in range(10 * RATE_HALF_LIFE_ANSWERS):
+        answer(b, now, member, prompt, fast_s)
+    assert load.rate() == pytest.approx(tokens / fast_s)
+    half_lives = 3
+    for _ in range(half_lives * RATE_HALF_LIFE_ANSWERS):  # the same member, now 4 times slower
+        answer(b, now, member, prompt, slow_s)
+    # The fast answers weigh at most 2**-3 of the slow ones' weight: per token, the time it is
+    # expected to take is within that part of the slow time.
+    old = 0.5 ** half_lives
+    assert tokens / slow_s < load.rate() <= tokens / (slow_s * (1 - old) + fast_s * old)
+    # What it has left of a call 1 s in is about what it computes at the slow speed.
+    with b.serving(member, "prefill", prompt):
+        now[0] += 1.0
+        assert load.left_tokens(now[0]) == pytest.approx(tokens - tokens / slow_s, rel=0.05)
+
+
+def test_a_member_relisted_on_other_pods_or_another_layout_learns_its_rate_again():
+    b, now = clocked([prefill(0)])
+    answer(b, now, b.listed("prefill")[0], prompt_of(b, [1] * 1000), 1.0)
+    load = b._loads["d-prefill-0"]
+    b.update(membership([prefill(0, cache=8)], [decode(0)]))  # another bound: the same engines
+    assert load.rate() == pytest.approx(1000)
+    b.update(membership([replace(prefill(0), url="http://p9:8000")], [decode(0)]))
+    assert load.rate() is None
+    answer(b, now, b.listed("prefill")[0], prompt_of(b, [2] * 1000), 2.0)
+    b.update(membership([prefill(0, layout="M")], [decode(0, "M")]))
+    assert load.rate() is None
 
 
 def test_a_routed_prefill_looks_its_prompt_up_once_and_counts_what_the_pick_expected(monkeypatch):

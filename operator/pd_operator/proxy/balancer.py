@@ -20,7 +20,12 @@ expected to have computed since its last answer (or since it became busy), at th
 calls were computed (tokens over the time each took, counted from its start or the answer before,
 whichever is later, as an engine computing in arrival order takes them). Until a member has answered,
 nothing is taken off. Without it a member finishing a long prompt looks as busy as one that has just
-started it, and a prompt of 100,000 tokens takes 16 s to compute (docs/benchmarks.md).
+started it, and a prompt of 100,000 tokens takes 16 s to compute (docs/benchmarks.md). The rate is
+learned, never a cost constant of the model, and it follows the recent answers: each weighs half as
+much RATE_HALF_LIFE_ANSWERS answers later, so a prefill whose speed changes behind the same name (a
+replaced pod, contention, other hardware) is followed within a few hundred answers rather than after
+as many as it answered before; a member relisted on another URL or KV layout (another address or
+engine configuration) learns it again from its next answers.
 """
 
 from __future__ import annotations
@@ -36,6 +41,13 @@ from pd_operator.proxy.prefix_routing import DEFAULT_MODE, Mode, PrefixRouter, P
 
 COOLDOWN_S = 2.0
 MAX_COOLDOWN_S = 30.0
+RATE_HALF_LIFE_ANSWERS = 64
+"""Answers after which an answer weighs half as much in a prefill's rate (module doc). One answer's
+rate swings with its prompt (a fixed part per call makes a short prompt slow per token, and prompts
+are long-tailed: docs/benchmarks.md), so the rate averages over tens of answers to stay steady; a new
+speed then carries 7/8 of the weight after three half-lives (192 answers). The routing bench's TTFT
+ratios did not get worse with it (docs/benchmarks.md, issue 37)."""
+RATE_DECAY = 0.5 ** (1 / RATE_HALF_LIFE_ANSWERS)
 
 
 @dataclass
@@ -47,9 +59,10 @@ class _Load:
     """Prefill: prompt tokens it is expected to compute for the calls in flight there."""
     since: float = 0.0
     """Prefill: when it last answered with a result or became busy, whichever is later."""
-    computed_tokens: int = 0
+    computed_tokens: float = 0.0
     computed_s: float = 0.0
-    """Prefill: tokens of its answered calls and the time they took (module doc)."""
+    """Prefill: tokens of its answered calls and the time they took, each answer decayed by
+    RATE_DECAY per later answer (module doc)."""
     answers: int = 0
     """Answers with a result (`Balancer.answered`)."""
     failures: int = 0
@@ -59,11 +72,24 @@ class _Load:
     def idle(self) -> bool:
         return self.inflight == 0 and self.awaiting_decode == 0
 
+    def learn(self, tokens: int, took_s: float) -> None:
+        """Prefill: an answered call computed `tokens` in `took_s` (module doc)."""
+        self.computed_tokens = self.computed_tokens * RATE_DECAY + tokens
+        self.computed_s = self.computed_s * RATE_DECAY + took_s
+
+    def forget_rate(self) -> None:
+        """Prefill: learn its rate again from its next answers."""
+        self.computed_tokens = self.computed_s = 0.0
+
+    def rate(self) -> float | None:
+        """Prefill: tokens per second of its recent answers (None: none yet)."""
+        return self.computed_tokens / self.computed_s if self.computed_s > 0 else None
+
     def left_tokens(self, now: float) -> float:
         """Prefill: tokens of the calls in flight it is expected to have left to compute (module doc)."""
-        if self.computed_s <= 0:
+        rate = self.rate()
+        if rate is None:
             return self.pending_tokens
-        rate = self.computed_tokens / self.computed_s
         return max(0.0, self.pending_tokens - rate * (now - self.since))
 
 
@@ -85,10 +111,16 @@ class Balancer:
         return self.membership.pairable(role, layout) if self.membership else ()
 
     def update(self, membership: Membership) -> None:
+        """Route by `membership`; a prefill relisted on another URL or layout forgets its rate."""
+        before = {u.name: u for u in self.listed("prefill")}
         self.membership = membership
         self.prefix.update(membership)
         for name, role in membership.names().items():
             self._loads.setdefault(name, _Load(role))
+        for u in membership.prefill:
+            old = before.get(u.name)
+            if old is not None and (old.url, old.layout) != (u.url, u.layout):
+                self._loads[u.name].forget_rate()
         self._drop_idle()
 
     def listed(self, role: str) -> tuple[Upstream, ...]:
@@ -146,8 +178,7 @@ class Balancer:
             load.pending_tokens -= tokens
             if role == "prefill" and load.answers != answers:
                 now = self._clock()
-                load.computed_tokens += tokens
-                load.computed_s += now - max(began, load.since)
+                load.learn(tokens, now - max(began, load.since))
                 load.since = now
             self._drop_idle()
 

@@ -21,7 +21,8 @@ single prompt by load alone in both (proxy/prompt_tokens.py), as in `off`.
 Choice (Balancer.pick, with `PrefixRouter.hit_tokens`): a prefill's cost is the prompt tokens it
 would compute (the prompt less the prefix it is expected to hold) plus what it is expected to have
 left of the requests in flight there (their tokens less what it computed since its last answer, at
-the rate it answered them: balancer.py); the cheapest wins, fewer requests in flight breaking ties.
+the rate it answered the recent ones: balancer.py); the cheapest wins, fewer requests in flight
+breaking ties.
 So a member holding the prefix wins until what it has left costs more than recomputing the prefix
 elsewhere.
 Decode is chosen by load alone: which decode holds a prefix does not matter, since decode receives
