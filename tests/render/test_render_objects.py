@@ -85,18 +85,6 @@ def test_a_prefill_side_change_rolls_prefill():
     assert prefill_revision(changed("spec.prefill.blockSize", 1280)) != prefill_revision(example(GLM))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32: prefill's template carries decode's side twice, the "
-                   "kv-layout label (its hash covers both block sizes) and its revision config's "
-                   "pairing.json (decode's shape); the probe already links a decode of another block "
-                   "size (transfer/probe_geometry.py)")
-def test_a_decode_only_block_size_change_leaves_prefill_on_its_revision():
-    """Decode's engine block 1152 -> 2304 (spec.decode.blockSize; its TP, and so prefill's
-    kv_connector_extra_config, unchanged): an unchanged prefill pairs with it (vllm-ascend PR #16755),
-    so no prefill instance should be replaced."""
-    assert resolve(changed("spec.decode.blockSize", 2304)).engine_block_size("decode") == 2304
-    assert prefill_revision(changed("spec.decode.blockSize", 2304)) == prefill_revision(example(GLM))
-
-
 def test_labels_and_selectors():
     manifests = render(resolve(example(GLM)))
     for m in manifests:
