@@ -24,8 +24,9 @@ Then the scenarios of support/rollout_scenarios.py (SCENARIOS), one after the ot
 PDDeployment of its own that must fail no request under a load keeping 2 requests in flight per
 decode instance, a KV transfer in flight when a prefill drains, and engine pods Ready
 only once their engine serves: default_1p1d (the 1P1D example's default rollout of an env change
-on both roles), layout_change (decode TP4 -> TP2), pods_per_instance (the GLM example's decode
-DP2 -> DP4) and paused_resumed (the env change applied paused, then resumed). Each prints its
+on both roles), layout_change (decode TP4 -> TP2), decode_block (decode's block size alone: decode
+rolls, prefill keeps its revision), pods_per_instance (the GLM example's decode DP2 -> DP4) and
+paused_resumed (the env change applied paused, then resumed). Each prints its
 failed requests, the requests it sent, the fewest serving prefill/decode pairs (per KV layout, the
 fewer of its members) in a sample of the membership the proxy routed by, and the requests in
 flight per decode member (the proxy's `/pd/state`, the mean over the samples).
@@ -50,6 +51,10 @@ Figures:
 - layout_change_requests: layout_change, requests sent
 - layout_change_min_serving_pairs: layout_change, the fewest serving pairs in a sample
 - layout_change_inflight_per_decode: layout_change, requests in flight per decode member (mean)
+- decode_block_failed_requests: decode_block, failed requests and protocol errors
+- decode_block_requests: decode_block, requests sent
+- decode_block_min_serving_pairs: decode_block, the fewest serving pairs in a sample (per layout they pair as)
+- decode_block_inflight_per_decode: decode_block, requests in flight per decode member (mean)
 - pods_per_instance_failed_requests: pods_per_instance, failed requests and protocol errors
 - pods_per_instance_requests: pods_per_instance, requests sent
 - pods_per_instance_min_serving_pairs: pods_per_instance, the fewest serving pairs in a sample

@@ -17,10 +17,9 @@ from pd_operator.render import render, workloads
 from support.controller_fakes import (
     RECONCILED_UID,
     MemoryClient,
-    pods_of,
+    pods_with_volumes,
     reconciled_body,
     routed_names,
-    with_status,
 )
 from support.renders import of_kind, serving_sets
 from support.specs import example, resolve
@@ -93,18 +92,6 @@ class PruningClient(MemoryClient):
         raise AssertionError("no group restart here")
 
 
-def _running(applied: list[dict]) -> list[dict]:
-    """Ready pods of the StatefulSets `applied` holds, each with its template's volumes."""
-    out = []
-    specs = {s["metadata"]["name"]: s["spec"]["template"]["spec"]
-             for s in applied if s["kind"] == "StatefulSet"}
-    for pod in pods_of(with_status(applied)):
-        owner = pod["metadata"]["name"].rsplit("-", 1)[0]
-        pod["spec"] = copy.deepcopy(specs.get(owner, {}))
-        out.append(pod)
-    return out
-
-
 def _owned(objs: list[dict]) -> list[dict]:
     """As the API server returns what the reconcile applied (its owner reference to the PDDeployment
     is stamped on already)."""
@@ -119,7 +106,7 @@ def test_an_old_revision_config_stays_while_a_pod_mounts_it_and_goes_after():
     first = PruningClient()
     reconcile_mod.reconcile(first, ProxyStateReader(), body, [], [])  # type: ignore[arg-type]
     children = _owned([m for verb, m in first.writes if verb in ("apply", "create")])
-    pods = _running(children)
+    pods = pods_with_volumes(children)
     old = {m["metadata"]["name"] for m in children if m.get("immutable")}
 
     changed = copy.deepcopy(body)
@@ -207,7 +194,7 @@ def test_a_paused_rollout_writes_no_instance_the_new_template():
     children = _created(body)
     paused = MemoryClient()
     reconcile_mod.reconcile(paused, ProxyStateReader(), _env_changed(body, paused=True), children,  # type: ignore[arg-type]
-                            _running(children))
+                            pods_with_volumes(children))
     # Under OnDelete a pod evicted or crashed comes back from its StatefulSet's template: the template
     # stays the instance's own until the rollout moves it.
     assert _stateful_sets(paused.writes) == {}
@@ -223,7 +210,7 @@ def test_a_deleted_or_hand_edited_stateful_set_returns_on_its_own_revision():
     observed = [edited if c is old[DECODE[1]] else c for c in children if c is not old[DECODE[0]]]
     client = MemoryClient()
     reconcile_mod.reconcile(client, ProxyStateReader(), _env_changed(body, paused=True), observed,  # type: ignore[arg-type]
-                            _running(children))
+                            pods_with_volumes(children))
     restored = _stateful_sets(client.writes)
     assert set(restored) == set(DECODE)
     for name in DECODE:  # the old template, not the spec's new one (the rollout is paused)
@@ -238,7 +225,7 @@ def test_the_rollout_writes_the_new_template_to_the_instance_it_replaces_only():
     old = {s["metadata"]["name"]: s for s in of_kind(children, "StatefulSet")}
     client = PruningClient()
     reconcile_mod.reconcile(client, ProxyStateReader(), _env_changed(body), children,  # type: ignore[arg-type]
-                            _running(children))
+                            pods_with_volumes(children))
     # decode-1 moves first (highest ordinal); no proxy state to wait for, so its drain is done at once
     assert ("delete-pod", f"{DECODE[1]}-0") in client.writes
     written = _stateful_sets(client.writes)
@@ -328,7 +315,7 @@ def _pods_per_instance_change(gang: str) -> tuple[list[dict], PruningClient, dic
     changed["spec"]["decode"] |= {"dataParallelSize": 2, "npusPerNode": 4}
     changed["metadata"]["generation"] = 2
     client = PruningClient()
-    reconcile_mod.reconcile(client, ProxyStateReader(), changed, children, _running(children))  # type: ignore[arg-type]
+    reconcile_mod.reconcile(client, ProxyStateReader(), changed, children, pods_with_volumes(children))  # type: ignore[arg-type]
     return children, client, changed
 
 
@@ -352,7 +339,7 @@ def test_mid_rollout_an_unmoved_instance_keeps_its_own_kube_scheduler_podgroup()
     # Its group deleted by hand: it comes back from the record, as its pods name it (not the spec's).
     without = [c for c in children if c["metadata"]["name"] != kept]
     again = PruningClient()
-    reconcile_mod.reconcile(again, ProxyStateReader(), changed, without, _running(children))  # type: ignore[arg-type]
+    reconcile_mod.reconcile(again, ProxyStateReader(), changed, without, pods_with_volumes(children))  # type: ignore[arg-type]
     restored = {m["metadata"]["name"]: m for verb, m in again.writes
                 if verb == "apply" and m["kind"] == "PodGroup"}
     assert _count(restored[kept]) == 1 and restored[kept]["spec"] == observed[kept]["spec"]
@@ -439,7 +426,7 @@ def test_an_instance_deleted_with_its_pods_keeps_its_revision():
     children = _created(body)
     old = {s["metadata"]["name"]: s for s in of_kind(children, "StatefulSet")}
     left = [c for c in children if c is not old[DECODE[1]]]
-    pods = [p for p in _running(children) if not p["metadata"]["name"].startswith(DECODE[1])]
+    pods = [p for p in pods_with_volumes(children) if not p["metadata"]["name"].startswith(DECODE[1])]
     client = MemoryClient()
     reconcile_mod.reconcile(client, ProxyStateReader(), _env_changed(body, paused=True), left, pods)  # type: ignore[arg-type]
     restored = _stateful_sets(client.writes)
@@ -465,7 +452,7 @@ def _prefill_tp_rollout(recorded: bool) -> tuple[dict, dict, dict]:
     changed["spec"]["prefill"]["tensorParallelSize"] = 8
     changed["metadata"]["generation"] = 2
     children = [c for c in _created(body) if recorded or c["kind"] != "ControllerRevision"]
-    pods = _running(children)
+    pods = pods_with_volumes(children)
     surging = PruningClient()
     reconcile_mod.reconcile(surging, ProxyStateReader(), changed, children, pods)  # type: ignore[arg-type]
     known = {c["metadata"]["name"] for c in children}
@@ -474,7 +461,7 @@ def _prefill_tp_rollout(recorded: bool) -> tuple[dict, dict, dict]:
         "glm-flash-1p1d-prefill-2", "glm-flash-1p1d-decode-2"}
     both = PruningClient()
     reconcile_mod.reconcile(both, ProxyStateReader(), changed, children + new,  # type: ignore[arg-type]
-                            pods + _running(of_kind(new, "StatefulSet")))
+                            pods + pods_with_volumes(of_kind(new, "StatefulSet")))
     return body, changed, _membership(both)
 
 

@@ -60,7 +60,7 @@ def test_a_new_tools_image_alone_keeps_every_engine_template():
     after = _resolved(_doc(), NEW)
     fresh = workloads.templates(after)
     assert fresh.revisions != running.revisions, "the tools image is part of the template"
-    kept = workloads.with_running_tools(after, fresh, _running(before, running))
+    kept = workloads.with_running(after, fresh, _running(before, running))
     assert kept.revisions == running.revisions
     for role in ROLES:
         for index in range(2):
@@ -73,7 +73,7 @@ def test_the_opt_in_rolls_the_new_tools():
     before = _resolved(_doc(toolsUpdate="WithOperator"), OLD)
     running = workloads.templates(before)
     after = _resolved(_doc(toolsUpdate="WithOperator"), NEW)
-    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running))
+    kept = workloads.with_running(after, workloads.templates(after), _running(before, running))
     assert all(kept.revisions[role] != running.revisions[role] for role in ROLES)
     assert all(_tools_image(workloads.stateful_set(after, role, 1, kept)) == NEW for role in ROLES)
 
@@ -84,7 +84,7 @@ def test_the_next_template_change_brings_the_new_tools():
     changed = _doc()
     changed["spec"]["decode"]["env"] = [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
     after = _resolved(changed, NEW)
-    kept = workloads.with_running_tools(after, workloads.templates(after), _running(before, running))
+    kept = workloads.with_running(after, workloads.templates(after), _running(before, running))
     assert kept.revisions["prefill"] == running.revisions["prefill"]
     assert _tools_image(workloads.stateful_set(after, "prefill", 0, kept)) == OLD
     assert kept.revisions["decode"] != running.revisions["decode"]
@@ -102,7 +102,7 @@ def test_older_tools_never_read_a_config_this_operator_writes_differently():
     for role in ROLES:
         other_config = f"{fresh.configs[role]['metadata']['name']}-older"
         running[role] = [(OLD, workloads.revision(pod_template(before, role, 0, other_config)))] * 2
-    assert workloads.with_running_tools(after, fresh, running) == fresh
+    assert workloads.with_running(after, fresh, running) == fresh
 
 
 def _pods(children: list[dict]) -> list[dict]:

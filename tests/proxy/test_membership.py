@@ -150,6 +150,31 @@ def test_prefill_and_decode_pair_only_within_one_kv_layout():
     assert lonely.listed("prefill") == (old_p, new_p)
 
 
+def test_layouts_the_document_pairs_as_another_pair_and_stay_out_of_its_version():
+    """After a decode-only block-size change prefill keeps its layout's hash and the new decodes carry
+    the spec's (render/workloads.py with_running): `pairs` says the new one pairs as the old. It is
+    not part of `version` (which names the members), so an older reader still accepts the document."""
+    prefill = Upstream("d-prefill-0", "http://p0:8000", "old")
+    old_d = Upstream("d-decode-0", "http://d0:8000", "old")
+    new_d = Upstream("d-decode-1", "http://d1:8000", "new")
+    doc = document([prefill], [new_d], {"new": "old"})
+    assert doc["pairs"] == {"new": "old"} and doc["version"] == document([prefill], [new_d])["version"]
+    assert "pairs" not in document([prefill], [new_d])
+    parsed = parse_document(json.loads(json.dumps(doc)))
+    assert parsed.pairs == {"new": "old"} and parsed.paired("new") == "old" == parsed.paired("old")
+    b = Balancer()
+    b.update(parsed)
+    assert b.pick("prefill", set()) == prefill
+    assert b.pick("decode", set(), prefill.layout) == new_d
+    both = parse_document(document([prefill], [old_d, new_d], {"new": "old"}))
+    assert both.pairable("decode", "old") == (old_d, new_d)
+    apart = parse_document(document([prefill], [new_d]))  # without pairs: nothing to pair with
+    assert apart.pairable("prefill") == () and apart.pairable("decode") == ()
+    for bad in ([["new", "old"]], {"new": 1}, "new=old"):
+        with pytest.raises(ValueError, match="^pairs: "):
+            parse_document({**doc, "pairs": bad})
+
+
 def test_counts_outlive_membership_until_the_departed_instance_is_idle():
     b = _balancer([P0, P1], [D0, D1])
     with b.serving(D1, "decode"):

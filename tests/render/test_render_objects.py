@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pd_operator.render import render
+from pd_operator.render import render, workloads
 from pd_operator.render.command import CONFIG_DIR
 from pd_operator.render.runnable import validate
 from support.render_properties import check_all
@@ -75,6 +75,14 @@ def test_kv_layout_hash_keys_the_state_mode_where_the_connector_needs_it_equal()
             doc["spec"][role].update(numSpeculativeTokens=1, enablePrefixCaching=caching, kernelBlockSize=128)
         return doc
     assert layout_hash(v1_mtp(True)) != layout_hash(v1_mtp(False))
+
+
+def prefill_revision(doc: dict) -> str:
+    return workloads.templates(resolve(doc)).revisions["prefill"]
+
+
+def test_a_prefill_side_change_rolls_prefill():
+    assert prefill_revision(changed("spec.prefill.blockSize", 1280)) != prefill_revision(example(GLM))
 
 
 def test_labels_and_selectors():

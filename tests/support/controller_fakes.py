@@ -102,6 +102,19 @@ def link_down(pod: dict) -> dict:
     return out
 
 
+def pods_with_volumes(applied: list[dict]) -> list[dict]:
+    """Ready pods of the StatefulSets `applied` holds, each with its template's volumes (the revision
+    config it mounts)."""
+    out = []
+    specs = {s["metadata"]["name"]: s["spec"]["template"]["spec"]
+             for s in applied if s["kind"] == "StatefulSet"}
+    for pod in pods_of(with_status(applied)):
+        owner = pod["metadata"]["name"].rsplit("-", 1)[0]
+        pod["spec"] = copy.deepcopy(specs.get(owner, {}))
+        out.append(pod)
+    return out
+
+
 def with_status(manifests: list[dict], ready_replicas: int | None = None) -> list[dict]:
     """Observed copies of `manifests`; Deployments report `ready_replicas` (default: all)."""
     out = []

@@ -176,7 +176,11 @@ class FakeEngine:
     port: int = 0
     layout: str = ""
     """The kv-layout hash of the KV it computes (prefill) or pulls into (decode): a decode told to
-    pull KV of another layout records an error (pd-proxy must never pair across layouts)."""
+    pull KV of a layout that does not pair as its own records an error (pd-proxy must never pair
+    across layouts)."""
+    pairs: dict[str, str] = field(default_factory=dict)
+    """kv-layouts that pair as another, as the membership says (proxy/membership.py `pairs`: a
+    decode-only block-size change), which the decode gates link by."""
     blocks: set[str] = field(default_factory=set)
     """Prefill: the requests whose KV decode has not pulled yet."""
     _runner: web.AppRunner | None = None
@@ -309,6 +313,9 @@ class FakeEngine:
         self.blocks.discard(request_id)
         return web.json_response({"request_id": request_id, "layout": self.layout})
 
+    def _pairs_with(self, layout: str) -> bool:
+        return self.pairs.get(layout, layout) == self.pairs.get(self.layout, self.layout)
+
     async def _pull(self, params: dict) -> str | None:
         """Decode: pull the request's KV from the prefill engine its parameters name; what failed."""
         assert self._session is not None
@@ -317,7 +324,7 @@ class FakeEngine:
             async with self._session.get(url) as resp:
                 if resp.status != 200:
                     why = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
-                elif (layout := (await resp.json()).get("layout")) != self.layout:
+                elif not self._pairs_with(layout := (await resp.json()).get("layout")):
                     why = f"its KV has layout {layout!r}, this engine's is {self.layout!r}"
                 else:
                     return None

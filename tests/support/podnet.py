@@ -153,6 +153,8 @@ class Kubelet:
         self.cp, self.namespace, self.deployment = cp, namespace, deployment
         self.engine_for = engine or plain_engine
         """Builds the engine an instance's leader pod runs (`plain_engine` unless given)."""
+        self.pairs: dict[str, str] = {}
+        """The kv-layouts the membership ConfigMap pairs as another, shared with every engine."""
         self._projected: dict[str, float] = {}
         """Proxy pod uid -> when its ConfigMap volumes were last projected."""
         self.workdir = workdir
@@ -315,6 +317,9 @@ class Kubelet:
             if pod["metadata"]["uid"] not in live:
                 await asyncio.to_thread(self._finalized, pod)
         project_if_changed(self.hosts, json.dumps(pod_dns(self.namespace, list(live.values()), services)))
+        if (listed := members(config_maps.get(f"{self.deployment}-proxy") or {})) is not None:
+            self.pairs.clear()
+            self.pairs.update(listed.pairs)
         for uid, pod in live.items():
             role = _labels(pod).get(ROLE)
             if role == PROXY:
@@ -331,6 +336,7 @@ class Kubelet:
                     raise AssertionError(f"pod {pod['metadata']['name']} of {instance} runs while the "
                                          "engine of its previous pod still does")
                 engine = self.engine_for(instance, role, pod, container)
+                engine.pairs = self.pairs
                 await engine.start()
                 self.engines[uid] = engine
                 self.started.append(engine)

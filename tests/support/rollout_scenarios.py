@@ -13,11 +13,13 @@ and new layouts never pair). The scenarios (SCENARIOS):
 - default_1p1d: the 1P1D example (one instance per role) with the default rollout settings, an env
   variable added to both roles;
 - layout_change: the 1P1D example, decode TP4 -> TP2 (a new engine block size, so a new KV layout);
+- decode_block: the 1P1D example, decode's block size 1152 -> 2304 alone: decode rolls, prefill keeps
+  its revision, and the new decode pairs with it (its layout pairs as the prefill's);
 - pods_per_instance: the GLM example, decode DP2 -> DP4 (its instance grows from one pod to two);
 - paused_resumed: the 1P1D example, the env change applied paused, then resumed once the status
   says it is paused (it serves meanwhile).
-Each ends when every instance runs the new revision, Progressing=Complete and the proxy routes to
-all of them again.
+Each ends when every instance runs the new revision (prefill its own in decode_block),
+Progressing=Complete and the proxy routes to all of them again.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ def decode_dp4(doc: dict) -> None:
     doc["spec"]["decode"]["dataParallelSize"] = 4
 
 
+def decode_block(doc: dict) -> None:
+    doc["spec"]["decode"]["blockSize"] = 2304
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -67,11 +73,14 @@ class Scenario:
     change: Callable[[dict], None]
     paused: bool = False
     """Applied with both roles paused; resumed once the status says so."""
+    rolls: tuple[str, ...] = ROLES
+    """The roles the change gives a new revision; the others must keep theirs."""
 
 
 
 SCENARIOS = (Scenario("default_1p1d", EXAMPLE_1P1D, env_change),
              Scenario("layout_change", EXAMPLE_1P1D, decode_tp2),
+             Scenario("decode_block", EXAMPLE_1P1D, decode_block, rolls=("decode",)),
              Scenario("pods_per_instance", EXAMPLE_GLM, decode_dp4),
              Scenario("paused_resumed", EXAMPLE_1P1D, env_change, paused=True))
 
@@ -90,10 +99,12 @@ class Outcome:
 
 
 def serving_pairs(listed: Membership) -> int:
-    """Prefill/decode pairs the membership can serve: per KV layout, the fewer of its members."""
-    return sum(min(sum(1 for u in listed.prefill if u.layout == layout),
-                   sum(1 for u in listed.decode if u.layout == layout))
-               for layout in {u.layout for u in listed.prefill})
+    """Prefill/decode pairs the membership can serve: per KV layout they pair as, the fewer of its
+    members."""
+    paired = listed.paired
+    return sum(min(sum(1 for u in listed.prefill if paired(u.layout) == layout),
+                   sum(1 for u in listed.decode if paired(u.layout) == layout))
+               for layout in {paired(u.layout) for u in listed.prefill})
 
 
 class PairSampler:
@@ -165,7 +176,7 @@ async def run_scenario(cp: ControlPlane, namespace: str, workdir: pathlib.Path,
 
     def rolled_out(st: dict) -> bool:
         return progressing(st) == ("False", "Complete") and all(
-            (st.get(role) or {}).get("revision") != old[role]
+            ((st.get(role) or {}).get("revision") != old[role]) == (role in scenario.rolls)
             and (st.get(role) or {}).get("updatedInstances") == len(everything[role]) for role in ROLES)
 
     outcome = Outcome()

@@ -47,6 +47,29 @@ def test_check_pulls_and_verifies_the_pairings_runs(served):
     assert result["latencyMs"] > 0 and result["gbps"] > 0
 
 
+@pytest.mark.parametrize("decode_block", [1280, 2304, 4352])
+def test_one_prefill_serves_every_decode_block_size_of_its_decode_tp(served, decode_block):
+    """A prefill served for decode TP4 at engine block 1152 is checked by TP4 decodes of other engine
+    block sizes (a decode-only change): each pulls its own plan's runs and verifies them."""
+    _, peer = served
+    code, result = check(peer, [*GLM_P8_D4, "--decode-block-size", str(decode_block)])
+    model = presets.get("glm-5.3-flash")
+    decode = Side("decode", model, 4, block_size=decode_block)
+    geo = probe_geometry(PairInput(Side("prefill", model, 8), decode))
+    assert geo.decode.engine_block_size == decode_block
+    assert (code, result["errors"], result["ok"]) == (0, [], True)
+    assert (result["entries"], result["bytes"]) == (geo.request.plan.entries, geo.request.plan.bytes)
+
+
+def test_check_refuses_a_prefill_rendered_for_another_decode_tp(served):
+    """Decode TP8 has prefill's engine block (640), but the prefill engine was told decode TP4."""
+    _, peer = served
+    code, result = check(peer, ["--model", "glm-5.3-flash", "--prefill-tp", "8", "--decode-tp", "8"])
+    assert code == 1 and not result["ok"] and result["bytes"] == 0
+    assert result["errors"] == ["the peer serves another pairing: decode.tensorParallelSize: this side "
+                                "has 8, the peer 4"]
+
+
 def test_a_state_with_unequal_key_and_value_dims_crosses_tp_byte_for_byte(tmp_path):
     """The Qwen3-Next example, its model given as a config.json whose Gated DeltaNet key and value head dims
     differ (128, 64), prefill TP2 -> decode TP4: the check pulls every run of the plan and verifies it."""

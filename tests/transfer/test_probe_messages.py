@@ -248,6 +248,79 @@ def test_generated_peer_messages_never_escape_the_check(fuzz_peer):
     assert result["ok"] and result["bytes"] == GEO.request.plan.bytes, result
 
 
+# --- one prefill, every decode block size of its decode TP ---------------------------------------------
+
+GLM_P8_D4 = probe_geometry(PairInput(Side("prefill", MODEL, 8), Side("decode", MODEL, 4)))
+
+
+@pytest.fixture(scope="module")
+def glm_p8_d4() -> tuple[dict, LoopbackEngine]:
+    """The descriptor of a prefill rendered for decode TP4 at engine block 1152, and its engine."""
+    memory, published = prefill_arena(GLM_P8_D4)
+    eng = LoopbackEngine(SEGMENT, memory)
+    return descriptor(eng, memory, published, GLM_P8_D4), eng  # type: ignore[arg-type]
+
+
+def decode_of(tp: int, block: int | None = None):
+    return probe_geometry(PairInput(Side("prefill", MODEL, 8), Side("decode", MODEL, tp, block_size=block)))
+
+
+@pytest.mark.parametrize("block", [1280, 4352])
+def test_a_checker_for_another_decode_block_size_links_the_same_prefill(fuzz_peer, glm_p8_d4, block):
+    """The served buffer depends on the prefill side alone: a decode of another engine block size (a
+    decode-only change) checks the unchanged prefill by its own plan, every byte."""
+    peer, address = fuzz_peer
+    served, eng = glm_p8_d4
+    other = decode_of(4, block)
+    assert other.decode.engine_block_size == block != GLM_P8_D4.decode.engine_block_size
+    peer.messages = [(_dumps(served), False)]
+    result = Checker(other, eng).check(address, timeout=5)  # type: ignore[arg-type]
+    assert (result["ok"], result["errors"]) == (True, []), result
+    assert (result["entries"], result["bytes"]) == (other.request.plan.entries, other.request.plan.bytes)
+
+
+def test_a_checker_of_another_decode_tp_refuses_the_prefill(fuzz_peer, glm_p8_d4):
+    """A prefill engine chooses the ranks that wait for a pull by decode's TP: decode TP8 (prefill's
+    own engine block, 640) may not use a prefill told TP4."""
+    peer, address = fuzz_peer
+    served, eng = glm_p8_d4
+    peer.messages = [(_dumps(served), False)]
+    result = Checker(decode_of(8), eng).check(address, timeout=5)  # type: ignore[arg-type]
+    assert result["errors"] == ["the peer serves another pairing: decode.tensorParallelSize: this side "
+                                "has 8, the peer 4"], result
+
+
+def test_an_earlier_serving_sides_descriptor_links_by_its_prefill_side(fuzz_peer, glm_p8_d4):
+    """Probes before this one also published decode's block size and the plan: a prefill still running
+    them (its template unchanged) links a new decode of another block size."""
+    peer, address = fuzz_peer
+    served, eng = glm_p8_d4
+    other = decode_of(4, 2304)
+    plan = GLM_P8_D4.request.plan
+    earlier = {**served, "geometry": {**served["geometry"], "decode": {"tensorParallelSize": 4,
+                                                                       "engineBlockSize": 1152},
+                                      "entries": plan.entries, "bytes": plan.bytes}}
+    peer.messages = [(_dumps(earlier), False)]
+    result = Checker(other, eng).check(address, timeout=5)  # type: ignore[arg-type]
+    assert (result["ok"], result["bytes"]) == (True, other.request.plan.bytes), result
+
+
+def test_a_prefill_of_another_buffer_layout_is_refused_by_its_regions(fuzz_peer):
+    """What the prefill fingerprint does not name (cache dtype, pool, widths) is checked by the
+    regions' sizes, before any pull."""
+    peer, address = fuzz_peer
+    region = GENUINE["regions"][0]
+    shrunk = {**GENUINE, "regions": [{**region, "bytes": region["bytes"] - 1}, *GENUINE["regions"][1:]]}
+    peer.messages = [(_dumps(shrunk), False)]
+    reads = ENGINE.reads
+    result = Checker(GEO, ENGINE).check(address, timeout=5)  # type: ignore[arg-type]
+    key = (region["group"], region["component"], region["layer"])
+    assert not result["ok"] and ENGINE.reads == reads, result
+    size = region["bytes"]
+    assert result["errors"] == [f"the peer serves another pairing: prefill rank {region['rank']}: region "
+                                f"{key} is {size} bytes on this side, the peer {size - 1}"]
+
+
 def _get(url: str) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(url, timeout=5) as answer:

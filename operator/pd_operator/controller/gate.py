@@ -39,20 +39,25 @@ from pd_operator.spec.validate import Resolved
 
 
 def observe(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict], leaving: Iterable[str],
-            sizes: Sizes | None = None) -> dict[str, dict[int, rollout.InstanceState]]:
+            sizes: Sizes | None = None, pairs: Mapping[str, str] | None = None
+            ) -> dict[str, dict[int, rollout.InstanceState]]:
     """The rollout planner's view of every instance with live pods. `revisions`: each role's
     current one (render/workloads.py Templates); `leaving`: instance names that left the membership
     to be replaced (status.draining); `sizes`: the pods each instance runs when whole
-    (controller/revisions.py pods_per_instance; None: the spec's shape)."""
+    (controller/revisions.py pods_per_instance; None: the spec's shape); `pairs`: kv-layouts that
+    pair as another (Templates.pairs)."""
+    pairs = pairs or {}
     leaving = set(leaving)
     out: dict[str, dict[int, rollout.InstanceState]] = {role: {} for role in ROLES}
     for (role, index), members in by_instance(pods).items():
         ready = instance_ready(members, expected_pods(resolved, sizes, role, index)) and (
             role != "decode" or all(link_ready(p) for p in members))
+        runs = label(members[0], KV_LAYOUT) or ""
         out[role][index] = rollout.InstanceState(
             updated=all(label(p, REVISION) == revisions[role] for p in members),
-            ready=ready, layout=label(members[0], KV_LAYOUT) or "",
-            leaving=resolved.names.instance(role, index) in leaving and index < resolved.role(role).replicas)
+            ready=ready, layout=pairs.get(runs, runs),
+            leaving=resolved.names.instance(role, index) in leaving and index < resolved.role(role).replicas,
+            label=runs if runs in pairs else None)
     return out
 
 

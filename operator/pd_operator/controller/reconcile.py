@@ -251,7 +251,7 @@ def _leaving(resolved: Resolved, body: dict, children: list[dict], the_plan: rol
 
 def _gates(proxies: ProxyStateReader, resolved: Resolved, body: dict, manifests: list[dict],
            children: list[dict], leaving: dict[drain.Instance, str], pods: list[dict], routable: Routable,
-           own: Prefixes) -> list[drain.GateRead]:
+           own: Prefixes, pairs: Mapping[str, str]) -> list[drain.GateRead]:
     """Push the membership to the decode pods' gates when it changed or a prefill instance drains
     (their mounted file follows up to a minute late; each reconcile of a drain pushes again to a
     gate still behind). Nothing otherwise: a steady deployment dials no pod. The document is the
@@ -263,7 +263,8 @@ def _gates(proxies: ProxyStateReader, resolved: Resolved, body: dict, manifests:
     changed = rendered is not None and (current is None or differs(stamp(rendered, body), current))
     if not changed and not any(role == "prefill" for role, _ in leaving):
         return []
-    document = json.loads(rendered["data"][KEY]) if rendered else membership_document(resolved, routable, own)
+    document = (json.loads(rendered["data"][KEY]) if rendered
+                else membership_document(resolved, routable, own, pairs))
     return _push_gates(proxies, pods, document)
 
 
@@ -438,21 +439,24 @@ def reconcile(client: Client, proxies: ProxyStateReader, body: dict, children: l
         observed = status_mod.Observed(children=children, pods=pods)
         _write_status(client, body, validation, observed, now, outcome)
         raise InvalidSpec(" ".join(f.line() for f in validation.errors))
-    rendered = workloads.with_running_tools(resolved, rendered, _running_tools(children))
+    rendered = workloads.with_running(resolved, rendered, _running_tools(children),
+                                      revisions.decode_blocks(resolved, children))
     previous = body.get("status") or {}
     leaving = {d.get("name") for d in previous.get("draining") or []}
     history = revisions.records(children, pods, meta["uid"])
     runs = revisions.running(history, pods)
     sizes = revisions.pods_per_instance(runs)
-    state = gate.observe(resolved, rendered.revisions, pods, leaving, sizes)
+    state = gate.observe(resolved, rendered.revisions, pods, leaving, sizes, rendered.pairs)
     figures = rollout.figures(resolved, rendered.revisions, pods, sizes)
-    moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"))
+    moving = rollout.step(resolved, state, figures, previous, now, meta.get("generation"),
+                          rendered.paired(resolved.layout_hash))
     routable = moving.plan.routable(moving.state)
     own = gate.own_prefixes(resolved, runs, moving.state, routable)
     manifests = [*_render(resolved, rendered, moving.plan, routable, own, boundary),
                  last_valid.record(resolved, served)]
     departing = _leaving(resolved, body, children, moving.plan)
-    gates = _gates(proxies, resolved, body, manifests, children, departing, pods, routable, own)
+    gates = _gates(proxies, resolved, body, manifests, children, departing, pods, routable, own,
+                   rendered.pairs)
     drains = _drains(proxies, resolved, body, departing, pods, gates, now, admin_token(boundary, resolved))
     replacing = _replacing(drains, moving.plan)
     pinned = revisions.pin(resolved, manifests, history, rendered.revisions, replacing)

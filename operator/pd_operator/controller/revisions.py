@@ -38,13 +38,14 @@ import json
 from collections.abc import Collection, Iterable, Mapping
 
 from pd_operator.api.labels import RECORDED_REVISION, REVISION, ROLE
-from pd_operator.api.types import ROLES
+from pd_operator.api.types import ROLES, RoleSpec
 from pd_operator.controller.diff import is_owned_by
 from pd_operator.controller.drain import instance_of
 from pd_operator.controller.pods import by_instance, is_terminating, label
 from pd_operator.names import Names
 from pd_operator.render import scheduling
-from pd_operator.spec.validate import Resolved
+from pd_operator.render.serving_config import PAIRING_KEY
+from pd_operator.spec.validate import DECODE_BLOCK, Resolved, with_decode_block
 
 Key = tuple[str, int]
 """(role, index): an instance."""
@@ -77,6 +78,29 @@ def in_use(children: Iterable[dict], pods: Iterable[dict]) -> set[str]:
 def kept(obj: dict, used: set[str]) -> bool:
     """Whether a child the spec no longer wants stays: a revision config still in use."""
     return is_config(obj) and obj["metadata"]["name"] in used
+
+
+def decode_blocks(resolved: Resolved, children: Iterable[dict]) -> list[Resolved]:
+    """The spec with each other decode block a revision config of it records (its pairing's
+    spec.decode: render/serving_config.py), where that pairing is servable (spec/validate.py
+    with_decode_block): what render/workloads.py with_running keeps prefill's engines on and pairs
+    kv-layouts by after a decode-only block-size change. Read once per reconcile."""
+    def block(decode: RoleSpec) -> tuple:
+        return tuple(getattr(decode, name) for name in DECODE_BLOCK)
+
+    seen, out = {block(resolved.role("decode"))}, []
+    for obj in children:
+        if not is_config(obj):
+            continue
+        try:
+            decode = RoleSpec.model_validate(json.loads(obj["data"][PAIRING_KEY])["spec"]["decode"])
+        except (KeyError, TypeError, ValueError):  # not a pairing this operator wrote; pydantic's too
+            continue
+        if block(decode) not in seen:
+            seen.add(block(decode))
+            if (other := with_decode_block(resolved, decode)) is not None:
+                out.append(other)
+    return out
 
 
 def is_record(obj: dict) -> bool:

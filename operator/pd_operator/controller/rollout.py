@@ -80,9 +80,13 @@ class InstanceState:
     ready: bool
     """All its pods are Ready (decode: and its KV link passes): the proxy may list it."""
     layout: str
-    """The kv-layout hash its pods run."""
+    """The kv-layout its pods pair as (render/workloads.py Templates.paired): the hash they run but
+    after a decode-only block-size change, when decode's new hash pairs as prefill's."""
     leaving: bool = False
     """It left the membership to be replaced and drains (status.draining)."""
+    label: str | None = None
+    """The kv-layout hash its pods run when it is not `layout` (None: `layout`): the membership lists
+    them by it, as their gates know it."""
 
 
 @dataclass(frozen=True)
@@ -140,8 +144,8 @@ class Plan:
     """Why no outdated instance can move although nothing is in progress (what to change)."""
 
     def routable(self, state: State) -> dict[str, dict[int, str]]:
-        """What the proxy may list: Ready instances that stay, by index, with their layout."""
-        return {role: {i: s.layout for i, s in state.get(role, {}).items()
+        """What the proxy may list: Ready instances that stay, by index, with their kv-layout hash."""
+        return {role: {i: s.label or s.layout for i, s in state.get(role, {}).items()
                        if s.ready and (role, i) not in self.leave and i in self.instances[role]}
                 for role in ROLES}
 
@@ -456,10 +460,12 @@ def _moved(resolved: Resolved, state: State, previous: dict, generation: int | N
 
 
 def step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], now_figures: Figures,
-         previous: dict, now: datetime, generation: int | None = None) -> Rollout:
+         previous: dict, now: datetime, generation: int | None = None, layout: str | None = None) -> Rollout:
     """The rollout's next step and its clock, from the instances as observed (controller/gate.py
     observe), their figures, the previous status (`rolloutProgressTime`, the roles' figures and
-    instances, the draining ones, `observedGeneration`) and the spec's `generation`."""
+    instances, the draining ones, `observedGeneration`) and the spec's `generation`. `layout`: the
+    one the current templates pair as (render/workloads.py Templates.paired; None: the spec's)."""
+    layout = layout or resolved.layout_hash
     limits: dict[str, int] = {role: deadline(resolved, role) for role in ROLES}
     # A new template (applying the previous spec again, say) is progress too: as a Deployment's new
     # ReplicaSet restarts its deadline, else a halted rollout could never be rolled back.
@@ -477,7 +483,7 @@ def step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], now_fig
     active = any(outdated(params, state).values()) or (
         previous.get("rolloutProgressTime") is not None and (starting or surge))
     ratio = resolved.deployment.spec.scaling.ratio
-    free = plan(params, state, resolved.layout_hash, ratio)  # what it would do without a deadline
+    free = plan(params, state, layout, ratio)  # what it would do without a deadline
     waiting = [role for role in ROLES if free.outdated[role]]
     held = bool(free.blocked) or bool(waiting) and not free.leave and all(params[r].paused for r in waiting)
     since = progressed_at(_parse_time(previous.get("rolloutProgressTime"), now), then, now_figures, active,
@@ -485,4 +491,4 @@ def step(resolved: Resolved, state: dict[str, dict[int, InstanceState]], now_fig
     halted: set[str] = {role for role in ROLES if not held  # the clock stops while held
                         and since is not None and (now - since).total_seconds() > limits[role]}
     chosen = params_of(resolved, halted)
-    return Rollout(plan(chosen, state, resolved.layout_hash, ratio), state, chosen, since, limits)
+    return Rollout(plan(chosen, state, layout, ratio), state, chosen, since, limits)

@@ -15,7 +15,12 @@ malformed as a whole, and the proxy keeps the membership it had.
 
 Each upstream carries the kv-layout hash its pods run (spec/layout.py): during a rollout that
 changes the layout, old and new instances are members at once, and the proxy pairs a prefill only
-with a decode of the same layout (balancer.py).
+with a decode of the same layout (balancer.py). Optional `pairs` (layout -> layout) says which
+layouts pair as another: after a decode-only block-size change prefill keeps its revision and its
+layout's hash while decode's new engines carry the spec's (render/workloads.py with_running), and
+they pair (vllm-ascend PR #16755 moves KV between unequal blocks). It stays out of `version`, which
+names the members, so a reader that does not know it (an older proxy or gate) still reads the
+document, and pairs only equal layouts.
 
 Prefix routing (proxy/prefix_routing.py) reads three more fields of a prefill entry, each optional:
 `blockTokens`, the tokens of one prefix-cache block as that member's engines run (the engine block the
@@ -34,7 +39,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -87,10 +93,10 @@ def _version(lists: dict[str, list[dict[str, Any]]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:VERSION_CHARS]
 
 
-def document(prefill: list[Upstream], decode: list[Upstream]) -> dict:
-    """The membership document: deterministic (entries sorted by name), versioned by content."""
+def document(prefill: list[Upstream], decode: list[Upstream], pairs: Mapping[str, str] | None = None) -> dict:
+    """The membership document: deterministic (entries sorted by name), versioned by its members."""
     lists = {"prefill": _entries(prefill), "decode": _entries(decode)}
-    return {"version": _version(lists), **lists}
+    return {"version": _version(lists), **lists, **({"pairs": dict(sorted(pairs.items()))} if pairs else {})}
 
 
 @dataclass(frozen=True)
@@ -100,16 +106,23 @@ class Membership:
     version: str
     prefill: tuple[Upstream, ...]
     decode: tuple[Upstream, ...]
+    pairs: Mapping[str, str] = field(default_factory=dict)
+    """Layouts that pair as another (module doc)."""
 
     def role(self, role: str) -> tuple[Upstream, ...]:
         return self.prefill if role == "prefill" else self.decode
 
+    def paired(self, layout: str) -> str:
+        """The layout `layout` pairs as: members pair when theirs are equal."""
+        return self.pairs.get(layout, layout)
+
     def pairable(self, role: str, layout: str | None = None) -> tuple[Upstream, ...]:
         """Members of `role` with a member of the other role on their KV layout (and on `layout`
         when given): the only ones a request may use."""
-        other = {u.layout for u in self.role("decode" if role == "prefill" else "prefill")}
+        other = {self.paired(u.layout) for u in self.role("decode" if role == "prefill" else "prefill")}
+        wanted = None if layout is None else self.paired(layout)
         return tuple(u for u in self.role(role)
-                     if u.layout in other and (layout is None or u.layout == layout))
+                     if (paired := self.paired(u.layout)) in other and (wanted is None or paired == wanted))
 
     def names(self) -> dict[str, str]:
         """Member name -> its role."""
@@ -218,7 +231,11 @@ def parse_document(obj: Any, addresses: InstanceAddresses | None = None) -> Memb
     want = document(list(roles["prefill"]), list(roles["decode"]))["version"]
     if version != want:
         raise ValueError(f"version: {version!r} is not the content's ({want}): a partial or hand-edited file")
-    return Membership(want, roles["prefill"], roles["decode"])
+    pairs = obj.get("pairs", {})
+    if not isinstance(pairs, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in pairs.items()):
+        raise ValueError(f"pairs: an object of kv-layout hashes by kv-layout hash, not {pairs!r}")
+    return Membership(want, roles["prefill"], roles["decode"], pairs)
 
 
 @dataclass(frozen=True)

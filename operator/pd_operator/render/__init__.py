@@ -44,27 +44,30 @@ def render(ctx: Resolved, routable: Routable | None = None, boundary: Boundary =
     `boundary`: the operator's namespace and the metrics scrapers the NetworkPolicies admit
     (render/policy.py).
     `surge`: per role, the indices of extra instances a rollout runs past the spec's (controller/rollout.py).
-    `rendered`: templates(ctx) when the caller has them (the controller does); None: rendered here."""
+    `rendered`: templates(ctx) when the caller has them (the controller does); None: rendered here. A
+    role's own objects are rendered from its templates' source (Templates.sources), so they carry the
+    kv-layout its pods run."""
     rendered = rendered or templates(ctx)
     proxy_on = ctx.deployment.spec.proxy.enabled
     instances = ctx.instances(surge)
-    out: list[dict] = [pd_role(ctx, role) for role in ROLES]
+    out: list[dict] = [pd_role(rendered.sources[role], role) for role in ROLES]
     out += [rendered.configs[role] for role in ROLES]
     if not proxy_on:
         out.append(serving_config.peers_config_map(ctx))
     if proxy_on:
-        out.append(proxy.membership_config_map(ctx, routable, own))
-    out += [headless_service(ctx, role, i) for role, i in instances]
+        out.append(proxy.membership_config_map(ctx, routable, own, rendered.pairs))
+    out += [headless_service(rendered.sources[role], role, i) for role, i in instances]
     if proxy_on:
         out += [proxy.service(ctx), *proxy_access(ctx)]
-    out += [group for role, i in instances if (group := scheduling.pod_group(ctx, role, i))]
+    out += [group for role, i in instances
+            if (group := scheduling.pod_group(rendered.sources[role], role, i))]
     out += [stateful_set(ctx, role, i, rendered) for role, i in instances]
     if proxy_on:
         out.append(proxy.deployment(ctx, admin_token(boundary, ctx)))
     out.append(network_policy(ctx, boundary))
     if proxy_on:
         out.append(proxy_network_policy(ctx, boundary))
-    out += [disruption_budget(ctx, role) for role in ROLES]
+    out += [disruption_budget(rendered.sources[role], role) for role in ROLES]
     out += autoscalers(ctx)
     # Plain JSON data with no sub-object shared between manifests or fields, so a caller that
     # patches one object (the controller adds owner references) cannot change another.

@@ -55,11 +55,16 @@ routing as that revision's engines run it (recorded_prefix, from the instance's 
 controller/gate.py own_prefixes), None when that cannot be known or they cache no prefixes."""
 
 
-def upstream(ctx: Resolved, role: str, index: int, layout: str, own: Prefixes | None = None) -> Upstream:
+def upstream(ctx: Resolved, role: str, index: int, layout: str, own: Prefixes | None = None,
+             pairs: Mapping[str, str] | None = None) -> Upstream:
     """An instance as the proxy reaches it: its leader pod's stable DNS name and serving port, and the
     KV layout its pods run; a prefill's also what prefix routing needs (proxy/prefix_routing.py): as
-    `own` has it for an instance it lists, else the spec's."""
+    `own` has it for an instance it lists, else the spec's. `pairs`: layouts that pair as another
+    (render/workloads.py Templates.pairs): a prefill's layout pairing as the spec's is the spec's but
+    for decode's block, which prefix routing does not read."""
     url = instance_url(ctx.names, role, index, ctx.deployment.spec.serving_port)
+    paired = (pairs or {}).get
+    spec_layout = paired(layout, layout) == paired(ctx.layout_hash, ctx.layout_hash)
     routing = ctx.deployment.spec.proxy.routing
     if role != "prefill" or routing.prefix == "off":
         return Upstream(ctx.names.instance(role, index), url, layout)
@@ -68,11 +73,11 @@ def upstream(ctx: Resolved, role: str, index: int, layout: str, own: Prefixes | 
         # blocks of engines of the spec's KV layout: it holds for theirs only on that layout (an env
         # change), else the proxy's default bound applies.
         prefix = own[index]
-        blocks = routing.prefill_cache_blocks if layout == ctx.layout_hash else None
+        blocks = routing.prefill_cache_blocks if spec_layout else None
     else:
         # Without a record to read, an instance of another layout is routed by load, never by a
         # guessed block.
-        prefix = spec_prefix(ctx, index) if layout == ctx.layout_hash else None
+        prefix = spec_prefix(ctx, index) if spec_layout else None
         blocks = routing.prefill_cache_blocks
     if prefix is None:
         return Upstream(ctx.names.instance(role, index), url, layout)
@@ -151,21 +156,23 @@ def every_instance(ctx: Resolved) -> Routable:
     return {role: dict.fromkeys(range(n), ctx.layout_hash) for role, n in ctx.replicas().items()}
 
 
-def membership_document(ctx: Resolved, routable: Routable | None = None, own: Prefixes | None = None) -> dict:
+def membership_document(ctx: Resolved, routable: Routable | None = None, own: Prefixes | None = None,
+                        pairs: Mapping[str, str] | None = None) -> dict:
     """The membership listing `routable` (None: every instance of both roles); `own`: the prefix
-    routing of the prefill instances on another revision than the spec's (Prefixes)."""
+    routing of the prefill instances on another revision than the spec's (Prefixes); `pairs`: layouts
+    that pair as another (render/workloads.py Templates.pairs)."""
     wanted = routable if routable is not None else every_instance(ctx)
-    lists = ([upstream(ctx, role, i, layout, own) for i, layout in sorted(wanted[role].items())]
-             for role in ROLES)
-    return membership.document(*lists)
+    prefill, decode = ([upstream(ctx, role, i, layout, own, pairs)
+                        for i, layout in sorted(wanted[role].items())] for role in ROLES)
+    return membership.document(prefill, decode, pairs)
 
 
-def membership_config_map(ctx: Resolved, routable: Routable | None = None, own: Prefixes | None = None
-                          ) -> dict:
+def membership_config_map(ctx: Resolved, routable: Routable | None = None, own: Prefixes | None = None,
+                          pairs: Mapping[str, str] | None = None) -> dict:
     """The ConfigMap the proxy reads its membership from."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": metadata(ctx, ctx.names.proxy_membership, COMPONENT),
-            "data": membership_data(membership_document(ctx, routable, own))}
+            "data": membership_data(membership_document(ctx, routable, own, pairs))}
 
 
 def membership_volume(ctx: Resolved) -> tuple[dict, dict]:

@@ -19,7 +19,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pd_operator.api.labels import REVISION
 from pd_operator.api.types import ROLES, WITH_OPERATOR
@@ -56,10 +56,18 @@ class Templates:
     """Per role: instance 0's pod template, its revision label included. Shared: copy before editing."""
     revisions: Mapping[str, str]
     """Per role: the hash of that template (without the label)."""
-    tools: Mapping[str, str]
-    """Per role: the operator image its template takes the tools from (with_running_tools)."""
+    sources: Mapping[str, Resolved]
+    """Per role: what its templates are rendered from: the spec, or the spec with an older tools image
+    or decode block (with_running)."""
     configs: Mapping[str, dict]
     """Per role: its revision config (render/serving_config.py), which the templates name."""
+    pairs: Mapping[str, str] = field(default_factory=dict)
+    """kv-layout hashes that pair as another (with_running): a decode of the key pairs with a prefill
+    of the value. Without an entry a hash pairs as itself."""
+
+    def paired(self, layout: str) -> str:
+        """The kv-layout `layout` pairs as: instances pair when theirs are equal."""
+        return self.pairs.get(layout, layout)
 
 
 def revision(template: dict) -> str:
@@ -77,51 +85,78 @@ def templates(ctx: Resolved) -> Templates:
         revisions[role] = revision(template)
         template["metadata"]["labels"][REVISION] = revisions[role]
         leaders[role] = template
-    return Templates(leaders, revisions, {role: ctx.tools_image for role in ROLES}, configs)
+    return Templates(leaders, revisions, dict.fromkeys(ROLES, ctx), configs)
 
 
-def with_running_tools(ctx: Resolved, rendered: Templates, running: Mapping[str, Sequence[tuple[str, str]]]
-                       ) -> Templates:
-    """Keep a role on the tools its instances run when nothing else they read changed, so a new
-    operator image (`--tools-image`) restarts no engine by itself: it reaches a role with its next
-    template change, or at once with spec.image.toolsUpdate: WithOperator.
+def with_running(ctx: Resolved, rendered: Templates, running: Mapping[str, Sequence[tuple[str, str]]],
+                 decode_blocks: Sequence[Resolved] = ()) -> Templates:
+    """Keep a role on the revision its instances run when the spec, rendered with what changed that
+    its engines do not read, reproduces it exactly, so no engine restarts for it:
+    - an older tools image: a new operator image (`--tools-image`) reaches a role with its next
+      template change, or at once with spec.image.toolsUpdate: WithOperator;
+    - for prefill, decode's block as an older revision had it (`decode_blocks`: the spec with each
+      such block, spec/validate.py with_decode_block): a decode-only block-size change leaves
+      prefill's engines as they run, though its template names decode's side (the kv-layout label,
+      the revision config's pairing).
 
-    `running`: per role, the (tools image, revision) of each of its instances' StatefulSets. An older
-    tools image is kept when the template rendered with it is exactly a running revision: the
-    template names its revision config by a hash of its data, so that also says the config is
-    unchanged (older tools need not read a config this operator writes differently); among several,
-    the one most instances run."""
-    if ctx.deployment.spec.image.tools_update == WITH_OPERATOR or not any(
-            image != ctx.tools_image for role in ROLES for image, _ in running.get(role, ())):
+    `running`: per role, the (tools image, revision) of each of its instances' StatefulSets. The
+    template names its revision config by a hash of its data, so a revision reproduced also says the
+    config is unchanged (older tools need not read a config this operator writes differently); among
+    several, the one most instances run. The result's `pairs` map the kv-layout of every block in
+    `decode_blocks`, and the spec's, to the one prefill's template carries: they pair with it."""
+    any_older = any(image != ctx.tools_image for role in ROLES for image, _ in running.get(role, ()))
+    with_operator = ctx.deployment.spec.image.tools_update == WITH_OPERATOR
+    if not decode_blocks and (with_operator or not any_older):
         return rendered
-    leaders, revisions, tools = dict(rendered.leaders), dict(rendered.revisions), dict(rendered.tools)
+    leaders, revisions = dict(rendered.leaders), dict(rendered.revisions)
+    sources, configs = dict(rendered.sources), dict(rendered.configs)
     for role in ROLES:
         counted = Counter(running.get(role, ()))
-        if counted[(tools[role], revisions[role])]:
+        if counted[(ctx.tools_image, revisions[role])]:
             continue  # an instance already runs the current template
+        candidates = [ctx, *decode_blocks] if role == "prefill" else [ctx]
         for (image, running_revision), _ in counted.most_common():
-            if image == tools[role]:
+            if with_operator and image != ctx.tools_image:
                 continue
-            template = pod_template(replace(ctx, tools_image=image), role, 0,
-                                    rendered.configs[role]["metadata"]["name"])
-            if revision(template) == running_revision:
-                template["metadata"]["labels"][REVISION] = running_revision
-                leaders[role], revisions[role], tools[role] = template, running_revision, image
+            kept = _reproduced(candidates, role, image, running_revision)
+            if kept is not None:
+                leaders[role], sources[role], configs[role] = kept
+                revisions[role] = running_revision
                 break
-    return Templates(leaders, revisions, tools, rendered.configs)
+    prefill = sources["prefill"].layout_hash
+    pairs = {layout: prefill for layout in {ctx.layout_hash, *(d.layout_hash for d in decode_blocks)}
+             if layout != prefill}
+    return Templates(leaders, revisions, sources, configs, pairs)
+
+
+def _reproduced(candidates: Sequence[Resolved], role: str, image: str, running_revision: str
+                ) -> tuple[dict, Resolved, dict] | None:
+    """(template, source, revision config) of the first candidate whose `role` template, with tools
+    `image`, is `running_revision` (the spec's own rendering, candidates[0] with its own tools, is
+    known not to be)."""
+    for candidate in candidates:
+        if candidate is candidates[0] and image == candidate.tools_image:
+            continue
+        source = replace(candidate, tools_image=image)
+        config = serving_config.config_maps(source)[role]
+        template = pod_template(source, role, 0, config["metadata"]["name"])
+        if revision(template) == running_revision:
+            template["metadata"]["labels"][REVISION] = running_revision
+            return template, source, config
+    return None
 
 
 def stateful_set(ctx: Resolved, role: str, index: int, rendered: Templates) -> dict:
     """Instance `index` of `role`; `rendered`: templates(ctx)."""
     name = ctx.names.instance(role, index)
+    source = rendered.sources[role]
     if index == 0:
         template = json.loads(json.dumps(rendered.leaders[role]))
     else:
-        template = pod_template(replace(ctx, tools_image=rendered.tools[role]), role, index,
-                                rendered.configs[role]["metadata"]["name"])
+        template = pod_template(source, role, index, rendered.configs[role]["metadata"]["name"])
         template["metadata"]["labels"][REVISION] = rendered.revisions[role]
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": metadata(ctx, name, role, index),
+            "metadata": metadata(source, name, role, index),
             "spec": {"serviceName": name,
                      "replicas": ctx.shapes[role].pods,
                      # All ranks of an engine start together; ordered start would deadlock the

@@ -419,6 +419,28 @@ def with_instances(validation: Validation, instances: Mapping[str, int]) -> Vali
                                if is_compatible(findings) else None)
 
 
+DECODE_BLOCK = ("block_size", "kernel_block_size")
+"""The fields of spec.decode that make decode's engine block and nothing else of prefill's engines."""
+
+
+def with_decode_block(resolved: Resolved, recorded: RoleSpec) -> Resolved | None:
+    """`resolved` with spec.decode's DECODE_BLOCK fields as `recorded` has them (an older revision's),
+    its pairing checked again; None when that pairing is not servable. Nothing else changes, so an
+    instance of the result pairs with one of `resolved` (kv/compat.py checked each side against the
+    same prefill): a decode-only block-size change (vllm-ascend PR #16755's token runs between
+    unequal blocks) leaves prefill's engines as they run."""
+    dep, model = resolved.deployment, resolved.model
+    decode = dep.spec.decode.model_copy(update={name: getattr(recorded, name) for name in DECODE_BLOCK})
+    other = dep.model_copy(update={"spec": dep.spec.model_copy(update={"decode": decode})})
+    cache_dtype = dep.spec.model.kv_cache_dtype
+    report = check_pair(side_of("prefill", dep.spec.prefill, model, cache_dtype),
+                        side_of("decode", decode, model, cache_dtype),
+                        connector=dep.spec.kv_transfer.connector)
+    findings = [*report.findings, *_image_findings(other, model)]
+    return _resolved(other, model, report, resolved.shapes, findings, resolved.tools_image,
+                     resolved.node_access)
+
+
 def pair_from_manifest(doc: Any) -> PairInput:
     """The pairing of a user's manifest (`pdctl plan FILE`), read through the spec's rules, so the tool
     pairs what the webhook and the controller pair (it renders no pod, so the images' run check,

@@ -62,7 +62,8 @@ class Targets:
     """The membership a gate links by: pushed by the operator or read from the mounted file."""
 
     layout: str | None = None
-    """This pod's kv-layout hash: only the prefill members on it are peers (None: every one)."""
+    """This pod's kv-layout hash: only the prefill members on it, or on one the membership pairs as
+    it (`pairs`), are peers (None: every one)."""
     membership: Membership | None = None
     source: str = ""
     """Where `membership` came from: "operator" (a push) or "file"."""
@@ -98,8 +99,9 @@ class Targets:
         """The prefill instances this gate links, by name -> probe endpoint."""
         if self.membership is None:
             return {}
+        paired = self.membership.paired
         return {u.name: endpoint(u.url) for u in self.membership.prefill
-                if self.layout is None or u.layout == self.layout}
+                if self.layout is None or paired(u.layout) == paired(self.layout)}
 
 
 @dataclass

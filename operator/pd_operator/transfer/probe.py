@@ -11,9 +11,10 @@ pairing.json: read with the API model, spec.pairing.pair_from_rendered) or `--mo
 
 `serve` opens a Mooncake engine, registers every prefill rank's KV tensors for a test prompt, laid
 out with the pairing's real engine block size, fills them with the deterministic prompt content and
-publishes its segment name, the tensors' addresses and a fingerprint of the geometry as JSON at
-`GET /descriptor`. `check` fetches that, refuses a peer built for another pairing, pulls every
-decode rank's runs of the plan through the transfer engine, verifies every byte and prints
+publishes its segment name, the tensors' addresses and a fingerprint of its side of the geometry as
+JSON at `GET /descriptor`. `check` fetches that, refuses a peer whose prefill side, decode TP or
+regions differ from its pairing's (probe_geometry.py: decode's block size may differ), pulls every
+decode rank's runs of its plan through the transfer engine, verifies every byte and prints
 `{ok, latencyMs, gbps, bytes, entries, errors}`. A peer's descriptor is checked field by field
 (parse_descriptor) before anything uses it: whatever a peer sends, the check fails with an error
 naming what is wrong and the gate keeps answering, since a crashed gate container would restart the

@@ -120,6 +120,21 @@ def fetch_descriptor(peer: str, timeout: float) -> Descriptor:
     return parse_descriptor(raw)
 
 
+def region_differences(geo: ProbeGeometry, desc: Descriptor) -> list[str]:
+    """Prefill ranks whose published regions are not the ones this side's prefill would have, by
+    key and size, as `prefill rank R: ...` (at most one line a rank)."""
+    out = []
+    for rank in range(geo.prefill_ranks):
+        want = geo.prefill_regions(rank)
+        peer = desc.peers.get(rank)
+        have = {key: length for key, (_, length) in peer.regions.items()} if peer else {}
+        if have != want:
+            key = next(k for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k))
+            out.append(f"prefill rank {rank}: region {key} is {want.get(key)} bytes on this side, "
+                       f"the peer {peer_value(have.get(key))}")
+    return out
+
+
 class Checker:
     """One engine and one decode arena, reused for every check (the gate checks for as long as
     the pod lives)."""
@@ -136,7 +151,8 @@ class Checker:
         geo = self.geo
         try:
             desc = fetch_descriptor(peer, timeout)
-            mismatch = fingerprint_differences(geo.fingerprint(), desc.geometry)
+            mismatch = (fingerprint_differences(geo.fingerprint(), desc.geometry)
+                        or region_differences(geo, desc))
             if mismatch:
                 raise ProbeFailure("the peer serves another pairing: " + "; ".join(mismatch))
             # P2P handshake discovery must find the peer's segment and its registered buffer.

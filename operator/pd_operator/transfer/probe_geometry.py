@@ -1,8 +1,12 @@
 """What the KV-link probe moves: the pairing's real run geometry, from the KV engine.
 
-Both probe sides derive the same geometry from the same pairing (`check_pair` for the verdict,
-`plan_transfer` for the runs); the serving side publishes a fingerprint of it so a checker built
-for a different pairing fails with the difference instead of misreading bytes. Pure: no engine.
+Both probe sides derive the geometry from their pairing (`check_pair` for the verdict,
+`plan_transfer` for the runs). The serving (prefill) side's buffer depends on the prefill side alone
+(engine_requests.py: its pool and request blocks come from the prefill layout), so it publishes a
+fingerprint of that side and of decode's TP only, and a checker compares just that and the buffer's
+regions, then pulls by its own plan: a prefill links a decode of another engine block size
+(vllm-ascend PR #16755 moves gcd token-segment runs between them), and a checker built for another
+prefill fails with the difference instead of misreading bytes. Pure: no engine.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass, replace
 from pd_operator.kv.blocksize import SideLayout, side_layout
 from pd_operator.kv.compat import check_pair
 from pd_operator.kv.model import ModelKV
+from pd_operator.kv.simulate import regions
 from pd_operator.spec.pairing import PairInput
 from pd_operator.transfer.engine_requests import EngineRequest, Pool, pools, requests
 
@@ -43,20 +48,27 @@ class ProbeGeometry:
         return self.decode.side.tensor_parallel
 
     def fingerprint(self) -> dict:
-        """What both sides must agree on, as published by the serving side."""
-        plan = self.request.plan
+        """What the serving side's buffer is built from, as it publishes it: the prefill side, and
+        decode's TP, which a MooncakeConnectorV1 prefill engine reads from its own
+        kv_connector_extra_config to choose the ranks that wait for a pull (vllm-project/vllm-ascend:
+        vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py `_prefill_get_remote_rank`
+        @ v0.30.0rc2), so a decode of another TP needs another prefill. Earlier probes also published
+        decode's block size and the plan's entries and bytes; a checker compares only these keys
+        (fingerprint_differences), so it reads either."""
         return {
             "model": self.prefill.side.model.name,
             "prefill": {"tensorParallelSize": self.prefill.side.tensor_parallel,
                         "pipelineParallelSize": self.prefill.side.pipeline_parallel,
                         "engineBlockSize": self.prefill.engine_block_size},
-            "decode": {"tensorParallelSize": self.decode.side.tensor_parallel,
-                       "engineBlockSize": self.decode.engine_block_size},
+            "decode": {"tensorParallelSize": self.decode.side.tensor_parallel},
             "layers": {g.name: g.num_layers for g in self.prefill.side.model.groups},
-            "promptTokens": plan.prompt_tokens,
-            "entries": plan.entries,
-            "bytes": plan.bytes,
+            "promptTokens": self.request.plan.prompt_tokens,
         }
+
+    def prefill_regions(self, rank: int) -> dict[tuple[str, str, int], int]:
+        """The bytes of each region a prefill rank publishes (what the fingerprint does not name:
+        the cache dtype, the pool, every group's widths)."""
+        return {r.key: r.nbytes for r in regions(self.prefill, rank, *self.prefill_pool)}
 
 
 def with_layers(model: ModelKV, layers: int | None) -> ModelKV:
@@ -95,9 +107,10 @@ def peer_value(value: object) -> str:
 
 
 def fingerprint_differences(mine: dict, theirs: dict, path: str = "") -> list[str]:
-    """Keys on which two fingerprints differ, as `path: ours X, peer Y`."""
+    """Keys of this side's fingerprint on which the peer's differs, as `path: ours X, peer Y`. Keys
+    only the peer has are not compared: an earlier serving side's decode and plan (see fingerprint)."""
     out = []
-    for key in sorted(set(mine) | set(theirs)):
+    for key in sorted(mine):
         a, b = mine.get(key), theirs.get(key)
         where = f"{path}.{key}" if path else key
         if isinstance(a, dict) and isinstance(b, dict):
