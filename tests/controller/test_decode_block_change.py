@@ -11,15 +11,18 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
+
 from pd_operator.controller import gate, revisions
 from pd_operator.controller import reconcile as reconcile_mod
 from pd_operator.controller.proxy_state import ProxyStateReader
 from pd_operator.proxy.membership import parse_document
 from pd_operator.render import workloads
+from pd_operator.render.serving_config import PAIRING_KEY
 from pd_operator.transfer.gate_state import Targets
 from support.controller_fakes import MemoryClient, pods_with_volumes, reconciled_body, with_status
-from support.renders import of_kind
-from support.specs import resolve
+from support.renders import VALID_EXAMPLES, of_kind
+from support.specs import example, resolve
 
 EXAMPLE = "glm-5.3-flash-1p1d-tp4.yaml"
 NAME = "glm-flash-1p1d"
@@ -175,3 +178,29 @@ def test_the_planner_sees_the_new_decode_pair_with_the_old_prefill():
     # Without the pairs, the new decode would pair with nothing.
     apart = gate.observe(new, kept.revisions, pods, (), None)
     assert apart["decode"][2].layout == new.layout_hash != apart["prefill"][0].layout
+
+
+def _leaves(obj, path: str = "") -> dict[str, object]:
+    if isinstance(obj, dict):
+        return {k: v for key, value in obj.items() for k, v in _leaves(value, f"{path}.{key}").items()}
+    if isinstance(obj, list):
+        return {k: v for i, value in enumerate(obj) for k, v in _leaves(value, f"{path}[{i}]").items()}
+    return {path: obj}
+
+
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=lambda p: p.stem)
+def test_prefill_s_engines_read_nothing_of_decode_s_block(path):
+    """What keeping prefill on its revision rests on, for every example: decode's block changes
+    prefill's template only in its kv-layout label and the name of its revision config, and that
+    config only in its pairing (both sides' shapes), never in what prefill's engines or pd-preflight
+    read. Were it to enter prefill's command, the reconcile would keep prefill on the old one."""
+    doc = example(path)
+    other = copy.deepcopy(doc)
+    other["spec"]["decode"]["blockSize"] = 2 * resolve(doc).engine_block_size("decode")
+    before, after = workloads.templates(resolve(doc)), workloads.templates(resolve(other))
+    old, new = _leaves(before.leaders["prefill"]), _leaves(after.leaders["prefill"])
+    differ = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    assert differ <= {".metadata.labels.pd.serving.dev/kv-layout", ".metadata.labels.pd.serving.dev/revision",
+                      *(k for k in old if k.endswith("configMap.name"))}, differ
+    data = (before.configs["prefill"]["data"], after.configs["prefill"]["data"])
+    assert {key for key in data[0] if data[0][key] != data[1][key]} == {PAIRING_KEY}
