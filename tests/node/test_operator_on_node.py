@@ -430,3 +430,57 @@ def test_a_prefill_rollout_under_load_keeps_every_decode_ready_and_fails_no_requ
           f"clients, none failed, every decode Ready; in flight during the drain "
           f"({drain['deleted'] - drain['began']:.0f} s): {min(in_flight)}..{max(in_flight)}; "
           f"{len(crossing)} KV transfers from the old prefill finished after the proxy stopped routing to it")
+
+
+def test_a_decode_block_size_change_rolls_decode_alone_and_its_new_engine_pulls_from_the_old_prefill(
+        node_cluster, journey):
+    """Decode's block size alone (twice its engine block; issue 32) under load: no prefill pod is
+    replaced and prefill's revision stays; decode's instance is replaced (a surge one first), its new
+    engine's KV-link gate links the unchanged prefill (whose pd-kv-probe publishes prefill's side and
+    decode's TP), the proxy pairs them (the membership's `pairs`), no request fails, and a completion
+    moves verified KV from the old prefill pod into the new decode pod (vllm-ascend PR #16755's token
+    runs between unequal blocks, as the stand-in plans them)."""
+    cluster = node_cluster
+    path = f"/apis/pd.serving.dev/v1alpha1/namespaces/{journey.namespace}/pddeployments/{journey.name}"
+    membership = f"/api/v1/namespaces/{journey.namespace}/configmaps/{journey.name}-proxy"
+    resolved = validate(journey.doc).resolved
+    assert resolved is not None
+    block = 2 * resolved.engine_block_size("decode")
+    before = cluster.api("GET", path)["status"]
+    prefill_pods = {p["metadata"]["uid"]: p["status"]["podIP"] for p in pods(cluster, journey, "prefill")}
+    old_decodes = {p["metadata"]["uid"] for p in pods(cluster, journey, "decode")}
+    decodes = len(json.loads(cluster.api("GET", membership)["data"]["upstreams.json"])["decode"])
+    assert prefill_pods and old_decodes and decodes
+
+    def rolled() -> bool:
+        assert not load.failed(), [a.body for a in load.failed()[:3]]
+        now = {p["metadata"]["uid"] for p in pods(cluster, journey, "prefill")
+               if "deletionTimestamp" not in p["metadata"]}
+        assert now == set(prefill_pods), "a prefill pod was replaced"
+        new = {p["metadata"]["uid"] for p in pods(cluster, journey, "decode")}
+        status = cluster.api("GET", path)["status"]
+        done = [c for c in status.get("conditions", []) if c["type"] == "Progressing"
+                and (c["status"], c["reason"]) == ("False", "Complete")]
+        return bool(new) and not new & old_decodes and bool(done) and is_ready(
+            cluster, journey.namespace, journey.name)
+
+    with Load(cluster, journey, clients=LOAD_CLIENTS_PER_DECODE * decodes) as load:
+        wait_for("the load served", lambda: sum(a.status == 200 for a in load.answers) >= 10, 120)
+        cluster.api("PATCH", path, {"spec": {"decode": {"blockSize": block}}},
+                    content_type="application/merge-patch+json")
+        wait_for("the decode rolled out", rolled, 900, interval=1)
+    assert not load.failed(), [a.body for a in load.failed()[:3]]
+    after = cluster.api("GET", path)["status"]
+    assert after["prefill"]["revision"] == before["prefill"]["revision"]
+    assert after["decode"]["revision"] != before["decode"]["revision"]
+    assert after["kvLayout"]["decodeBlockSize"] == block
+    doc = json.loads(cluster.api("GET", membership)["data"]["upstreams.json"])
+    (prefill_layout,) = {u["layout"] for u in doc["prefill"]}
+    (decode_layout,) = {u["layout"] for u in doc["decode"]}
+    assert decode_layout != prefill_layout and doc["pairs"] == {decode_layout: prefill_layout}
+    record = serves_again(cluster, journey)
+    assert record["ok"] and record["bytes"] == record["planBytes"] > 0
+    assert record["segment"].rsplit(":", 1)[0] in set(prefill_pods.values())
+    print(f"decode block {resolved.engine_block_size('decode')} -> {block}: {len(load.answers)} requests, "
+          f"none failed; prefill kept its {len(prefill_pods)} pods; KV moved from the old prefill pod "
+          f"({record['bytes']} bytes verified)")

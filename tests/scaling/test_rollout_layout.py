@@ -7,7 +7,8 @@ old and new instances run side by side during the rollout, and pd-proxy may pair
 a decode of its layout. Each fake engine runs with its pod's kv-layout hash and a decode records an
 error when the KV it is told to pull has another layout (support/fakevllm.py; the first test shows
 that check fires). Checked: no such error and no failed request, and the rollout ends with every
-pod on the new layout and the proxy routing to all four instances. Only conditions are waited for.
+pod on the new layout and the proxy routing to all four instances. Engine pods are Ready only once
+their engine listens. Only conditions are waited for.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 from pd_operator.api.labels import KV_LAYOUT
 from pd_operator.api.types import ROLES
-from support.cluster import ControlPlane
+from support.cluster import READY_WHEN_SERVING_ENV, ControlPlane
 from support.fakevllm import PREFILL_PARAMS, FakeEngine, Load, started
 from support.podnet import Kubelet
 from support.rollout import (
@@ -67,6 +68,10 @@ def test_a_fake_decode_refuses_kv_of_another_layout():
 
 async def _scenario(cp: ControlPlane, namespace: str, workdir: pathlib.Path) -> None:
     doc = two_by_two(namespace)
+    # Engine pods Ready only once their fake engine listens, as readiness probes make them: kwok would
+    # mark a surge decode Ready at once and the proxy could route to it before it serves.
+    for role in ROLES:
+        doc["spec"][role].setdefault("env", []).append({"name": READY_WHEN_SERVING_ENV, "value": "1"})
     create(cp, doc)
     async with Kubelet(cp, namespace, GLM, workdir) as kubelet:
         await kubelet.routed(INSTANCES["prefill"], INSTANCES["decode"])
