@@ -446,6 +446,19 @@ def test_a_decode_block_size_change_rolls_decode_alone_and_its_new_engine_pulls_
     resolved = validate(journey.doc).resolved
     assert resolved is not None
     block = 2 * resolved.engine_block_size("decode")
+
+    def settled() -> bool:
+        """No rollout under way (an earlier test's surge instance drained and gone) and every prefill pod
+        of the spec's instances running."""
+        status = cluster.api("GET", path).get("status") or {}
+        complete = any(c["type"] == "Progressing" and (c["status"], c["reason"]) == ("False", "Complete")
+                       for c in status.get("conditions", []))
+        live = [p for p in pods(cluster, journey, "prefill") if "deletionTimestamp" not in p["metadata"]]
+        return complete and len(pods(cluster, journey, "prefill")) == len(live) == (
+            resolved.shapes["prefill"].pods * resolved.role("prefill").replicas) and is_ready(
+            cluster, journey.namespace, journey.name)
+
+    wait_for("no rollout under way", settled, 600, interval=1)
     before = cluster.api("GET", path)["status"]
     prefill_pods = {p["metadata"]["uid"]: p["status"]["podIP"] for p in pods(cluster, journey, "prefill")}
     old_decodes = {p["metadata"]["uid"] for p in pods(cluster, journey, "decode")}
