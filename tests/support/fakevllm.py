@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pd_operator.proxy.membership import STATE_PATH, ProxyState, Upstream, parse_state
+from pd_operator.proxy.membership import STATE_PATH, ProxyState, Upstream, paired_as, parse_state
 from pd_operator.proxy.options import ADMIN_TOKEN_ENV
 from support.cluster import pick_port
 
@@ -314,7 +314,7 @@ class FakeEngine:
         return web.json_response({"request_id": request_id, "layout": self.layout})
 
     def _pairs_with(self, layout: str) -> bool:
-        return self.pairs.get(layout, layout) == self.pairs.get(self.layout, self.layout)
+        return paired_as(self.pairs, layout) == paired_as(self.pairs, self.layout)
 
     async def _pull(self, params: dict) -> str | None:
         """Decode: pull the request's KV from the prefill engine its parameters name; what failed."""

@@ -33,6 +33,7 @@ from pd_operator.controller import rollout
 from pd_operator.controller.links import link_ready
 from pd_operator.controller.pods import by_instance, instance_ready, label
 from pd_operator.controller.revisions import Key, Sizes, expected_pods
+from pd_operator.proxy.membership import paired_as
 from pd_operator.render import proxy
 from pd_operator.render.proxy import Prefix, Routable
 from pd_operator.spec.validate import Resolved
@@ -55,7 +56,7 @@ def observe(resolved: Resolved, revisions: Mapping[str, str], pods: list[dict], 
         runs = label(members[0], KV_LAYOUT) or ""
         out[role][index] = rollout.InstanceState(
             updated=all(label(p, REVISION) == revisions[role] for p in members),
-            ready=ready, layout=pairs.get(runs, runs),
+            ready=ready, layout=paired_as(pairs, runs),
             leaving=resolved.names.instance(role, index) in leaving and index < resolved.role(role).replicas,
             label=runs if runs in pairs else None)
     return out

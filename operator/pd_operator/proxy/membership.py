@@ -99,6 +99,12 @@ def document(prefill: list[Upstream], decode: list[Upstream], pairs: Mapping[str
     return {"version": _version(lists), **lists, **({"pairs": dict(sorted(pairs.items()))} if pairs else {})}
 
 
+def paired_as(pairs: Mapping[str, str], layout: str) -> str:
+    """The kv-layout `layout` pairs as under `pairs` (the document's `pairs`, render/workloads.py
+    Templates.pairs): instances pair when theirs are equal."""
+    return pairs.get(layout, layout)
+
+
 @dataclass(frozen=True)
 class Membership:
     """A parsed membership document."""
@@ -113,8 +119,8 @@ class Membership:
         return self.prefill if role == "prefill" else self.decode
 
     def paired(self, layout: str) -> str:
-        """The layout `layout` pairs as: members pair when theirs are equal."""
-        return self.pairs.get(layout, layout)
+        """The layout `layout` pairs as (paired_as)."""
+        return paired_as(self.pairs, layout)
 
     def pairable(self, role: str, layout: str | None = None) -> tuple[Upstream, ...]:
         """Members of `role` with a member of the other role on their KV layout (and on `layout`

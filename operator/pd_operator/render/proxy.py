@@ -20,7 +20,15 @@ from pd_operator.api.types import ROLES, Resources
 from pd_operator.names import Names
 from pd_operator.preflight.checks import flag_values
 from pd_operator.proxy import membership, options
-from pd_operator.proxy.membership import KEY, MOUNT_DIR, Membership, Upstream, instance_url, parse_text
+from pd_operator.proxy.membership import (
+    KEY,
+    MOUNT_DIR,
+    Membership,
+    Upstream,
+    instance_url,
+    paired_as,
+    parse_text,
+)
 from pd_operator.render import command, security, tools
 from pd_operator.render.env import secret_env
 from pd_operator.render.labels import labels, metadata, selector
@@ -63,11 +71,10 @@ def upstream(ctx: Resolved, role: str, index: int, layout: str, own: Prefixes | 
     (render/workloads.py Templates.pairs): a prefill's layout pairing as the spec's is the spec's but
     for decode's block, which prefix routing does not read."""
     url = instance_url(ctx.names, role, index, ctx.deployment.spec.serving_port)
-    paired = (pairs or {}).get
-    spec_layout = paired(layout, layout) == paired(ctx.layout_hash, ctx.layout_hash)
     routing = ctx.deployment.spec.proxy.routing
     if role != "prefill" or routing.prefix == "off":
         return Upstream(ctx.names.instance(role, index), url, layout)
+    spec_layout = paired_as(pairs or {}, layout) == paired_as(pairs or {}, ctx.layout_hash)
     if own is not None and index in own:
         # Another revision's engines: their own block and publishers. prefillCacheBlocks counts the
         # blocks of engines of the spec's KV layout: it holds for theirs only on that layout (an env

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from pd_operator.api.labels import REVISION
 from pd_operator.api.types import ROLES, WITH_OPERATOR
+from pd_operator.proxy.membership import paired_as
 from pd_operator.render import serving_config
 from pd_operator.render.labels import metadata, selector
 from pd_operator.render.pod import pod_template
@@ -66,8 +67,8 @@ class Templates:
     of the value. Without an entry a hash pairs as itself."""
 
     def paired(self, layout: str) -> str:
-        """The kv-layout `layout` pairs as: instances pair when theirs are equal."""
-        return self.pairs.get(layout, layout)
+        """The kv-layout `layout` pairs as (proxy/membership.py paired_as)."""
+        return paired_as(self.pairs, layout)
 
 
 def revision(template: dict) -> str:
